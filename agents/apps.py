@@ -1,0 +1,8 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class AgentsConfig(AppConfig):
+    name = "agents"
+    default_auto_field = "django.db.models.BigAutoField"

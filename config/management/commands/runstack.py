@@ -1,0 +1,151 @@
+"""Start everything the app needs on this machine, and stop it all on Ctrl-C.
+
+The first README command (``make run``) ends here: the embedded PostgreSQL (when
+``DATABASE_URL`` is unset), migrations, a first staff user, a web server (gunicorn) and a
+Celery worker with its beat scheduler, all in the foreground.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandParser
+
+CREDENTIALS_FILE = "first-staff-user.txt"
+
+
+def ensure_first_staff_user(data_dir: Path) -> tuple[str, str | None]:
+    """Create a staff superuser if there is none. Returns (username, password or None if it existed)."""
+    User = get_user_model()
+    existing = User.objects.filter(is_staff=True).order_by("pk").first()
+    if existing is not None:
+        return existing.get_username(), None
+    username = os.environ.get("FIRST_STAFF_USERNAME", "admin")
+    password = secrets.token_urlsafe(12)
+    User.objects.create_superuser(username=username, email="", password=password)
+    path = data_dir / CREDENTIALS_FILE
+    path.write_text(f"username: {username}\npassword: {password}\n")
+    path.chmod(0o600)
+    return username, password
+
+
+class Command(BaseCommand):
+    help = "Run the web server and a Celery worker (plus the embedded database when DATABASE_URL is unset)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+        parser.add_argument("--web-workers", type=int, default=int(os.environ.get("WEB_WORKERS", "2")))
+        parser.add_argument("--no-worker", action="store_true", help="Do not start a Celery worker.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        data_dir: Path = settings.DATA_DIR
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.stdout.write("Applying migrations…")
+        call_command("migrate", interactive=False, verbosity=0)
+        username, password = ensure_first_staff_user(data_dir)
+
+        procs: list[subprocess.Popen[bytes]] = []
+        bind = f"{options['host']}:{options['port']}"
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gunicorn",
+                    "config.wsgi:application",
+                    "--bind",
+                    bind,
+                    "--worker-class",
+                    "gthread",
+                    "--workers",
+                    str(options["web_workers"]),
+                    "--threads",
+                    "8",
+                    "--timeout",
+                    "300",
+                    "--graceful-timeout",
+                    "10",
+                ]
+            )
+        )
+        if not options["no_worker"]:
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "celery",
+                        "-A",
+                        "config",
+                        "worker",
+                        "--beat",
+                        "--loglevel",
+                        "INFO",
+                        "--concurrency",
+                        "2",
+                        "--schedule",
+                        settings.CELERY_BEAT_SCHEDULE_FILENAME,
+                    ]
+                )
+            )
+
+        url = f"http://{bind}/"
+        db = "embedded PostgreSQL in " + str(data_dir / "pg") if not settings.DATABASE_URL else "DATABASE_URL"
+        broker = settings.CELERY_BROKER_URL.split("://", 1)[0]
+        self.stdout.write(self.style.SUCCESS(f"\nThe app is starting at {url}"))
+        self.stdout.write(f"  database: {db}\n  broker:   {broker}\n  health:   {url}healthz\n  admin:    {url}admin/")
+        if password:
+            self.stdout.write(self.style.WARNING(f"  sign in as {username!r} with password {password!r}"))
+            self.stdout.write(f"  (kept in {data_dir / CREDENTIALS_FILE}; change it in the admin)")
+        else:
+            self.stdout.write(f"  sign in as {username!r} (first run's password in {data_dir / CREDENTIALS_FILE})")
+        self.stdout.write("Press Ctrl-C to stop everything.\n")
+
+        stopping = False
+
+        def _stop(signum: int, frame: object) -> None:
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGINT, _stop)
+        signal.signal(signal.SIGTERM, _stop)
+        try:
+            while not stopping:
+                if any(p.poll() is not None for p in procs):
+                    self.stderr.write("A process exited; stopping the rest.")
+                    break
+                time.sleep(0.5)
+        finally:
+            self._shutdown(procs)
+
+    def _shutdown(self, procs: list[subprocess.Popen[bytes]]) -> None:
+        self.stdout.write("\nStopping…")
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if not settings.DATABASE_URL:
+            from django.db import connections
+
+            from config.embedded_db import stop_embedded_postgres
+
+            connections.close_all()
+            stop_embedded_postgres(settings.DATA_DIR / "pg")
+        self.stdout.write("Stopped.")

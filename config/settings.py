@@ -1,0 +1,206 @@
+"""Settings for the agent runtime: one file, driven by environment variables.
+
+Every variable is documented in the README's configuration table. Helpers in
+``config.env`` raise ``ImproperlyConfigured`` on values they cannot parse.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from config.env import database_from_url, env_bool, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+# Local state (embedded PostgreSQL, the serverless broker, the generated secret key). Git-ignored.
+DATA_DIR = Path(env_str("APP_DATA_DIR", str(BASE_DIR / ".data")) or BASE_DIR / ".data")
+
+DEBUG = env_bool("DEBUG", True)
+
+
+def _secret_key() -> str:
+    key = env_str("SECRET_KEY")
+    if key:
+        return key
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY is required when DEBUG is off")
+    # Local use: generate once and keep it, so sessions survive restarts.
+    path = DATA_DIR / "secret_key"
+    if path.exists():
+        return path.read_text().strip()
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(50)
+    path.write_text(key)
+    path.chmod(0o600)
+    return key
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "config.apps.CoreConfig",
+    "agents",
+    "memory",
+    "sessions.apps.ChatSessionsConfig",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database: PostgreSQL with pgvector, always. -----------------------------------------
+# With DATABASE_URL unset, an embedded PostgreSQL 18 (+pgvector) is started on first use,
+# its data under DATA_DIR/pg. See config/embedded_db.py.
+DATABASE_URL = env_str("DATABASE_URL")
+if DATABASE_URL:
+    _db = database_from_url(DATABASE_URL)
+else:
+    from config.embedded_db import embedded_database_settings
+
+    _db = embedded_database_settings(DATA_DIR / "pg")
+_db["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
+_db["CONN_HEALTH_CHECKS"] = True
+# Note: no ATOMIC_REQUESTS. A request waiting on an LLM must not hold a transaction open.
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+# Request size limits: Django answers 400 past these; the API maps oversize bodies to 413.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 256 * 1024, minimum=1024)
+
+# --- Celery ----------------------------------------------------------------------------------
+# REDIS_URL (or CELERY_BROKER_URL) in production. Unset: kombu's filesystem transport, which
+# needs no server, so a real worker still runs in another process on a fresh machine.
+REDIS_URL = env_str("REDIS_URL")
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or REDIS_URL or "filesystem://"
+BROKER_DIR = Path(env_str("CELERY_FILESYSTEM_BROKER_DIR", str(DATA_DIR / "broker")) or DATA_DIR / "broker")
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
+if CELERY_BROKER_URL == "filesystem://":
+    for sub in ("out", "processed"):
+        (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(BROKER_DIR / "out"),
+        "data_folder_out": str(BROKER_DIR / "out"),
+        "processed_folder": str(BROKER_DIR / "processed"),
+        "store_processed": False,
+    }
+CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "agents") or "agents"
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 120, minimum=1)
+CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 180, minimum=1)
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+WORKER_HEARTBEAT_SECONDS = env_int("WORKER_HEARTBEAT_SECONDS", 15, minimum=1)
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
+    "worker-heartbeat": {"task": "config.tasks.record_worker_heartbeat", "schedule": float(WORKER_HEARTBEAT_SECONDS)},
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+
+# --- REST framework ----------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.TokenAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Agent runtime API",
+    "DESCRIPTION": "Agents whose context, memory and state do not crash.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# --- LLM and embeddings (used by the agents and memory apps) ----------------------------
+LLM_BASE_URL = env_str("LLM_BASE_URL")
+LLM_API_KEY = env_str("LLM_API_KEY")
+LLM_MODEL = env_str("LLM_MODEL")
+LLM_CONNECT_TIMEOUT = env_float("LLM_CONNECT_TIMEOUT", 5.0, minimum=0.1)
+LLM_READ_TIMEOUT = env_float("LLM_READ_TIMEOUT", 60.0, minimum=0.1)
+LLM_MAX_RETRIES = env_int("LLM_MAX_RETRIES", 3, minimum=0, maximum=10)
+EMBEDDING_BACKEND = env_str("EMBEDDING_BACKEND", "sentence-transformers") or "sentence-transformers"
+EMBEDDING_DIMENSIONS = env_int("EMBEDDING_DIMENSIONS", 384, minimum=8)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Static files are served by WhiteNoise straight from the app folders: no collectstatic step to forget.
+WHITENOISE_USE_FINDERS = True
+STATIC_ROOT.mkdir(exist_ok=True)

@@ -1,0 +1,157 @@
+"""Test-wide fixtures: personas, and a real Celery worker process on a real broker."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _redis_reachable(host: str = "127.0.0.1", port: int = 6379) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def _database_url() -> str:
+    from django.db import connection
+
+    s = connection.settings_dict
+    return f"postgresql://{s['USER']}:{s['PASSWORD']}@/{s['NAME']}?host={s['HOST']}" + (
+        f"&port={s['PORT']}" if s.get("PORT") else ""
+    )
+
+
+class WorkerHandle:
+    def __init__(self, proc: subprocess.Popen[bytes], broker_url: str, queue: str, log: Path) -> None:
+        self.proc = proc
+        self.broker_url = broker_url
+        self.queue = queue
+        self.log = log
+
+    @property
+    def transport(self) -> str:
+        return self.broker_url.split("://", 1)[0]
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+@pytest.fixture(scope="session")
+def celery_worker(
+    django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerHandle]:
+    """A real Celery worker in its own process, on Redis when reachable, else the filesystem broker.
+
+    Tests that use it must commit their data (``transaction=True``) so the worker can see it.
+    """
+    from config.celery import app
+
+    queue = f"test-{uuid.uuid4().hex[:8]}"
+    env = dict(os.environ)
+    if os.environ.get("TEST_BROKER", "") != "filesystem" and _redis_reachable():
+        broker_url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+        transport_options: dict[str, object] = {}
+    else:
+        broker_url = "filesystem://"
+        folder = tmp_path_factory.mktemp("broker")
+        (folder / "out").mkdir()
+        (folder / "processed").mkdir()
+        transport_options = {
+            "data_folder_in": str(folder / "out"),
+            "data_folder_out": str(folder / "out"),
+            "processed_folder": str(folder / "processed"),
+            "store_processed": False,
+        }
+        env["CELERY_FILESYSTEM_BROKER_DIR"] = str(folder)
+    with django_db_blocker.unblock():
+        env["DATABASE_URL"] = _database_url()
+    env.update({"CELERY_BROKER_URL": broker_url, "CELERY_QUEUE": queue, "DJANGO_SETTINGS_MODULE": "config.settings"})
+    app.conf.update(broker_url=broker_url, broker_transport_options=transport_options, task_default_queue=queue)
+    log = tmp_path_factory.mktemp("worker") / "worker.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "worker",
+                "--pool",
+                "prefork",
+                "--concurrency",
+                "2",
+                "--loglevel",
+                "INFO",
+                "-Q",
+                queue,
+                "--hostname",
+                f"{queue}@%h",
+                "--without-gossip",
+                "--without-mingle",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    handle = WorkerHandle(proc, broker_url, queue, log)
+    deadline = time.monotonic() + 60
+    while "ready." not in handle.log_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"Celery worker did not start:\n{handle.log_text()}")
+        time.sleep(0.2)
+    yield handle
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    if broker_url.startswith("redis"):
+        import redis
+
+        redis.Redis.from_url(broker_url).delete(queue)
+
+
+def wait_for(predicate: Any, *, timeout: float = 20.0, interval: float = 0.1, message: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def alice(django_user_model: Any) -> Any:
+    return django_user_model.objects.create_user(username="alice", password="alice-pass-123")
+
+
+@pytest.fixture
+def bob(django_user_model: Any) -> Any:
+    return django_user_model.objects.create_user(username="bob", password="bob-pass-123")
+
+
+@pytest.fixture
+def staff(django_user_model: Any) -> Any:
+    return django_user_model.objects.create_user(
+        username="staff", password="staff-pass-123", is_staff=True, is_superuser=True
+    )

@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import Client
+
+from config.env import database_from_url, env_bool, env_int, env_list
+from config.management.commands.runstack import ensure_first_staff_user
+from config.models import WorkerHeartbeat
+from conftest import wait_for
+
+
+class TestEnvHelpers:
+    def test_env_bool_parses_and_rejects(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("X_FLAG", "yes")
+        assert env_bool("X_FLAG", False) is True
+        monkeypatch.setenv("X_FLAG", "off")
+        assert env_bool("X_FLAG", True) is False
+        monkeypatch.setenv("X_FLAG", "maybe")
+        with pytest.raises(ImproperlyConfigured, match="X_FLAG"):
+            env_bool("X_FLAG", False)
+
+    def test_env_int_bounds(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("X_NUM", "12")
+        assert env_int("X_NUM", 1) == 12
+        monkeypatch.setenv("X_NUM", "twelve")
+        with pytest.raises(ImproperlyConfigured, match="not an integer"):
+            env_int("X_NUM", 1)
+        monkeypatch.setenv("X_NUM", "0")
+        with pytest.raises(ImproperlyConfigured, match="below the minimum"):
+            env_int("X_NUM", 1, minimum=1)
+
+    def test_env_list(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("X_HOSTS", "a.example, b.example,,")
+        assert env_list("X_HOSTS", []) == ["a.example", "b.example"]
+        monkeypatch.delenv("X_HOSTS")
+        assert env_list("X_HOSTS", ["d"]) == ["d"]
+
+    def test_database_url(self) -> None:
+        db = database_from_url("postgres://u:p%40ss@db.internal:6543/app?sslmode=require")
+        assert (db["NAME"], db["USER"], db["PASSWORD"], db["HOST"], db["PORT"]) == (
+            "app",
+            "u",
+            "p@ss",
+            "db.internal",
+            "6543",
+        )
+        assert db["OPTIONS"] == {"sslmode": "require"}
+        socket_db = database_from_url("postgresql://postgres:@/agents?host=/tmp/sock")
+        assert socket_db["HOST"] == "/tmp/sock"
+        with pytest.raises(ImproperlyConfigured, match="postgres"):
+            database_from_url("sqlite:///db.sqlite3")
+        with pytest.raises(ImproperlyConfigured, match="no database name"):
+            database_from_url("postgres://u@h/")
+
+
+@pytest.mark.django_db
+class TestPublicPages:
+    def test_admin_login_page_loads(self, client: Client) -> None:
+        response = client.get("/admin/login/")
+        assert response.status_code == 200
+        assert b"csrfmiddlewaretoken" in response.content
+
+    def test_home_requires_login(self, client: Client) -> None:
+        response = client.get("/")
+        assert response.status_code == 302
+        assert response["Location"].startswith("/accounts/login/")
+
+    def test_api_requires_auth(self, client: Client, alice: object) -> None:
+        assert client.get("/api/me/").status_code == 403
+        client.login(username="alice", password="alice-pass-123")
+        assert client.get("/api/me/").json()["username"] == "alice"
+
+    def test_openapi_schema(self, client: Client) -> None:
+        response = client.get("/api/schema/", HTTP_ACCEPT="application/json")
+        assert response.status_code == 200
+        assert response.json()["openapi"].startswith("3.")
+
+    def test_healthz_reports_pgvector_and_503_without_worker(self, client: Client) -> None:
+        response = client.get("/healthz")
+        body = response.json()
+        assert body["database"]["ok"] is True
+        assert body["database"]["pgvector"].startswith("0.8")
+        assert body["worker"]["ok"] is False  # no heartbeat in the test database
+        assert response.status_code == 503
+
+
+@pytest.mark.django_db
+def test_first_staff_user_created_once(tmp_path: object, django_user_model: object) -> None:
+    from pathlib import Path
+
+    folder = Path(str(tmp_path))
+    username, password = ensure_first_staff_user(folder)
+    assert password and (folder / "first-staff-user.txt").read_text().count(password) == 1
+    again, password_again = ensure_first_staff_user(folder)
+    assert again == username and password_again is None
+    assert django_user_model.objects.filter(is_staff=True).count() == 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_task_runs_in_separate_worker_and_healthz_turns_green(celery_worker, client: Client) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    from config.tasks import record_worker_heartbeat
+
+    record_worker_heartbeat.delay()
+    beat = wait_for(
+        lambda: WorkerHeartbeat.objects.filter(hostname__startswith=celery_worker.queue).first(),
+        message="the worker's heartbeat row",
+    )
+    assert celery_worker.proc.pid != os.getpid()
+    assert beat.hostname.startswith(celery_worker.queue)
+    response = client.get("/healthz")
+    assert response.status_code == 200, response.json()
+    assert response.json()["broker"]["transport"] == celery_worker.transport

@@ -99,6 +99,8 @@ else:
     _db = embedded_database_settings(DATA_DIR / "pg")
 _db["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
 _db["CONN_HEALTH_CHECKS"] = True
+# Parallel test runs (several developers or helpers on one machine) each get their own test database.
+_db["TEST"] = {"NAME": f"test_{_db['NAME']}{env_str('TEST_DB_SUFFIX', '') or ''}"}
 # Note: no ATOMIC_REQUESTS. A request waiting on an LLM must not hold a transaction open.
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -188,6 +190,38 @@ LLM_MODEL = env_str("LLM_MODEL")
 LLM_CONNECT_TIMEOUT = env_float("LLM_CONNECT_TIMEOUT", 5.0, minimum=0.1)
 LLM_READ_TIMEOUT = env_float("LLM_READ_TIMEOUT", 60.0, minimum=0.1)
 LLM_MAX_RETRIES = env_int("LLM_MAX_RETRIES", 3, minimum=0, maximum=10)
+LLM_SUPPORTS_JSON_SCHEMA = env_bool("LLM_SUPPORTS_JSON_SCHEMA", True)
+LLM_CONTEXT_WINDOW = env_int("LLM_CONTEXT_WINDOW", 8192, minimum=512)
+# A cheaper model on the same endpoint for relevance filtering and fact extraction ("" = LLM_MODEL).
+LLM_CHEAP_MODEL = env_str("LLM_CHEAP_MODEL", "") or ""
+# Named endpoint profiles that agents refer to by name (Agent.endpoint). API keys are never stored in
+# the database: a profile names the environment variable that holds its key. "default" comes from the
+# LLM_* variables above; more can be added as JSON in LLM_PROFILES_JSON, e.g.
+# {"local": {"base_url": "http://127.0.0.1:11434/v1", "model": "llama3.2", "api_key_env": "OLLAMA_KEY"}}.
+LLM_PROFILES: dict[str, dict[str, object]] = {}
+if LLM_BASE_URL or LLM_MODEL:
+    LLM_PROFILES["default"] = {
+        "base_url": LLM_BASE_URL,
+        "model": LLM_MODEL or "",
+        "api_key_env": "LLM_API_KEY",
+        "connect_timeout": LLM_CONNECT_TIMEOUT,
+        "read_timeout": LLM_READ_TIMEOUT,
+        "max_retries": LLM_MAX_RETRIES,
+        "supports_json_schema": LLM_SUPPORTS_JSON_SCHEMA,
+        "context_window": LLM_CONTEXT_WINDOW,
+        "cheap_model": LLM_CHEAP_MODEL,
+    }
+_profiles_json = env_str("LLM_PROFILES_JSON")
+if _profiles_json:
+    import json as _json
+
+    try:
+        _extra = _json.loads(_profiles_json)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"LLM_PROFILES_JSON is not valid JSON: {exc}") from exc
+    if not isinstance(_extra, dict) or not all(isinstance(v, dict) for v in _extra.values()):
+        raise ImproperlyConfigured("LLM_PROFILES_JSON must be an object of objects")
+    LLM_PROFILES.update(_extra)
 EMBEDDING_BACKEND = env_str("EMBEDDING_BACKEND", "sentence-transformers") or "sentence-transformers"
 EMBEDDING_DIMENSIONS = env_int("EMBEDDING_DIMENSIONS", 384, minimum=8)
 

@@ -1,0 +1,153 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+
+def default_section_budgets() -> dict[str, float]:
+    """Share of the prompt budget each section may use (after the response reserve and safety margin)."""
+    return {
+        "system": 0.10,
+        "workflow": 0.08,
+        "procedural": 0.05,
+        "memories": 0.20,
+        "summary": 0.12,
+        "recent": 0.35,
+        "message": 0.10,
+    }
+
+
+class Agent(models.Model):
+    """An agent operators configure in the admin: prompt, model, budgets, workflow, tools, limits."""
+
+    class StepLimitBehaviour(models.TextChoices):
+        ERROR = "error", "Reply with an error"
+        PARTIAL = "partial", "Give a partial answer"
+        HANDOFF = "handoff", "Hand to a human"
+
+    name = models.CharField(max_length=120)
+    slug = models.SlugField(max_length=80, unique=True)
+    description = models.TextField(blank=True)
+    system_prompt = models.TextField()
+    # Name of an endpoint profile in settings.LLM_PROFILES ("" = the default profile). Keys stay in the environment.
+    endpoint = models.CharField(max_length=80, blank=True, default="")
+    model = models.CharField(max_length=200, blank=True, default="", help_text="Blank: the endpoint's default model.")
+    temperature = models.FloatField(default=0.3, validators=[MinValueValidator(0.0), MaxValueValidator(2.0)])
+    max_tokens = models.PositiveIntegerField(default=512, help_text="Largest reply, in tokens.")
+    context_window = models.PositiveIntegerField(default=8192, help_text="The model's context window, in tokens.")
+    response_reserve = models.PositiveIntegerField(default=768, help_text="Tokens kept free for the reply.")
+    safety_margin = models.FloatField(
+        default=0.12,
+        validators=[MinValueValidator(0.10), MaxValueValidator(0.15)],
+        help_text="Share of the window kept unused.",
+    )
+    section_budgets = models.JSONField(default=default_section_budgets)
+    window_turns = models.PositiveIntegerField(default=10, validators=[MinValueValidator(3)])
+    memory_budget_tokens = models.PositiveIntegerField(default=2000)
+    workflow = models.CharField(max_length=80, default="free_chat")
+    tools = models.JSONField(default=list, blank=True, help_text="Names of enabled tools.")
+    step_limit = models.PositiveIntegerField(default=8, validators=[MinValueValidator(1), MaxValueValidator(50)])
+    step_limit_behaviour = models.CharField(
+        max_length=10, choices=StepLimitBehaviour.choices, default=StepLimitBehaviour.PARTIAL
+    )
+    relevance_threshold = models.FloatField(default=0.5, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)])
+    routing_confidence_threshold = models.FloatField(
+        default=0.4, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)]
+    )
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class LLMCall(models.Model):
+    """One model call, whatever its outcome: the raw material of the death-spiral indicators."""
+
+    agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.SET_NULL, related_name="calls")
+    session = models.ForeignKey(
+        "chat_sessions.ChatSession", null=True, blank=True, on_delete=models.SET_NULL, related_name="llm_calls"
+    )
+    turn = models.ForeignKey(
+        "chat_sessions.Turn", null=True, blank=True, on_delete=models.SET_NULL, related_name="llm_calls"
+    )
+    purpose = models.CharField(max_length=20, db_index=True)
+    provider = models.CharField(max_length=20)
+    model = models.CharField(max_length=200)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    prompt_sections = models.JSONField(default=dict, blank=True)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    latency_ms = models.FloatField(default=0.0)
+    ttft_ms = models.FloatField(null=True, blank=True)
+    retries = models.PositiveIntegerField(default=0)
+    outcome = models.CharField(max_length=20, db_index=True)
+    finish_reason = models.CharField(max_length=30, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            # Dashboard and alerts: "calls of agent X in the last hour" (WHERE agent_id = ? AND created_at >= ?).
+            models.Index(fields=["agent", "created_at"], name="llmcall_agent_time"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.purpose} {self.model} {self.outcome}"
+
+
+class ToolInvocation(models.Model):
+    """One tool run inside a turn: arguments, the string it returned, and whether that was a TOOL_ERROR."""
+
+    session = models.ForeignKey("chat_sessions.ChatSession", on_delete=models.CASCADE, related_name="tool_invocations")
+    turn = models.ForeignKey(
+        "chat_sessions.Turn", null=True, blank=True, on_delete=models.CASCADE, related_name="tool_invocations"
+    )
+    name = models.CharField(max_length=80)
+    arguments = models.JSONField(default=dict, blank=True)
+    result = models.TextField(blank=True)
+    ok = models.BooleanField(default=True)
+    error_kind = models.CharField(max_length=40, blank=True)
+    attempts = models.PositiveIntegerField(default=1)
+    latency_ms = models.FloatField(default=0.0)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({'ok' if self.ok else self.error_kind})"
+
+
+class Booking(models.Model):
+    """A flight booked by the ``book_flight`` tool (local data: no airline is called)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="bookings")
+    session = models.ForeignKey(
+        "chat_sessions.ChatSession", null=True, blank=True, on_delete=models.SET_NULL, related_name="bookings"
+    )
+    reference = models.CharField(max_length=12, unique=True)
+    flight_number = models.CharField(max_length=12)
+    origin = models.CharField(max_length=80)
+    destination = models.CharField(max_length=80)
+    depart_date = models.DateField()
+    return_date = models.DateField(null=True, blank=True)
+    passengers = models.PositiveSmallIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            # A booking tool retried after a lost reply must not book twice for one session.
+            models.UniqueConstraint(
+                fields=["session", "flight_number", "depart_date"], name="booking_once_per_session_flight"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.reference} {self.origin}→{self.destination} {self.depart_date}"

@@ -1,0 +1,133 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVector, SearchVectorField
+from django.db import models
+from django.utils import timezone
+from pgvector.django import HnswIndex, VectorField
+
+# Columns are fixed at migration time; EMBEDDING_DIMENSIONS must match the embedder in use.
+EMBEDDING_DIMENSIONS: int = settings.EMBEDDING_DIMENSIONS
+
+
+class Memory(models.Model):
+    """Something the agent knows about a user: an episode, a fact, or a procedure.
+
+    A superseded fact is closed (``valid_to`` set), never deleted, so history stays inspectable.
+    """
+
+    class Kind(models.TextChoices):
+        EPISODIC = "episodic", "Episodic"
+        SEMANTIC = "semantic", "Semantic"
+        PROCEDURAL = "procedural", "Procedural"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memories")
+    agent = models.ForeignKey("agents.Agent", null=True, blank=True, on_delete=models.SET_NULL, related_name="memories")
+    kind = models.CharField(max_length=12, choices=Kind.choices)
+    text = models.TextField()
+    # Semantic facts may carry a key ("home_airport"); a new value for the same key supersedes the old.
+    fact_key = models.CharField(max_length=80, blank=True, db_index=True)
+    # Procedural memories: when to include them (keywords / phrase), and for which workflow ("" = any).
+    trigger = models.CharField(max_length=200, blank=True)
+    workflow = models.CharField(max_length=80, blank=True)
+    embedding = VectorField(dimensions=EMBEDDING_DIMENSIONS, null=True, blank=True)
+    embedding_model = models.CharField(max_length=120, blank=True)
+    search_vector = models.GeneratedField(
+        expression=SearchVector("text", config="english"),
+        output_field=SearchVectorField(),
+        db_persist=True,
+    )
+    importance = models.FloatField(default=0.5)
+    pinned = models.BooleanField(default=False)
+    archived = models.BooleanField(default=False)
+    needs_review = models.BooleanField(default=False)
+    source_session = models.ForeignKey(
+        "chat_sessions.ChatSession", null=True, blank=True, on_delete=models.SET_NULL, related_name="memories"
+    )
+    source_turn = models.ForeignKey(
+        "chat_sessions.Turn", null=True, blank=True, on_delete=models.SET_NULL, related_name="memories"
+    )
+    valid_from = models.DateTimeField(default=timezone.now)
+    valid_to = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    access_count = models.PositiveIntegerField(default=0)
+    last_accessed_at = models.DateTimeField(null=True, blank=True)
+    content_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name_plural = "memories"
+        indexes = [
+            # Tier 2 vector search: ORDER BY embedding <=> %(query)s LIMIT k, filtered by user_id with
+            # pgvector 0.8 iterative scans (SET hnsw.iterative_scan = relaxed_order).
+            HnswIndex(
+                name="memory_embedding_hnsw",
+                fields=["embedding"],
+                m=16,
+                ef_construction=64,
+                opclasses=["vector_cosine_ops"],
+            ),
+            # Tier 2 full-text search: WHERE search_vector @@ websearch_to_tsquery('english', %(query)s).
+            GinIndex(name="memory_search_gin", fields=["search_vector"]),
+            # Tier 1 exact lookups and the admin's filters: WHERE user_id = ? AND kind = ? AND NOT archived.
+            models.Index(fields=["user", "kind", "archived"], name="memory_user_kind"),
+            # Recent actions / recency ranking: WHERE user_id = ? ORDER BY created_at DESC.
+            models.Index(fields=["user", "-created_at"], name="memory_user_recent"),
+        ]
+        constraints = [
+            # A retried write task inserts one episodic memory per turn, never two.
+            models.UniqueConstraint(
+                fields=["source_turn"], condition=models.Q(kind="episodic"), name="memory_one_episode_per_turn"
+            ),
+            # The same current fact or procedure is stored once per user.
+            models.UniqueConstraint(
+                fields=["user", "kind", "content_hash"],
+                condition=models.Q(valid_to__isnull=True) & ~models.Q(kind="episodic"),
+                name="memory_current_unique_content",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.text[:60]}"
+
+    @property
+    def is_current(self) -> bool:
+        now = timezone.now()
+        return (
+            not self.archived
+            and (self.valid_to is None or self.valid_to > now)
+            and (self.expires_at is None or self.expires_at > now)
+        )
+
+
+class MemoryReview(models.Model):
+    """A contradicting fact the extractor was not confident enough to apply: waits for a person."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        APPLIED = "applied", "Applied"
+        REJECTED = "rejected", "Rejected"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memory_reviews")
+    existing = models.ForeignKey(Memory, on_delete=models.CASCADE, related_name="reviews")
+    proposed_text = models.TextField()
+    proposed_key = models.CharField(max_length=80, blank=True)
+    confidence = models.FloatField()
+    reason = models.TextField(blank=True)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING, db_index=True)
+    source_session = models.ForeignKey("chat_sessions.ChatSession", null=True, blank=True, on_delete=models.SET_NULL)
+    source_turn = models.ForeignKey("chat_sessions.Turn", null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"review: {self.proposed_text[:60]}"

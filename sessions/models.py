@@ -1,0 +1,134 @@
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+
+class ChatSession(models.Model):
+    """A conversation with one agent, and the durable state of its workflow.
+
+    ``version`` increases on every state write; writers compare-and-set it (optimistic concurrency).
+    """
+
+    class Status(models.TextChoices):
+        ACTIVE = "active", "Active"
+        COMPLETED = "completed", "Completed"
+        FAILED = "failed", "Failed"
+        NEEDS_HUMAN = "needs_human", "Needs a human"
+        CLOSED = "closed", "Closed"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="chat_sessions")
+    agent = models.ForeignKey("agents.Agent", on_delete=models.PROTECT, related_name="sessions")
+    title = models.CharField(max_length=200, blank=True)
+    workflow = models.CharField(max_length=80)
+    state = models.CharField(max_length=60)
+    data = models.JSONField(default=dict, blank=True, help_text="Slots collected so far.")
+    retry_count = models.PositiveIntegerField(default=0)
+    last_transition = models.CharField(max_length=140, blank=True)
+    last_good_state = models.CharField(max_length=60, blank=True)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.ACTIVE, db_index=True)
+    version = models.PositiveIntegerField(default=0)
+    # Progressive summary of the turns that left the sliding window.
+    summary = models.TextField(blank=True)
+    summary_through_seq = models.PositiveIntegerField(default=0, help_text="Last turn seq folded into the summary.")
+    summary_requested_seq = models.PositiveIntegerField(
+        default=0, help_text="Highest seq a summary task was enqueued for."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at"]
+        indexes = [
+            # The session list: WHERE user_id = ? ORDER BY updated_at DESC.
+            models.Index(fields=["user", "-updated_at"], name="session_user_recent"),
+        ]
+
+    def __str__(self) -> str:
+        return self.title or f"Session {str(self.id)[:8]}"
+
+
+class Turn(models.Model):
+    """One user message and the agent's reply. The message is saved before any model call."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        RUNNING = "running", "Running"
+        COMPLETED = "completed", "Completed"
+        FAILED = "failed", "Failed"
+
+    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="turns")
+    seq = models.PositiveIntegerField()
+    user_message = models.TextField()
+    assistant_message = models.TextField(blank=True)
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.PENDING, db_index=True)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    error = models.TextField(blank=True)
+    state_before = models.CharField(max_length=60, blank=True)
+    state_after = models.CharField(max_length=60, blank=True)
+    steps = models.PositiveIntegerField(default=0)
+    step_limit_hit = models.BooleanField(default=False)
+    is_demo = models.BooleanField(default=False, help_text="Answered by the offline demo model, not an LLM.")
+    # The context inspector: sections and their tokens, included/dropped turns and memories, degradations.
+    composition = models.JSONField(default=dict, blank=True)
+    # What memory retrieval kept and dropped for this turn, and why.
+    retrieval = models.JSONField(default=dict, blank=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["session", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "seq"], name="turn_seq_unique"),
+            # A retried POST with the same Idempotency-Key returns the first turn instead of running again.
+            models.UniqueConstraint(
+                fields=["session", "idempotency_key"],
+                condition=models.Q(idempotency_key__isnull=False),
+                name="turn_idempotency_unique",
+            ),
+        ]
+        indexes = [
+            # Crash recovery sweep: WHERE status = 'running' AND started_at < now() - interval.
+            models.Index(fields=["status", "started_at"], name="turn_stuck_sweep"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.user_message[:40]}"
+
+
+class Checkpoint(models.Model):
+    """Append-only log of a session's workflow state: before every model call and at every transition."""
+
+    class Reason(models.TextChoices):
+        BEFORE_CALL = "before_call", "Before a model call"
+        TRANSITION = "transition", "Transition"
+        INVALID_TRANSITION = "invalid_transition", "Invalid transition (rejected)"
+        RETRY = "retry", "Failed turn (retry counted)"
+        FAILED = "failed", "Moved to FAILED"
+        RESET = "reset", "Reset"
+        RESUME = "resume", "Resumed from a checkpoint"
+        RECOVERED = "recovered", "Recovered after a crash"
+        HANDOFF = "handoff", "Handed to a human"
+
+    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="checkpoints")
+    seq = models.PositiveIntegerField()
+    turn = models.ForeignKey(Turn, null=True, blank=True, on_delete=models.SET_NULL, related_name="checkpoints")
+    state = models.CharField(max_length=60)
+    data = models.JSONField(default=dict, blank=True)
+    retry_count = models.PositiveIntegerField(default=0)
+    transition = models.CharField(max_length=140, blank=True)
+    reason = models.CharField(max_length=24, choices=Reason.choices)
+    detail = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["session", "seq"]
+        constraints = [models.UniqueConstraint(fields=["session", "seq"], name="checkpoint_seq_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}#{self.seq} {self.state} ({self.reason})"

@@ -65,7 +65,8 @@ class Turn(models.Model):
     user_message = models.TextField()
     assistant_message = models.TextField(blank=True)
     status = models.CharField(max_length=12, choices=Status.choices, default=Status.PENDING, db_index=True)
-    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    # Note: NULL, not "", so that turns without a key never collide in the unique constraint below.
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     error = models.TextField(blank=True)
     state_before = models.CharField(max_length=60, blank=True)
     state_after = models.CharField(max_length=60, blank=True)

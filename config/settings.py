@@ -56,8 +56,8 @@ INSTALLED_APPS = [
     "agents",
     "memory",
     "sessions.apps.ChatSessionsConfig",
-]
     "observability",
+]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -163,10 +163,10 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 WORKER_HEARTBEAT_SECONDS = env_int("WORKER_HEARTBEAT_SECONDS", 15, minimum=1)
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "worker-heartbeat": {"task": "config.tasks.record_worker_heartbeat", "schedule": float(WORKER_HEARTBEAT_SECONDS)},
+    "alerts-evaluate": {"task": "observability.tasks.evaluate_alerts", "schedule": 60.0},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
-    "alerts-evaluate": {"task": "observability.tasks.evaluate_alerts", "schedule": 60.0},
 # --- REST framework ----------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -227,6 +227,10 @@ if _profiles_json:
 EMBEDDING_BACKEND = env_str("EMBEDDING_BACKEND", "sentence-transformers") or "sentence-transformers"
 EMBEDDING_DIMENSIONS = env_int("EMBEDDING_DIMENSIONS", 384, minimum=8)
 
+# --- Observability: JSON logs, /metrics, alerts, traces (observability app) ----------------
+LOG_FORMAT = env_str("LOG_FORMAT", "json") or "json"
+if LOG_FORMAT not in {"json", "plain"}:
+    raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r} must be json or plain")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -238,44 +242,6 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-# Static files are served by WhiteNoise straight from the app folders: no collectstatic step to forget.
-WHITENOISE_USE_FINDERS = True
-STATIC_ROOT.mkdir(exist_ok=True)
-# OpenAI-compatible embeddings endpoint (EMBEDDING_BACKEND=openai); the key is read from the env var named here.
-EMBEDDING_BASE_URL = env_str("EMBEDDING_BASE_URL", "") or ""
-EMBEDDING_MODEL = env_str("EMBEDDING_MODEL", "") or ""
-EMBEDDING_API_KEY_ENV = env_str("EMBEDDING_API_KEY_ENV", "EMBEDDING_API_KEY") or "EMBEDDING_API_KEY"
-EMBEDDING_TIMEOUT = env_float("EMBEDDING_TIMEOUT", 30.0, minimum=0.1)
-# Memory retrieval: candidates per search arm, HNSW search breadth, the relevance model's time budget.
-MEMORY_CANDIDATES = env_int("MEMORY_CANDIDATES", 40, minimum=1, maximum=1000)
-MEMORY_HNSW_EF_SEARCH = env_int("MEMORY_HNSW_EF_SEARCH", 100, minimum=10, maximum=1000)
-MEMORY_RECENT_ACTIONS = env_int("MEMORY_RECENT_ACTIONS", 3, minimum=0, maximum=50)
-MEMORY_RELEVANCE_TIMEOUT = env_float("MEMORY_RELEVANCE_TIMEOUT", 4.0, minimum=0.1)
-# A new fact that contradicts a current one is applied at or above this confidence, else queued for review.
-MEMORY_CONTRADICTION_CONFIDENCE = env_float("MEMORY_CONTRADICTION_CONFIDENCE", 0.75, minimum=0.0, maximum=1.0)
-
-# --- Observability: JSON logs, /metrics, alerts, traces (observability app) ----------------
-LOG_FORMAT = env_str("LOG_FORMAT", "json") or "json"
-if LOG_FORMAT not in {"json", "plain"}:
-    raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r} must be json or plain")
-# --- Tools (agents/tools) -------------------------------------------------------------------
-# Seconds one attempt of a tool may run before it is abandoned (the model sees "TOOL_ERROR: … timed out").
-TOOLS_DEFAULT_TIMEOUT = env_float("TOOLS_DEFAULT_TIMEOUT", 10.0, minimum=0.05, maximum=600.0)
-# Retryable failures (timeouts, connection errors, 5xx) get up to this many attempts; 4xx never retry.
-TOOLS_MAX_ATTEMPTS = env_int("TOOLS_MAX_ATTEMPTS", 3, minimum=1, maximum=10)
-TOOLS_RETRY_BASE_DELAY = env_float("TOOLS_RETRY_BASE_DELAY", 0.5, minimum=0.0, maximum=60.0)
-TOOLS_RETRY_MAX_DELAY = env_float("TOOLS_RETRY_MAX_DELAY", 8.0, minimum=0.0, maximum=300.0)
-# http_get: hosts it may fetch ("example.com", ".example.com" for subdomains, "*" for any public host).
-# Private, loopback and link-local addresses are refused unless their host is listed by name.
-TOOLS_HTTP_ALLOWED_HOSTS = env_list("TOOLS_HTTP_ALLOWED_HOSTS", [])
-TOOLS_HTTP_MAX_BYTES = env_int("TOOLS_HTTP_MAX_BYTES", 65536, minimum=256, maximum=10 * 1024 * 1024)
-TOOLS_HTTP_TIMEOUT = env_float("TOOLS_HTTP_TIMEOUT", 8.0, minimum=0.05, maximum=600.0)
-# Injected tool failures for tests and benchmarks, e.g. "search_flights:http_503:2,book_flight:timeout:1"
-# (kinds: timeout, http_503, http_400, malformed_payload, connection_error; count or "*"). Empty in production.
-TOOLS_FAULTS = env_str("TOOLS_FAULTS", "") or ""
 # /metrics: a bearer token, or (METRICS_ALLOW_INTERNAL) any loopback/private client. Neither: loopback only.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "") or ""
 METRICS_ALLOW_INTERNAL = env_bool("METRICS_ALLOW_INTERNAL", False)
@@ -288,3 +254,9 @@ ALERT_MIN_SAMPLES = env_int("ALERT_MIN_SAMPLES", 10, minimum=1)
 OTEL_EXPORTER_OTLP_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_ENDPOINT", "") or ""
 OTEL_EXPORTER_OTLP_TIMEOUT = env_float("OTEL_EXPORTER_OTLP_TIMEOUT", 5.0, minimum=0.1)
 OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "agent-runtime") or "agent-runtime"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Static files are served by WhiteNoise straight from the app folders: no collectstatic step to forget.
+WHITENOISE_USE_FINDERS = True
+STATIC_ROOT.mkdir(exist_ok=True)

@@ -79,6 +79,8 @@ def celery_worker(
         env["CELERY_FILESYSTEM_BROKER_DIR"] = str(folder)
     with django_db_blocker.unblock():
         env["DATABASE_URL"] = _database_url()
+    # The worker embeds with the deterministic embedder too (the real model's cold load takes ~18 s).
+    env["EMBEDDING_BACKEND"] = os.environ.get("TEST_WORKER_EMBEDDING_BACKEND", "hashing")
     env.update({"CELERY_BROKER_URL": broker_url, "CELERY_QUEUE": queue, "DJANGO_SETTINGS_MODULE": "config.settings"})
     app.conf.update(broker_url=broker_url, broker_transport_options=transport_options, task_default_queue=queue)
     log = tmp_path_factory.mktemp("worker") / "worker.log"
@@ -138,6 +140,13 @@ def wait_for(predicate: Any, *, timeout: float = 20.0, interval: float = 0.1, me
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_embedder(request: pytest.FixtureRequest, settings: Any) -> None:
+    """Tests embed with the fast deterministic hashing embedder unless marked ``real_embedder``."""
+    if request.node.get_closest_marker("real_embedder") is None:
+        settings.EMBEDDING_BACKEND = "hashing"
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
+from django.core.exceptions import ImproperlyConfigured
 from pydantic import BaseModel
 
 # A chat message in the OpenAI wire format: {"role": ..., "content": ..., ["tool_calls"|"tool_call_id"|"name"]}.
@@ -117,8 +118,14 @@ class LLMProvider(Protocol):
         ctx: CallContext,
         temperature: float | None = None,
         max_tokens: int | None = None,
+        tools: list[ToolSpec] | None = None,
     ) -> ReplyStream:
-        """A reply as token deltas; time to first token is measured and recorded."""
+        """A reply as token deltas; time to first token is measured and recorded.
+
+        The request is made when iteration starts, so every error (``LLMError`` subclasses) is raised
+        from the iteration. Streamed tool-call deltas are joined into ``completion.tool_calls``. A reply
+        cut off by the token limit raises ``TruncatedOutputError`` at the end of the iteration.
+        """
         ...
 
     def structured(
@@ -138,6 +145,10 @@ class LLMError(Exception):
 
     outcome: Outcome = "error"
     retryable: bool = False
+    # Set by the provider: how many times the request was retried before this error was raised.
+    retries: int = 0
+    # Seconds the server asked us to wait (Retry-After), when it said so.
+    retry_after: float | None = None
 
 
 class LLMTimeout(LLMError):
@@ -158,6 +169,10 @@ class LLMRateLimited(LLMError):
 class LLMServerError(LLMError):
     outcome = "server_error"
     retryable = True
+
+
+class LLMConfigurationError(LLMError, ImproperlyConfigured):
+    """The endpoint profile named by an agent is missing or incomplete: a deployment problem, not a model one."""
 
 
 class LLMClientError(LLMError):

@@ -1,0 +1,62 @@
+"""Which provider answers for an agent: its endpoint profile, or the demo model when none is set up."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+
+from agents.llm.base import LLMConfigurationError, LLMProvider
+from agents.llm.demo import DEMO_LABEL, DemoModel
+from agents.llm.openai_compat import OpenAICompatibleProvider
+from agents.llm.profiles import EndpointProfile
+
+if TYPE_CHECKING:
+    from agents.models import Agent
+
+__all__ = ["DEMO_LABEL", "DEMO_PROFILE", "endpoint_profile", "get_provider"]
+
+DEFAULT_PROFILE = "default"
+# An agent whose endpoint is "demo" always gets the demo model, even when a real endpoint is configured.
+DEMO_PROFILE = "demo"
+
+_demo = DemoModel()
+
+
+def endpoint_profile(name: str) -> EndpointProfile | None:
+    """The validated profile called ``name``, or ``None`` when settings do not define it."""
+    profiles: dict[str, dict[str, object]] = getattr(settings, "LLM_PROFILES", {}) or {}
+    data = profiles.get(name)
+    if data is None:
+        return None
+    return EndpointProfile.from_mapping(name, data)
+
+
+def get_provider(*, agent: Agent | None = None, cheap: bool = False) -> LLMProvider:
+    """The provider for ``agent`` (or the default profile); the demo model when none is configured.
+
+    - ``agent.endpoint`` blank → the "default" profile; when that is not configured either, the demo model.
+    - ``agent.endpoint == "demo"`` → the demo model.
+    - ``agent.endpoint`` names a profile that does not exist → ``LLMConfigurationError`` (an
+      ``ImproperlyConfigured``): an operator asked for it explicitly, so silently answering with the
+      demo model would hide the mistake.
+    - ``agent.model`` overrides the profile's model; ``cheap=True`` uses the profile's ``cheap_model``
+      (falling back to the main model).
+    """
+    explicit = (agent.endpoint if agent is not None else "") or ""
+    if explicit == DEMO_PROFILE:
+        return _demo
+    name = explicit or DEFAULT_PROFILE
+    profile = endpoint_profile(name)
+    if profile is None:
+        if explicit:
+            known = ", ".join(sorted(getattr(settings, "LLM_PROFILES", {}) or {})) or "none"
+            raise LLMConfigurationError(
+                f"agent {getattr(agent, 'slug', '?')!r} uses LLM endpoint profile {explicit!r}, which is not "
+                f"configured (known profiles: {known}; see LLM_PROFILES_JSON)"
+            )
+        return _demo
+    model = (agent.model if agent is not None and agent.model else "") or profile.model
+    if cheap and profile.cheap_model:
+        model = profile.cheap_model
+    return OpenAICompatibleProvider(profile=profile, model=model)

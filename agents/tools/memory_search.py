@@ -1,0 +1,58 @@
+"""``search_memory``: lets the model look up what it knows about the user beyond what the prompt holds.
+
+It goes through the same tiered retrieval as the prompt (``memory.selectors.memories_for_prompt``), so
+it sees only the signed-in user's own current memories.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agents.tools.errors import ToolInputError
+from agents.tools.registry import Tool, ToolContext
+
+# Used when there is no agent to take a memory budget from.
+DEFAULT_BUDGET_TOKENS = 1000
+
+
+class SearchMemoryArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    query: str = Field(min_length=1, max_length=500, description="What to look for, in plain words.")
+    limit: int = Field(default=5, ge=1, le=20, description="Most memories to return, 1 to 20.")
+
+
+def _search_memory(args: SearchMemoryArgs, context: ToolContext) -> str:
+    # Imported here: the memory app imports the agents app, and tools load before it is needed.
+    from memory.selectors import memories_for_prompt
+
+    user = context.user
+    if user is None or not getattr(user, "is_authenticated", False):
+        raise ToolInputError("searching memory needs a signed-in user.")
+    agent = context.agent
+    found = memories_for_prompt(
+        user=user,
+        query=args.query,
+        agent=agent,
+        workflow=context.session.workflow if context.session is not None else "",
+        budget_tokens=agent.memory_budget_tokens if agent is not None else DEFAULT_BUDGET_TOKENS,
+        relevance_threshold=agent.relevance_threshold if agent is not None else 0.5,
+        # The model asked explicitly; a second model call inside the tool would only add latency.
+        use_model_filter=False,
+    )
+    items = found.items[: args.limit]
+    if not items:
+        return f"No stored memories about the user match {args.query!r}."
+    lines = [f"{i}. [{item.memory.kind}] {item.text}" for i, item in enumerate(items, start=1)]
+    return "\n".join([f"Memories about the user matching {args.query!r}:", *lines])
+
+
+SEARCH_MEMORY = Tool(
+    name="search_memory",
+    description=(
+        "Search what is remembered about the user (facts, preferences, past conversations). "
+        "Use it when the answer may depend on something the user said before."
+    ),
+    args_model=SearchMemoryArgs,
+    run=_search_memory,
+)

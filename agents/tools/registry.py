@@ -1,0 +1,492 @@
+"""The tool registry: argument schemas, validation, deadlines, retries, and results that never raise.
+
+``run_tool_call`` is the only way the runtime runs a tool. Whatever happens — an unknown tool, broken
+JSON, arguments out of range, a hung upstream, a 503, a bug inside the tool — it returns a
+``ToolResult`` whose ``content`` is the string the model sees: the tool's output, or a
+``TOOL_ERROR: …`` message saying what went wrong and what to do about it. Each call leaves one
+``agents.models.ToolInvocation`` row when it belongs to a session.
+
+Tools run in a worker thread with their own database connection (closed when the thread ends), so
+call ``run_tool_call`` outside ``transaction.atomic``: a tool cannot see rows its caller has not
+committed. A timed-out attempt is abandoned, not killed (Python threads cannot be); tools that write
+must therefore be idempotent, as ``book_flight`` is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from django.conf import settings
+from django.db import connections, transaction
+from pydantic import BaseModel, ValidationError
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from agents.llm.base import Message, ToolCallRequest, ToolSpec
+from agents.tools.errors import (
+    ErrorKind,
+    ToolConnectionError,
+    ToolError,
+    ToolHttpError,
+    ToolPayloadError,
+    ToolTimeout,
+)
+from agents.tools.faults import apply_fault
+
+if TYPE_CHECKING:
+    from agents.models import Agent
+    from sessions.models import ChatSession, Turn
+
+logger = logging.getLogger("agents.tools")
+
+TOOL_ERROR_PREFIX = "TOOL_ERROR"
+# A tool's output goes into the prompt; past this it is cut (and marked) so one tool cannot flood the context.
+RESULT_MAX_CHARS = 16_000
+_DETAIL_MAX_CHARS = 300
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """Who a tool runs for: the signed-in user, and the session, turn and agent when there are any."""
+
+    user: Any
+    session: ChatSession | None = None
+    turn: Turn | None = None
+    agent: Agent | None = None
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool: its name and description for the model, its argument schema, its deadline, its body.
+
+    ``run(args, context)`` receives a validated ``args_model`` instance and returns the result text.
+    It may raise (preferably one of ``agents.tools.errors``); the registry turns that into TOOL_ERROR.
+    ``timeout_s`` None means ``settings.TOOLS_DEFAULT_TIMEOUT``; ``max_attempts`` None means
+    ``settings.TOOLS_MAX_ATTEMPTS``.
+    """
+
+    name: str
+    description: str
+    args_model: type[BaseModel]
+    run: Callable[[Any, ToolContext], object]
+    timeout_s: float | None = None
+    max_attempts: int | None = None
+
+    def effective_timeout(self) -> float:
+        return float(self.timeout_s if self.timeout_s is not None else settings.TOOLS_DEFAULT_TIMEOUT)
+
+    def spec(self) -> ToolSpec:
+        return ToolSpec(name=self.name, description=self.description, parameters=parameters_schema(self.args_model))
+
+
+@dataclass
+class ToolResult:
+    """The outcome of one tool call. ``content`` is exactly what the model sees (output or TOOL_ERROR text)."""
+
+    name: str
+    content: str
+    ok: bool
+    error_kind: ErrorKind = ""
+    attempts: int = 0
+    latency_ms: float = 0.0
+    arguments: dict[str, Any] = field(default_factory=dict)
+    call_id: str = ""
+
+    def as_message(self) -> Message:
+        """The ``role: tool`` message that answers the model's tool call."""
+        return {"role": "tool", "tool_call_id": self.call_id, "content": self.content}
+
+
+class ToolRegistry:
+    """A set of tools by name."""
+
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            self.register(tool)
+
+    def register(self, tool: Tool) -> Tool:
+        if tool.name in self._tools:
+            raise ValueError(f"a tool named {tool.name!r} is already registered")
+        self._tools[tool.name] = tool
+        return tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._tools)
+
+    def specs(self, names: Iterable[str]) -> list[ToolSpec]:
+        specs = []
+        for name in names:
+            tool = self._tools.get(name)
+            if tool is None:
+                # An agent may still list a tool that was removed; leaving it out beats failing the turn.
+                logger.warning("tool %r is enabled but not registered; not offered to the model", name)
+                continue
+            specs.append(tool.spec())
+        return specs
+
+
+_default: ToolRegistry | None = None
+_default_lock = threading.Lock()
+
+
+def default_registry() -> ToolRegistry:
+    """The process-wide registry holding the built-in tools (created on first use)."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                from agents.tools.builtins import BUILTIN_TOOLS
+
+                _default = ToolRegistry(BUILTIN_TOOLS)
+    return _default
+
+
+def tool_names(*, registry: ToolRegistry | None = None) -> list[str]:
+    """Names of the registered tools (for the admin's choices and for validation of ``Agent.tools``)."""
+    return (registry or default_registry()).names()
+
+
+def tool_specs(names: list[str], *, registry: ToolRegistry | None = None) -> list[ToolSpec]:
+    """The tools named, as the model sees them; names not registered are left out (and logged)."""
+    return (registry or default_registry()).specs(names)
+
+
+def run_tool_call(
+    *,
+    call: ToolCallRequest,
+    context: ToolContext,
+    enabled: list[str] | None = None,
+    registry: ToolRegistry | None = None,
+) -> ToolResult:
+    """Validate and run one tool call the model asked for; never raises.
+
+    ``enabled`` limits which tools may run; None means the context agent's ``tools`` (or every
+    registered tool when there is no agent). Retryable failures (timeouts, connection errors, 5xx)
+    are retried with exponential backoff and jitter; 4xx and invalid arguments never are. The result
+    is recorded as a ``ToolInvocation`` when the context has a session.
+    """
+    started = time.monotonic()
+    try:
+        result = _run(call=call, context=context, enabled=enabled, registry=registry or default_registry())
+    except Exception as exc:  # the contract: nothing escapes to the agent loop
+        logger.exception("tool registry failed on %r", call.name)
+        result = ToolResult(
+            name=str(call.name)[:80],
+            content=f"{TOOL_ERROR_PREFIX}: the tool {str(call.name)[:80]!r} could not be run ({type(exc).__name__}: {_short(exc)}).",
+            ok=False,
+            error_kind="error",
+        )
+    result.call_id = call.id
+    result.latency_ms = (time.monotonic() - started) * 1000.0
+    _record(result, context)
+    return result
+
+
+def _run(
+    *, call: ToolCallRequest, context: ToolContext, enabled: list[str] | None, registry: ToolRegistry
+) -> ToolResult:
+    name = str(call.name)
+    tool = registry.get(name)
+    allowed = enabled if enabled is not None else _agent_tools(context)
+    offered = [n for n in (allowed if allowed is not None else registry.names()) if registry.get(n) is not None]
+    if tool is None:
+        return _failure(
+            name,
+            "unknown_tool",
+            f"there is no tool named {name[:80]!r}. Available tools: {', '.join(offered) or 'none'}.",
+        )
+    if allowed is not None and name not in allowed:
+        return _failure(
+            name,
+            "not_enabled",
+            f"the tool {name!r} is not enabled for this agent. Available tools: {', '.join(offered) or 'none'}.",
+        )
+
+    raw = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
+    try:
+        data = json.loads(raw) if raw.strip() else {}
+    except ValueError as exc:
+        return _failure(
+            name,
+            "invalid_arguments",
+            f"invalid arguments for {name}: they are not valid JSON ({exc}). Send a JSON object.",
+            arguments={"_raw": raw[:1000]},
+        )
+    if not isinstance(data, dict):
+        return _failure(
+            name,
+            "invalid_arguments",
+            f"invalid arguments for {name}: expected a JSON object, got {type(data).__name__}.",
+            arguments={"_raw": raw[:1000]},
+        )
+    try:
+        args = tool.args_model.model_validate(data)
+    except ValidationError as exc:
+        return _failure(
+            name,
+            "invalid_arguments",
+            f"invalid arguments for {name}: {describe_validation_error(exc)}. Fix the arguments and call {name} again.",
+            arguments=data,
+        )
+    return _execute(tool, args, context, arguments=args.model_dump(mode="json"))
+
+
+def _execute(tool: Tool, args: BaseModel, context: ToolContext, *, arguments: dict[str, Any]) -> ToolResult:
+    timeout = tool.effective_timeout()
+    max_attempts = tool.max_attempts or settings.TOOLS_MAX_ATTEMPTS
+    base_delay = float(settings.TOOLS_RETRY_BASE_DELAY)
+    attempts = 0
+
+    def attempt() -> str:
+        nonlocal attempts
+        attempts += 1
+        return _run_with_deadline(tool, args, context, timeout)
+
+    retrying = Retrying(
+        stop=stop_after_attempt(max_attempts),
+        wait=wait_exponential_jitter(
+            multiplier=base_delay, max=float(settings.TOOLS_RETRY_MAX_DELAY), jitter=base_delay
+        ),
+        retry=retry_if_exception(lambda exc: isinstance(exc, ToolError) and exc.retryable),
+        before_sleep=lambda state: logger.info(
+            "tool %s attempt %s failed (%s); retrying",
+            tool.name,
+            state.attempt_number,
+            state.outcome.exception() if state.outcome else "",
+        ),
+        reraise=True,
+    )
+    try:
+        content = retrying(attempt)
+    except ToolError as exc:
+        return ToolResult(
+            name=tool.name,
+            content=_error_text(tool, exc, attempts=attempts, timeout=timeout),
+            ok=False,
+            error_kind=exc.kind,
+            attempts=attempts,
+            arguments=arguments,
+        )
+    ok = not content.startswith(TOOL_ERROR_PREFIX)
+    return ToolResult(
+        name=tool.name,
+        content=content,
+        ok=ok,
+        error_kind="" if ok else "error",
+        attempts=attempts,
+        arguments=arguments,
+    )
+
+
+def _run_with_deadline(tool: Tool, args: BaseModel, context: ToolContext, timeout: float) -> str:
+    """One attempt in a daemon thread; past ``timeout`` it is abandoned and ``ToolTimeout`` raised."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            apply_fault(tool.name, timeout_s=timeout)
+            box["value"] = tool.run(args, context)
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread, which classifies it
+            box["error"] = exc
+        finally:
+            # This thread's own database connection (if the tool used one) must not leak.
+            try:
+                connections.close_all()
+            except Exception:
+                logger.warning("closing a tool thread's database connection failed", exc_info=True)
+            done.set()
+
+    # Daemon: a hung tool must not keep the process alive at shutdown.
+    threading.Thread(target=target, name=f"tool-{tool.name}", daemon=True).start()
+    if not done.wait(timeout):
+        raise ToolTimeout(f"timed out after {timeout:g} s", timeout_s=timeout)
+    if "error" in box:
+        raise as_tool_error(box["error"]) from box["error"]
+    return _as_text(box.get("value"))
+
+
+def as_tool_error(exc: BaseException) -> ToolError:
+    """Map what a tool raised to a typed ``ToolError`` (which decides retry and error kind)."""
+    if isinstance(exc, ToolError):
+        return exc
+    if isinstance(exc, httpx.TimeoutException):
+        return ToolTimeout(f"the upstream did not answer in time ({type(exc).__name__})")
+    if isinstance(exc, httpx.HTTPStatusError):
+        return ToolHttpError(exc.response.status_code, exc.response.reason_phrase)
+    if isinstance(exc, httpx.TransportError):
+        return ToolConnectionError(_short(exc) or type(exc).__name__)
+    if isinstance(exc, TimeoutError):
+        return ToolTimeout(f"the upstream did not answer in time ({_short(exc)})")
+    if isinstance(exc, ConnectionError):
+        return ToolConnectionError(_short(exc) or type(exc).__name__)
+    if isinstance(exc, KeyError):
+        return ToolPayloadError(f"missing field {exc}")
+    if isinstance(exc, json.JSONDecodeError | ValidationError | IndexError):
+        return ToolPayloadError(f"{type(exc).__name__}: {_short(exc)}")
+    logger.error("tool raised an unexpected exception", exc_info=exc)
+    return ToolError(f"{type(exc).__name__}: {_short(exc)}")
+
+
+def _error_text(tool: Tool, exc: ToolError, *, attempts: int, timeout: float) -> str:
+    name = tool.name
+    tries = f" (tried {attempts} times)" if attempts > 1 else ""
+    detail = _short(exc)
+    if isinstance(exc, ToolTimeout):
+        return (
+            f"{TOOL_ERROR_PREFIX}: {name} timed out after {exc.timeout_s or timeout:g} s{tries}; {detail}. "
+            "The service is slow or down: try again later or tell the user."
+        )
+    if isinstance(exc, ToolHttpError) and exc.status >= 500:
+        return (
+            f"{TOOL_ERROR_PREFIX}: {name} failed{tries}: the upstream service answered HTTP {exc.status}"
+            f"{f' ({_short(exc.detail)})' if exc.detail else ''}. It is temporarily unavailable: "
+            "try again later or tell the user."
+        )
+    if isinstance(exc, ToolHttpError):
+        return (
+            f"{TOOL_ERROR_PREFIX}: {name} failed: the upstream service rejected the request with HTTP {exc.status}"
+            f"{f' ({_short(exc.detail)})' if exc.detail else ''}. Not retried: repeating the same call will fail "
+            "again; change the arguments or tell the user."
+        )
+    if exc.kind == "connection":
+        return f"{TOOL_ERROR_PREFIX}: {name} could not reach its service{tries} ({detail}). Try again later or tell the user."
+    if exc.kind == "malformed_payload":
+        return (
+            f"{TOOL_ERROR_PREFIX}: {name} received a malformed response from its data source ({detail}). "
+            "The result is unusable: do not guess it."
+        )
+    if exc.kind == "invalid_arguments":
+        return f"{TOOL_ERROR_PREFIX}: {name} could not use these arguments: {detail}"
+    return f"{TOOL_ERROR_PREFIX}: {name} failed unexpectedly ({detail})."
+
+
+def _failure(name: str, kind: ErrorKind, message: str, *, arguments: dict[str, Any] | None = None) -> ToolResult:
+    return ToolResult(
+        name=name[:80],
+        content=f"{TOOL_ERROR_PREFIX}: {message}",
+        ok=False,
+        error_kind=kind,
+        attempts=0,
+        arguments=arguments or {},
+    )
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """Pydantic's errors as one line the model can act on: ``passengers: Input should be … (got 12)``."""
+    problems = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(part) for part in error.get("loc", ())) or "arguments"
+        message = str(error.get("msg", "invalid"))
+        if error.get("type") == "extra_forbidden":
+            message = "unexpected field"
+        got = error.get("input")
+        shown = "" if error.get("type") == "missing" or isinstance(got, dict) else f" (got {_short(got, 60)})"
+        problems.append(f"{where}: {message}{shown}")
+    return "; ".join(problems)
+
+
+def _agent_tools(context: ToolContext) -> list[str] | None:
+    if context.agent is None:
+        return None
+    names = context.agent.tools
+    return [str(n) for n in names] if isinstance(names, list) else []
+
+
+def _as_text(value: object) -> str:
+    if value is None:
+        text = "(the tool returned no output)"
+    elif isinstance(value, str):
+        text = value
+    elif isinstance(value, dict | list):
+        text = json.dumps(value, default=str, ensure_ascii=False)
+    else:
+        text = str(value)
+    if len(text) > RESULT_MAX_CHARS:
+        text = text[:RESULT_MAX_CHARS] + f"\n[truncated: the result exceeded {RESULT_MAX_CHARS} characters]"
+    return text
+
+
+def _short(value: object, limit: int = _DETAIL_MAX_CHARS) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _record(result: ToolResult, context: ToolContext) -> None:
+    """Write the ``ToolInvocation`` row; a failure here is logged, never raised (the turn goes on)."""
+    if context.session is None:
+        return
+    try:
+        from agents.models import ToolInvocation
+
+        # A savepoint, so a failed insert cannot poison a transaction the caller may have open.
+        with transaction.atomic():
+            ToolInvocation.objects.create(
+                session=context.session,
+                turn=context.turn,
+                name=result.name[:80],
+                arguments=result.arguments,
+                result=result.content,
+                ok=result.ok,
+                error_kind=result.error_kind,
+                attempts=result.attempts,
+                latency_ms=result.latency_ms,
+            )
+    except Exception:
+        logger.exception("could not record the invocation of tool %s", result.name)
+
+
+# --- argument schemas as the model sees them -------------------------------------------------
+
+
+def parameters_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The pydantic JSON schema of ``model``, cleaned for OpenAI-style function calling.
+
+    Inlines ``$ref``s, drops ``title``s, turns ``Optional[X] = None`` into plain ``X`` (the field is
+    simply not required) and forbids extra properties.
+    """
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+    cleaned = _clean_schema(schema, defs)
+    cleaned["type"] = "object"
+    cleaned.setdefault("properties", {})
+    cleaned["required"] = list(cleaned.get("required", []))
+    cleaned["additionalProperties"] = False
+    return cleaned
+
+
+def _clean_schema(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_clean_schema(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs.get(str(node["$ref"]).rsplit("/", 1)[-1], {})
+        return _clean_schema({**target, **{k: v for k, v in node.items() if k != "$ref"}}, defs)
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "title":
+            continue
+        if key == "properties" and isinstance(value, dict):
+            # Keys here are field names (a field may be called "title"), not schema keywords.
+            out[key] = {name: _clean_schema(sub, defs) for name, sub in value.items()}
+        else:
+            out[key] = _clean_schema(value, defs)
+    any_of = out.get("anyOf")
+    if isinstance(any_of, list) and len(any_of) == 2 and {"type": "null"} in any_of:
+        other = next(option for option in any_of if option != {"type": "null"})
+        del out["anyOf"]
+        out = {**other, **out}
+        if out.get("default", 0) is None:
+            del out["default"]
+    return out

@@ -231,6 +231,23 @@ EMBEDDING_DIMENSIONS = env_int("EMBEDDING_DIMENSIONS", 384, minimum=8)
 LOG_FORMAT = env_str("LOG_FORMAT", "json") or "json"
 if LOG_FORMAT not in {"json", "plain"}:
     raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r} must be json or plain")
+
+# --- Tools (agents/tools) -------------------------------------------------------------------
+# Seconds one attempt of a tool may run before it is abandoned (the model sees "TOOL_ERROR: … timed out").
+TOOLS_DEFAULT_TIMEOUT = env_float("TOOLS_DEFAULT_TIMEOUT", 10.0, minimum=0.05, maximum=600.0)
+# Retryable failures (timeouts, connection errors, 5xx) get up to this many attempts; 4xx never retry.
+TOOLS_MAX_ATTEMPTS = env_int("TOOLS_MAX_ATTEMPTS", 3, minimum=1, maximum=10)
+TOOLS_RETRY_BASE_DELAY = env_float("TOOLS_RETRY_BASE_DELAY", 0.5, minimum=0.0, maximum=60.0)
+TOOLS_RETRY_MAX_DELAY = env_float("TOOLS_RETRY_MAX_DELAY", 8.0, minimum=0.0, maximum=300.0)
+# http_get: hosts it may fetch ("example.com", ".example.com" for subdomains, "*" for any public host).
+# Private, loopback and link-local addresses are refused unless their host is listed by name.
+TOOLS_HTTP_ALLOWED_HOSTS = env_list("TOOLS_HTTP_ALLOWED_HOSTS", [])
+TOOLS_HTTP_MAX_BYTES = env_int("TOOLS_HTTP_MAX_BYTES", 65536, minimum=256, maximum=10 * 1024 * 1024)
+TOOLS_HTTP_TIMEOUT = env_float("TOOLS_HTTP_TIMEOUT", 8.0, minimum=0.05, maximum=600.0)
+# Injected tool failures for tests and benchmarks, e.g. "search_flights:http_503:2,book_flight:timeout:1"
+# (kinds: timeout, http_503, http_400, malformed_payload, connection_error; count or "*"). Empty in production.
+TOOLS_FAULTS = env_str("TOOLS_FAULTS", "") or ""
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -267,6 +267,18 @@ ALERT_WEBHOOK_URL = env_str("ALERT_WEBHOOK_URL", "") or ""
 ALERT_WEBHOOK_TIMEOUT = env_float("ALERT_WEBHOOK_TIMEOUT", 5.0, minimum=0.1)
 # Too few calls in a window say nothing: a rate alert needs at least this many samples.
 ALERT_MIN_SAMPLES = env_int("ALERT_MIN_SAMPLES", 10, minimum=1)
+# OpenAI-compatible embeddings endpoint (EMBEDDING_BACKEND=openai); the key is read from the env var named here.
+EMBEDDING_BASE_URL = env_str("EMBEDDING_BASE_URL", "") or ""
+EMBEDDING_MODEL = env_str("EMBEDDING_MODEL", "") or ""
+EMBEDDING_API_KEY_ENV = env_str("EMBEDDING_API_KEY_ENV", "EMBEDDING_API_KEY") or "EMBEDDING_API_KEY"
+EMBEDDING_TIMEOUT = env_float("EMBEDDING_TIMEOUT", 30.0, minimum=0.1)
+# Memory retrieval: candidates per search arm, HNSW search breadth, the relevance model's time budget.
+MEMORY_CANDIDATES = env_int("MEMORY_CANDIDATES", 40, minimum=1, maximum=1000)
+MEMORY_HNSW_EF_SEARCH = env_int("MEMORY_HNSW_EF_SEARCH", 100, minimum=10, maximum=1000)
+MEMORY_RECENT_ACTIONS = env_int("MEMORY_RECENT_ACTIONS", 3, minimum=0, maximum=50)
+MEMORY_RELEVANCE_TIMEOUT = env_float("MEMORY_RELEVANCE_TIMEOUT", 4.0, minimum=0.1)
+# A new fact that contradicts a current one is applied at or above this confidence, else queued for review.
+MEMORY_CONTRADICTION_CONFIDENCE = env_float("MEMORY_CONTRADICTION_CONFIDENCE", 0.75, minimum=0.0, maximum=1.0)
 # Traces: OTLP/HTTP to this collector URL (e.g. http://127.0.0.1:4318); unset = tracing off.
 OTEL_EXPORTER_OTLP_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_ENDPOINT", "") or ""
 OTEL_EXPORTER_OTLP_TIMEOUT = env_float("OTEL_EXPORTER_OTLP_TIMEOUT", 5.0, minimum=0.1)

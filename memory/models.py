@@ -22,7 +22,11 @@ class Memory(models.Model):
         SEMANTIC = "semantic", "Semantic"
         PROCEDURAL = "procedural", "Procedural"
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memories")
+    # NULL only for procedural memories shared by everyone who talks to ``agent`` / runs ``workflow``
+    # (instructions staff write once); every other memory belongs to exactly one user.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="memories"
+    )
     agent = models.ForeignKey("agents.Agent", null=True, blank=True, on_delete=models.SET_NULL, related_name="memories")
     kind = models.CharField(max_length=12, choices=Kind.choices)
     text = models.TextField()
@@ -78,6 +82,10 @@ class Memory(models.Model):
             models.Index(fields=["user", "-created_at"], name="memory_user_recent"),
         ]
         constraints = [
+            # Only procedural memories may be shared (no owner); episodes and facts always have one.
+            models.CheckConstraint(
+                condition=models.Q(user__isnull=False) | models.Q(kind="procedural"), name="memory_owner_required"
+            ),
             # A retried write task inserts one episodic memory per turn, never two.
             models.UniqueConstraint(
                 fields=["source_turn"], condition=models.Q(kind="episodic"), name="memory_one_episode_per_turn"

@@ -1,0 +1,324 @@
+"""Memory curation in the Django admin: search (text, or semantic with a leading "~"), filters, pin /
+archive / re-embed / merge actions, editing that re-embeds, the contradiction review queue, and a
+"try retrieval" page that shows every tier's candidates for a query as a chosen user.
+
+All memory text is rendered through Django templates and ``format_html``: it is always escaped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.db.models import Case, IntegerField, QuerySet, Value, When
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch, path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from pgvector.django import CosineDistance
+
+from agents.models import Agent
+from memory.embedding import get_embedder
+from memory.models import Memory, MemoryReview
+from memory.selectors import memories_for_prompt
+from memory.services import (
+    memories_merge,
+    memories_reembed,
+    memories_set_archived,
+    memories_set_pinned,
+    memory_create,
+    memory_update,
+    review_apply,
+    review_reject,
+)
+
+SEMANTIC_PREFIX = "~"
+SEMANTIC_LIMIT = 50
+
+
+def _admin_link(obj: Any, label: str) -> str:
+    if obj is None:
+        return "—"
+    try:
+        url = reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[obj.pk])
+    except NoReverseMatch:
+        return label
+    return format_html('<a href="{}">{}</a>', url, label)
+
+
+class CurrentFilter(admin.SimpleListFilter):
+    title = "in force"
+    parameter_name = "current"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Current"), ("no", "Superseded or expired")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Memory]) -> QuerySet[Memory]:
+        from memory.selectors import current_q
+
+        if self.value() == "yes":
+            return queryset.filter(current_q(timezone.now()))
+        if self.value() == "no":
+            return queryset.exclude(current_q(timezone.now()))
+        return queryset
+
+
+class MemoryForm(forms.ModelForm):
+    class Meta:
+        model = Memory
+        fields = [
+            "user",
+            "agent",
+            "kind",
+            "text",
+            "fact_key",
+            "trigger",
+            "workflow",
+            "importance",
+            "pinned",
+            "archived",
+            "needs_review",
+            "valid_to",
+            "expires_at",
+        ]
+
+
+@admin.register(Memory)
+class MemoryAdmin(admin.ModelAdmin):
+    form = MemoryForm
+    list_display = (
+        "id",
+        "user",
+        "kind",
+        "short_text",
+        "fact_key",
+        "pinned",
+        "archived",
+        "needs_review",
+        "importance",
+        "access_count",
+        "created_at",
+    )
+    list_filter = (
+        "kind",
+        "pinned",
+        "archived",
+        "needs_review",
+        CurrentFilter,
+        ("user", admin.RelatedOnlyFieldListFilter),
+        ("agent", admin.RelatedOnlyFieldListFilter),
+    )
+    search_fields = ("text", "fact_key", "trigger", "user__username")
+    search_help_text = (
+        f'Words match the text; start with "{SEMANTIC_PREFIX}" for semantic search (e.g. ~where does she live).'
+    )
+    list_select_related = ("user", "agent")
+    raw_id_fields = ("user",)
+    readonly_fields = (
+        "source_session_link",
+        "source_turn_link",
+        "valid_from",
+        "embedding_model",
+        "content_hash",
+        "access_count",
+        "last_accessed_at",
+        "created_at",
+        "updated_at",
+    )
+    actions = ["pin", "unpin", "archive", "restore", "reembed", "merge_duplicates"]
+    change_list_template = "admin/memory/memory/change_list.html"
+
+    @admin.display(description="text")
+    def short_text(self, obj: Memory) -> str:
+        return obj.text if len(obj.text) <= 90 else obj.text[:90] + "…"
+
+    @admin.display(description="session")
+    def source_session_link(self, obj: Memory) -> str:
+        return _admin_link(obj.source_session, str(obj.source_session) if obj.source_session else "")
+
+    @admin.display(description="turn")
+    def source_turn_link(self, obj: Memory) -> str:
+        return _admin_link(obj.source_turn, f"turn #{obj.source_turn.seq}" if obj.source_turn else "")
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Memory], search_term: str
+    ) -> tuple[QuerySet[Memory], bool]:
+        if not search_term.startswith(SEMANTIC_PREFIX):
+            return super().get_search_results(request, queryset, search_term)
+        query = search_term[len(SEMANTIC_PREFIX) :].strip()
+        if not query:
+            return queryset, False
+        vector = get_embedder().embed_query(query)
+        ids = list(
+            queryset.exclude(embedding__isnull=True)
+            .annotate(distance=CosineDistance("embedding", vector))
+            .order_by("distance")
+            .values_list("id", flat=True)[:SEMANTIC_LIMIT]
+        )
+        order = Case(*[When(id=pk, then=Value(i)) for i, pk in enumerate(ids)], output_field=IntegerField())
+        return queryset.filter(id__in=ids).annotate(semantic_rank=order).order_by("semantic_rank"), False
+
+    def get_ordering(self, request: HttpRequest) -> list[str] | tuple[str, ...]:
+        if request.GET.get("q", "").startswith(SEMANTIC_PREFIX):
+            return []  # keep the similarity order
+        return super().get_ordering(request)
+
+    def save_model(self, request: HttpRequest, obj: Memory, form: forms.ModelForm, change: bool) -> None:
+        data = {name: form.cleaned_data[name] for name in form.changed_data}
+        if not change:
+            created = memory_create(
+                user=form.cleaned_data["user"],
+                kind=form.cleaned_data["kind"],
+                text=form.cleaned_data["text"],
+                agent=form.cleaned_data.get("agent"),
+                importance=form.cleaned_data["importance"],
+                pinned=form.cleaned_data["pinned"],
+                fact_key=form.cleaned_data["fact_key"],
+                trigger=form.cleaned_data["trigger"],
+                workflow=form.cleaned_data["workflow"],
+            )
+            obj.pk = created.pk
+            return
+        # Editing goes through the service so a changed text is re-embedded.
+        fresh = Memory.objects.get(pk=obj.pk)
+        data.pop("user", None)  # a memory never moves to another user
+        if data:
+            memory_update(memory=fresh, **data)
+
+    @admin.action(description="Pin selected memories")
+    def pin(self, request: HttpRequest, queryset: QuerySet[Memory]) -> None:
+        self.message_user(request, f"Pinned {memories_set_pinned(memories=queryset, pinned=True)} memories.")
+
+    @admin.action(description="Unpin selected memories")
+    def unpin(self, request: HttpRequest, queryset: QuerySet[Memory]) -> None:
+        self.message_user(request, f"Unpinned {memories_set_pinned(memories=queryset, pinned=False)} memories.")
+
+    @admin.action(description="Archive selected memories")
+    def archive(self, request: HttpRequest, queryset: QuerySet[Memory]) -> None:
+        self.message_user(request, f"Archived {memories_set_archived(memories=queryset, archived=True)} memories.")
+
+    @admin.action(description="Restore selected memories")
+    def restore(self, request: HttpRequest, queryset: QuerySet[Memory]) -> None:
+        self.message_user(request, f"Restored {memories_set_archived(memories=queryset, archived=False)} memories.")
+
+    @admin.action(description="Re-embed selected memories")
+    def reembed(self, request: HttpRequest, queryset: QuerySet[Memory]) -> None:
+        count = memories_reembed(memories=queryset.iterator(chunk_size=256))
+        self.message_user(request, f"Re-embedded {count} memories with {get_embedder().name}.")
+
+    @admin.action(description="Merge selected duplicates (one user)")
+    def merge_duplicates(self, request: HttpRequest, queryset: QuerySet[Memory]) -> None:
+        try:
+            kept = memories_merge(memories=list(queryset))
+        except ValueError as exc:
+            self.message_user(request, str(exc), level=messages.ERROR)
+            return
+        self.message_user(request, f"Merged {queryset.count()} memories into #{kept.pk}; the others are archived.")
+
+    def get_urls(self) -> list[Any]:
+        custom = [
+            path(
+                "try-retrieval/",
+                self.admin_site.admin_view(self.try_retrieval_view),
+                name="memory_memory_try_retrieval",
+            ),
+        ]
+        return custom + super().get_urls()
+
+    def try_retrieval_view(self, request: HttpRequest) -> HttpResponse:
+        """Run the real selector as a chosen user and show every tier's candidates and scores."""
+        if not self.has_view_permission(request):
+            from django.core.exceptions import PermissionDenied
+
+            raise PermissionDenied
+        form = TryRetrievalForm(request.GET or None)
+        result = None
+        rows: list[dict[str, Any]] = []
+        if form.is_valid():
+            data = form.cleaned_data
+            result = memories_for_prompt(
+                user=data["user"],
+                query=data["query"],
+                agent=data.get("agent"),
+                workflow=data.get("workflow") or "",
+                budget_tokens=data["budget_tokens"],
+                relevance_threshold=data["relevance_threshold"],
+                use_model_filter=data["use_model_filter"],
+            )
+            texts = dict(Memory.objects.filter(id__in=[c.id for c in result.candidates]).values_list("id", "text"))
+            rows = [{**c.as_dict(), "text": texts.get(c.id, c.preview)} for c in result.candidates]
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Try retrieval",
+            "form": form,
+            "result": result,
+            "rows": rows,
+        }
+        return TemplateResponse(request, "admin/memory/try_retrieval.html", context)
+
+
+class TryRetrievalForm(forms.Form):
+    user = forms.ModelChoiceField(
+        queryset=get_user_model().objects.order_by("username"), help_text="Retrieve as this user."
+    )
+    query = forms.CharField(max_length=2000, widget=forms.Textarea(attrs={"rows": 2, "cols": 80}))
+    agent = forms.ModelChoiceField(queryset=Agent.objects.all(), required=False)
+    workflow = forms.CharField(max_length=80, required=False)
+    budget_tokens = forms.IntegerField(min_value=0, max_value=100_000, initial=2000)
+    relevance_threshold = forms.FloatField(min_value=0.0, max_value=1.0, initial=0.5)
+    use_model_filter = forms.BooleanField(required=False, initial=True)
+
+
+@admin.register(MemoryReview)
+class MemoryReviewAdmin(admin.ModelAdmin):
+    list_display = ("id", "user", "existing_text", "proposed_text", "confidence", "status", "created_at")
+    list_filter = ("status",)
+    search_fields = ("proposed_text", "existing__text", "user__username")
+    list_select_related = ("user", "existing")
+    readonly_fields = (
+        "user",
+        "existing_link",
+        "proposed_text",
+        "proposed_key",
+        "confidence",
+        "reason",
+        "status",
+        "source_session",
+        "source_turn",
+        "created_at",
+        "resolved_at",
+        "resolved_by",
+    )
+    exclude = ("existing",)
+    actions = ["apply", "reject"]
+
+    @admin.display(description="current fact")
+    def existing_text(self, obj: MemoryReview) -> str:
+        return obj.existing.text
+
+    @admin.display(description="current fact")
+    def existing_link(self, obj: MemoryReview) -> str:
+        return _admin_link(obj.existing, obj.existing.text)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.action(description="Apply: the proposed fact replaces the current one")
+    def apply(self, request: HttpRequest, queryset: QuerySet[MemoryReview]) -> None:
+        done = 0
+        for review in queryset.filter(status=MemoryReview.Status.PENDING):
+            review_apply(review=review, actor=request.user)
+            done += 1
+        self.message_user(request, f"Applied {done} reviews.")
+
+    @admin.action(description="Reject: keep the current fact")
+    def reject(self, request: HttpRequest, queryset: QuerySet[MemoryReview]) -> None:
+        done = 0
+        for review in queryset.filter(status=MemoryReview.Status.PENDING):
+            review_reject(review=review, actor=request.user)
+            done += 1
+        self.message_user(request, f"Rejected {done} reviews.")

@@ -1,0 +1,507 @@
+"""Reads of memory: the tiered retrieval every door uses (runtime, API, admin, the search_memory tool).
+
+Tiers:
+1. exact lookups: the user's profile facts (semantic, with a ``fact_key``), pinned memories, recent actions;
+2. hybrid candidates for this user only: HNSW cosine search (pgvector 0.8 iterative scans so the user filter
+   cannot starve the result) fused with Postgres full-text search by reciprocal rank fusion;
+3. a relevance filter: one batched cheap-model call scoring every candidate, or a score threshold when no
+   model is configured, the call fails, or it is slower than its time budget;
+4. ranking by relevance, importance and recency, and a cut to the memory token budget.
+
+Every query here filters on the requesting user: no path returns another user's memory.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+from pgvector.django import CosineDistance
+
+from memory.embedding import get_embedder
+from memory.models import Memory
+from memory.schemas import RelevanceScores
+
+if TYPE_CHECKING:
+    from agents.models import Agent
+
+logger = logging.getLogger(__name__)
+
+RRF_K = 60  # the usual reciprocal-rank-fusion constant: damps the head so both arms count
+TEXT_POOL = 1000  # full-text matches scored per query (bounds the work for users with huge histories)
+RECENCY_HALF_LIFE_DAYS = 30.0
+WEIGHT_RELEVANCE, WEIGHT_IMPORTANCE, WEIGHT_RECENCY = 0.8, 0.1, 0.1
+PREVIEW_CHARS = 160
+MODEL_FILTER_CHARS = 400  # per memory in the relevance prompt
+PROFILE_LIMIT = 20
+PINNED_LIMIT = 20
+_WORD = re.compile(r"[A-Za-z0-9]+")
+
+
+@dataclass
+class RetrievedMemory:
+    memory: Memory
+    text: str  # as it goes into the prompt
+    score: float
+    tier: int
+    tokens: int
+
+
+@dataclass
+class CandidateReport:
+    id: int
+    kind: str
+    preview: str
+    tier: int
+    vector_rank: int | None = None
+    text_rank: int | None = None
+    fused_score: float = 0.0
+    relevance: float | None = None
+    kept: bool = False
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "preview": self.preview,
+            "tier": self.tier,
+            "vector_rank": self.vector_rank,
+            "text_rank": self.text_rank,
+            "fused_score": round(self.fused_score, 6),
+            "relevance": None if self.relevance is None else round(self.relevance, 4),
+            "kept": self.kept,
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class RetrievedMemories:
+    items: list[RetrievedMemory] = field(default_factory=list)
+    procedural: list[Memory] = field(default_factory=list)
+    candidates: list[CandidateReport] = field(default_factory=list)
+    total_tokens: int = 0
+    budget_tokens: int = 0
+    filter_mode: str = "threshold"
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+    def as_report(self) -> dict[str, Any]:
+        """JSON-able summary for ``Turn.retrieval``, the inspector and the API."""
+        return {
+            "items": [
+                {
+                    "id": i.memory.id,
+                    "kind": i.memory.kind,
+                    "tier": i.tier,
+                    "score": round(i.score, 4),
+                    "tokens": i.tokens,
+                }
+                for i in self.items
+            ],
+            "procedural": [
+                {"id": m.id, "trigger": m.trigger, "preview": m.text[:PREVIEW_CHARS]} for m in self.procedural
+            ],
+            "candidates": [c.as_dict() for c in self.candidates],
+            "total_tokens": self.total_tokens,
+            "budget_tokens": self.budget_tokens,
+            "filter_mode": self.filter_mode,
+            "timings_ms": {k: round(v, 2) for k, v in self.timings_ms.items()},
+        }
+
+
+def current_q(now: datetime) -> Q:
+    """Memories that are in force at ``now``: not archived, not superseded, not expired."""
+    return (
+        Q(archived=False)
+        & (Q(valid_to__isnull=True) | Q(valid_to__gt=now))
+        & (Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+    )
+
+
+def _user_memories(user: Any, now: datetime) -> QuerySet[Memory]:
+    return Memory.objects.filter(current_q(now), user_id=user.pk)
+
+
+# --- tier 2 ------------------------------------------------------------------------------------
+
+
+@dataclass
+class HybridCandidate:
+    memory_id: int
+    vector_rank: int | None = None
+    text_rank: int | None = None
+    similarity: float = 0.0  # cosine similarity to the query
+    text_share: float = 0.0  # idf-weighted share of the query's words the memory contains
+    fused: float = 0.0
+
+
+def _vector_search(*, user_id: int, vector: list[float], now: datetime, limit: int) -> list[tuple[int, float]]:
+    qs = (
+        Memory.objects.filter(current_q(now), user_id=user_id, embedding__isnull=False)
+        .exclude(kind=Memory.Kind.PROCEDURAL)
+        .annotate(distance=CosineDistance("embedding", vector))
+        .order_by("distance")
+        .values_list("id", "distance")[:limit]
+    )
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            # pgvector 0.8: keep scanning the HNSW graph until `limit` rows pass the user filter, instead
+            # of returning whatever of the first ef_search neighbours happen to be this user's.
+            cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+            cursor.execute(f"SET LOCAL hnsw.ef_search = {int(settings.MEMORY_HNSW_EF_SEARCH)}")
+        rows = list(qs)
+    # relaxed_order may return neighbours slightly out of order: sort them by distance here.
+    rows.sort(key=lambda r: r[1])
+    return [(int(i), float(d)) for i, d in rows]
+
+
+def query_terms(query: str) -> list[str]:
+    """Distinct words of the query, lower-cased, in order (safe to put into a tsquery)."""
+    seen: dict[str, None] = {}
+    for word in _WORD.findall(query.lower()):
+        if len(word) > 1 or word.isdigit():
+            seen.setdefault(word, None)
+    return list(seen)[:32]
+
+
+def _text_search(
+    *, user_id: int, query: str, vector: list[float], now: datetime, limit: int
+) -> list[tuple[int, float, float]]:
+    """Full-text candidates ranked by the idf-weighted share of query words they contain.
+
+    Postgres' ts_rank has no inverse document frequency, so a word in every memory (a speaker's name,
+    "user") would count as much as a rare one. The idf is estimated on this user's matching memories.
+    Returns (id, text_share, cosine_distance).
+    """
+    terms = query_terms(query)
+    if not terms:
+        return []
+    term_sql = ", ".join(["(search_vector @@ to_tsquery('english', %s))"] * len(terms))
+    sql = (
+        f"SELECT id, embedding <=> %s::vector, {term_sql} FROM memory_memory "
+        "WHERE user_id = %s AND kind <> 'procedural' AND NOT archived "
+        "AND (valid_to IS NULL OR valid_to > %s) AND (expires_at IS NULL OR expires_at > %s) "
+        "AND search_vector @@ to_tsquery('english', %s) LIMIT %s"
+    )
+    vector_literal = "[" + ",".join(f"{v:.7g}" for v in vector) + "]"
+    params: list[Any] = [vector_literal, *terms, user_id, now, now, " | ".join(terms), TEXT_POOL]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    if not rows:
+        return []
+    pool = len(rows)
+    # A term that is a stop word in the 'english' config never matches: it has df 0 and no weight.
+    df = [sum(1 for r in rows if r[2 + i]) for i in range(len(terms))]
+    idf = [math.log(1.0 + (pool - d + 0.5) / (d + 0.5)) if d else 0.0 for d in df]
+    total = sum(idf) or 1.0
+    scored = []
+    for row in rows:
+        weight = sum(idf[i] for i in range(len(terms)) if row[2 + i])
+        distance = float(row[1]) if row[1] is not None else 1.0
+        scored.append((int(row[0]), weight / total, distance))
+    scored.sort(key=lambda r: (-r[1], r[2]))
+    return scored[:limit]
+
+
+def hybrid_candidates(
+    *, user: Any, query: str, vector: list[float], now: datetime, limit: int | None = None
+) -> tuple[list[HybridCandidate], dict[str, float]]:
+    """Vector and full-text candidates of one user, fused by reciprocal rank fusion, best first."""
+    limit = limit or settings.MEMORY_CANDIDATES
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    vector_rows = _vector_search(user_id=user.pk, vector=vector, now=now, limit=limit)
+    timings["vector_search"] = (time.perf_counter() - started) * 1000
+    started = time.perf_counter()
+    text_rows = _text_search(user_id=user.pk, query=query, vector=vector, now=now, limit=limit)
+    timings["text_search"] = (time.perf_counter() - started) * 1000
+    by_id: dict[int, HybridCandidate] = {}
+    for rank, (memory_id, distance) in enumerate(vector_rows, start=1):
+        cand = by_id.setdefault(memory_id, HybridCandidate(memory_id))
+        cand.vector_rank = rank
+        cand.similarity = 1.0 - distance
+        cand.fused += 1.0 / (RRF_K + rank)
+    for rank, (memory_id, share, distance) in enumerate(text_rows, start=1):
+        cand = by_id.setdefault(memory_id, HybridCandidate(memory_id, similarity=1.0 - distance))
+        cand.text_rank = rank
+        cand.text_share = share
+        cand.fused += 1.0 / (RRF_K + rank)
+    fused = sorted(by_id.values(), key=lambda c: (-c.fused, -c.similarity))
+    return fused, timings
+
+
+# --- tier 3 ------------------------------------------------------------------------------------
+
+RELEVANCE_SYSTEM_PROMPT = (
+    "You judge which stored memories help answer the user's message. Score every memory id from 0.0 "
+    "(unrelated) to 1.0 (needed to answer). Facts about the user that the reply should respect count as "
+    "relevant. Return one score per id and nothing else."
+)
+
+
+def _model_scores(*, agent: Agent | None, query: str, memories: list[Memory], timeout: float) -> dict[int, float]:
+    """One batched cheap-model call scoring all candidates; raises on error or when over the time budget."""
+    from agents.llm.base import CallContext
+    from agents.llm.providers import get_provider
+
+    provider = get_provider(agent=agent, cheap=True)
+    listing = "\n".join(f"[{m.id}] {m.text[:MODEL_FILTER_CHARS]}" for m in memories)
+    messages = [
+        {"role": "system", "content": RELEVANCE_SYSTEM_PROMPT},
+        {"role": "user", "content": f"User message:\n{query}\n\nMemories:\n{listing}"},
+    ]
+    ctx = CallContext(purpose="relevance", agent_id=agent.pk if agent else None)
+
+    def call() -> RelevanceScores:
+        try:
+            return provider.structured(messages, schema=RelevanceScores, ctx=ctx, max_tokens=20 + 12 * len(memories))
+        finally:
+            # The call runs in a worker thread with its own connection (the LLMCall record): close it.
+            connection.close()
+
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="relevance")
+    try:
+        result = executor.submit(call).result(timeout=timeout)
+    finally:
+        executor.shutdown(wait=False)
+    wanted = {m.id for m in memories}
+    return {s.id: s.score for s in result.scores if s.id in wanted}
+
+
+def _model_filter_available(agent: Agent | None) -> bool:
+    from agents.llm.providers import get_provider
+
+    return not get_provider(agent=agent, cheap=True).is_demo
+
+
+# --- procedures ---------------------------------------------------------------------------------
+
+
+def trigger_matches(trigger: str, query: str) -> bool:
+    """A trigger is phrases separated by commas or '|'; one phrase found as whole words matches.
+    An empty trigger always matches (a standing instruction for the agent or workflow)."""
+    phrases = [p.strip().lower() for p in re.split(r"[,|]", trigger) if p.strip()]
+    if not phrases:
+        return True
+    text = " ".join(_WORD.findall(query.lower()))
+    return any(re.search(rf"\b{re.escape(' '.join(_WORD.findall(p)))}\b", text) for p in phrases if _WORD.search(p))
+
+
+def procedural_for(*, user: Any, query: str, agent: Agent | None, workflow: str, now: datetime) -> list[Memory]:
+    """Procedures of this user or shared ones (no user), for this agent and workflow, whose trigger matches."""
+    qs = Memory.objects.filter(
+        current_q(now),
+        Q(user_id=user.pk) | Q(user__isnull=True),
+        Q(agent__isnull=True) | Q(agent_id=agent.pk if agent else None),
+        Q(workflow="") | Q(workflow=workflow),
+        kind=Memory.Kind.PROCEDURAL,
+    ).order_by("-pinned", "-importance", "id")[:50]
+    return [m for m in qs if trigger_matches(m.trigger, query)]
+
+
+# --- the selector --------------------------------------------------------------------------------
+
+
+def prompt_text(memory: Memory) -> str:
+    """A memory as it is shown to the model: episodes carry their date so "when" questions can be answered."""
+    if memory.kind == Memory.Kind.EPISODIC:
+        return f"({memory.created_at:%Y-%m-%d}) {memory.text}"
+    return memory.text
+
+
+def _recency(memory: Memory, now: datetime) -> float:
+    age_days = max(0.0, (now - memory.created_at).total_seconds() / 86400)
+    return 0.5 ** (age_days / RECENCY_HALF_LIFE_DAYS)
+
+
+def memories_for_prompt(
+    *,
+    user: Any,
+    query: str,
+    agent: Agent | None = None,
+    workflow: str = "",
+    budget_tokens: int,
+    relevance_threshold: float = 0.5,
+    use_model_filter: bool = True,
+    now: datetime | None = None,
+) -> RetrievedMemories:
+    """The memories of ``user`` worth putting into a prompt about ``query``, ranked and cut to
+    ``budget_tokens``, with a report of every candidate and why it was kept or dropped.
+
+    Only ``user``'s own current memories are considered (plus shared procedures). Accessed memories get
+    their access count and last access time updated.
+    """
+    from agents.llm.tokens import counter_for
+
+    started_total = time.perf_counter()
+    now = now or timezone.now()
+    result = RetrievedMemories(budget_tokens=budget_tokens)
+    timings = result.timings_ms
+    if user is None or not getattr(user, "pk", None):
+        return result
+    counter = counter_for((agent.model if agent else "") or settings.LLM_MODEL or "")
+
+    # Tier 1: exact lookups.
+    started = time.perf_counter()
+    base = _user_memories(user, now)
+    tier1: list[tuple[Memory, str]] = []
+    seen: set[int] = set()
+    for memory in (
+        base.filter(kind=Memory.Kind.SEMANTIC).exclude(fact_key="").order_by("fact_key", "-valid_from")[:PROFILE_LIMIT]
+    ):
+        tier1.append((memory, "profile fact"))
+        seen.add(memory.id)
+    for memory in base.filter(pinned=True).exclude(kind=Memory.Kind.PROCEDURAL).order_by("-importance")[:PINNED_LIMIT]:
+        if memory.id not in seen:
+            tier1.append((memory, "pinned"))
+            seen.add(memory.id)
+    if settings.MEMORY_RECENT_ACTIONS:
+        for memory in base.filter(kind=Memory.Kind.EPISODIC).order_by("-created_at")[: settings.MEMORY_RECENT_ACTIONS]:
+            if memory.id not in seen:
+                tier1.append((memory, "recent action"))
+                seen.add(memory.id)
+    result.procedural = procedural_for(user=user, query=query, agent=agent, workflow=workflow, now=now)
+    timings["tier1"] = (time.perf_counter() - started) * 1000
+
+    # Tier 2: hybrid candidates.
+    started = time.perf_counter()
+    vector = get_embedder().embed_query(query) if query.strip() else None
+    timings["embed_query"] = (time.perf_counter() - started) * 1000
+    started = time.perf_counter()
+    fused: list[HybridCandidate] = []
+    if vector is not None:
+        fused, arm_timings = hybrid_candidates(user=user, query=query, vector=vector, now=now)
+        timings.update(arm_timings)
+    loaded = Memory.objects.in_bulk([c.memory_id for c in fused])
+    fused = [c for c in fused if c.memory_id in loaded and loaded[c.memory_id].user_id == user.pk]
+    timings["tier2"] = (time.perf_counter() - started) * 1000
+
+    # Tier 3: relevance filter.
+    started = time.perf_counter()
+    fresh = [c for c in fused if c.memory_id not in seen]
+    scores: dict[int, float] = {}
+    mode = "threshold"
+    if use_model_filter and fresh:
+        try:
+            if _model_filter_available(agent):
+                scores = _model_scores(
+                    agent=agent,
+                    query=query,
+                    memories=[loaded[c.memory_id] for c in fresh],
+                    timeout=float(settings.MEMORY_RELEVANCE_TIMEOUT),
+                )
+                mode = "model"
+        except concurrent.futures.TimeoutError:
+            mode = f"threshold (model failed: no answer within {settings.MEMORY_RELEVANCE_TIMEOUT:g}s)"
+        except Exception as exc:  # noqa: BLE001 - any provider failure must fall back, never break the turn
+            mode = f"threshold (model failed: {type(exc).__name__}: {str(exc)[:120]})"
+            logger.warning("relevance filter fell back to the threshold: %s", exc)
+    result.filter_mode = mode
+    timings["filter"] = (time.perf_counter() - started) * 1000
+
+    # Tier 4: rank and cut to the budget.
+    started = time.perf_counter()
+    best_fused = max((c.fused for c in fresh), default=1.0) or 1.0
+    ranked: list[tuple[float, HybridCandidate, float, CandidateReport]] = []
+    reports: list[CandidateReport] = []
+    for memory, reason in tier1:
+        reports.append(
+            CandidateReport(id=memory.id, kind=memory.kind, preview=memory.text[:PREVIEW_CHARS], tier=1, reason=reason)
+        )
+    for cand in fused:
+        memory = loaded[cand.memory_id]
+        report = CandidateReport(
+            id=memory.id,
+            kind=memory.kind,
+            preview=memory.text[:PREVIEW_CHARS],
+            tier=2,
+            vector_rank=cand.vector_rank,
+            text_rank=cand.text_rank,
+            fused_score=cand.fused,
+        )
+        if cand.memory_id in seen:
+            report.kept = True
+            report.reason = "already included by tier 1"
+            report.relevance = None
+            reports.append(report)
+            continue
+        if mode == "model":
+            relevance = scores.get(cand.memory_id, 0.0)
+            base_score = relevance
+        else:
+            # No model: the stronger of meaning (cosine) and wording (idf-weighted share of query words).
+            relevance = max(cand.similarity, cand.text_share)
+            base_score = cand.fused / best_fused
+        report.relevance = relevance
+        reports.append(report)
+        if relevance < relevance_threshold:
+            report.reason = f"below relevance threshold {relevance_threshold:.2f}"
+            continue
+        score = (
+            WEIGHT_RELEVANCE * base_score
+            + WEIGHT_IMPORTANCE * memory.importance
+            + WEIGHT_RECENCY * _recency(memory, now)
+        )
+        ranked.append((score, cand, relevance, report))
+    ranked.sort(key=lambda r: -r[0])
+
+    used = 0
+    for memory, _reason in tier1:
+        text = prompt_text(memory)
+        tokens = counter.count(text)
+        report = next(r for r in reports if r.tier == 1 and r.id == memory.id)
+        if used + tokens > budget_tokens:
+            report.reason += "; over the memory budget"
+            continue
+        used += tokens
+        report.kept = True
+        result.items.append(RetrievedMemory(memory=memory, text=text, score=1.0, tier=1, tokens=tokens))
+    for score, cand, relevance, report in ranked:
+        memory = loaded[cand.memory_id]
+        text = prompt_text(memory)
+        tokens = counter.count(text)
+        if used + tokens > budget_tokens:
+            report.reason = f"relevant ({relevance:.2f}) but over the memory budget"
+            continue
+        used += tokens
+        report.kept = True
+        source = "model" if mode == "model" else "threshold"
+        report.reason = f"relevant ({source} {relevance:.2f}), rank score {score:.3f}"
+        result.items.append(RetrievedMemory(memory=memory, text=text, score=score, tier=2, tokens=tokens))
+    result.candidates = reports
+    result.total_tokens = used
+    timings["rank"] = (time.perf_counter() - started) * 1000
+
+    _touch([i.memory.id for i in result.items], now)
+    timings["total"] = (time.perf_counter() - started_total) * 1000
+    return result
+
+
+def _touch(ids: list[int], now: datetime) -> None:
+    from memory.services import memories_touch
+
+    memories_touch(memory_ids=ids, now=now)
+
+
+def memory_search(*, user: Any, query: str, limit: int = 20, now: datetime | None = None) -> list[Memory]:
+    """Hybrid (vector + full-text) search over one user's current memories, best first: for the admin."""
+    now = now or timezone.now()
+    if user is None or not getattr(user, "pk", None) or not query.strip():
+        return []
+    vector = get_embedder().embed_query(query)
+    fused, _ = hybrid_candidates(user=user, query=query, vector=vector, now=now, limit=limit)
+    loaded = Memory.objects.in_bulk([c.memory_id for c in fused])
+    return [loaded[c.memory_id] for c in fused if c.memory_id in loaded and loaded[c.memory_id].user_id == user.pk][
+        :limit
+    ]

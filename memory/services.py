@@ -1,0 +1,468 @@
+"""Writes to memory: create and edit (embedding synchronously), turn writes (off the request path),
+fact extraction with supersede / review, and the curation operations the admin offers.
+
+Model calls (the embedder, the fact extractor) always happen outside database transactions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q, QuerySet
+from django.utils import timezone
+
+from memory.embedding import get_embedder
+from memory.models import Memory, MemoryReview
+from memory.schemas import ExtractedFacts, Fact
+
+if TYPE_CHECKING:
+    from agents.models import Agent
+    from sessions.models import ChatSession, Turn
+
+logger = logging.getLogger(__name__)
+
+# Facts closer than this (cosine similarity) to a current fact of the same user are the same fact
+# said differently: nothing is written.
+NEAR_DUPLICATE_SIMILARITY = 0.92
+EPISODE_IMPORTANCE = 0.3
+FACT_IMPORTANCE = 0.7
+EDITABLE_FIELDS = frozenset(
+    {
+        "text",
+        "kind",
+        "fact_key",
+        "trigger",
+        "workflow",
+        "importance",
+        "pinned",
+        "archived",
+        "needs_review",
+        "valid_to",
+        "expires_at",
+        "agent",
+    }
+)
+
+
+def content_hash_for(text: str) -> str:
+    """Hash of the text with case and whitespace normalised: the duplicate key of facts and procedures."""
+    normalised = " ".join(text.lower().split())
+    return hashlib.sha256(normalised.encode()).hexdigest()
+
+
+def _embed(texts: list[str]) -> tuple[list[list[float]], str]:
+    embedder = get_embedder()
+    return embedder.embed(texts), embedder.name
+
+
+def memory_create(
+    *,
+    user: Any,
+    kind: str,
+    text: str,
+    agent: Agent | None = None,
+    importance: float = 0.5,
+    pinned: bool = False,
+    fact_key: str = "",
+    trigger: str = "",
+    workflow: str = "",
+    source_session: ChatSession | None = None,
+    source_turn: Turn | None = None,
+) -> Memory:
+    """Create a memory with its embedding (computed now, synchronously: for the admin and the API).
+
+    ``user=None`` is allowed only for procedural memories shared by an agent or workflow. An identical
+    current fact or procedure is returned instead of duplicated; a semantic fact with a ``fact_key``
+    supersedes the user's current fact with that key (the old one gets ``valid_to``).
+    """
+    text = text.strip()
+    if not text:
+        raise ValueError("a memory needs text")
+    if user is None and kind != Memory.Kind.PROCEDURAL:
+        raise ValueError("only procedural memories may be shared (no user)")
+    digest = content_hash_for(text)
+    if kind != Memory.Kind.EPISODIC:
+        existing = Memory.objects.filter(
+            user=user, kind=kind, content_hash=digest, valid_to__isnull=True, archived=False
+        ).first()
+        if existing is not None:
+            return existing
+    [vector], model_name = _embed([text])
+    now = timezone.now()
+    with transaction.atomic():
+        if kind == Memory.Kind.SEMANTIC and fact_key:
+            Memory.objects.select_for_update().filter(
+                user=user, kind=kind, fact_key=fact_key, valid_to__isnull=True
+            ).update(valid_to=now)
+        return Memory.objects.create(
+            user=user,
+            agent=agent,
+            kind=kind,
+            text=text,
+            fact_key=fact_key,
+            trigger=trigger,
+            workflow=workflow,
+            importance=importance,
+            pinned=pinned,
+            source_session=source_session,
+            source_turn=source_turn,
+            embedding=vector,
+            embedding_model=model_name,
+            content_hash=digest,
+            valid_from=now,
+        )
+
+
+def memory_update(*, memory: Memory, **fields: Any) -> Memory:
+    """Change a memory's editable fields; a new text gets a new content hash and a new embedding."""
+    unknown = set(fields) - EDITABLE_FIELDS
+    if unknown:
+        raise ValueError(f"not editable: {', '.join(sorted(unknown))}")
+    text_changed = "text" in fields and fields["text"].strip() != memory.text
+    for name, value in fields.items():
+        setattr(memory, name, value.strip() if name == "text" else value)
+    if text_changed:
+        memory.content_hash = content_hash_for(memory.text)
+        [vector], model_name = _embed([memory.text])
+        memory.embedding = vector
+        memory.embedding_model = model_name
+    memory.save()
+    return memory
+
+
+def memories_reembed(
+    *,
+    memories: Iterable[Memory],
+    batch_size: int = 64,
+    on_progress: Callable[[int], None] | None = None,
+) -> int:
+    """Recompute embeddings with the current embedder (after a model change, or from the admin)."""
+    embedder = get_embedder()
+    done = 0
+    batch: list[Memory] = []
+
+    def flush() -> None:
+        nonlocal done
+        vectors = embedder.embed([m.text for m in batch])
+        for memory, vector in zip(batch, vectors, strict=True):
+            memory.embedding = vector
+            memory.embedding_model = embedder.name
+        Memory.objects.bulk_update(batch, ["embedding", "embedding_model"])
+        done += len(batch)
+        if on_progress is not None:
+            on_progress(len(batch))
+        batch.clear()
+
+    for memory in memories:
+        batch.append(memory)
+        if len(batch) >= batch_size:
+            flush()
+    if batch:
+        flush()
+    return done
+
+
+def memories_set_pinned(*, memories: QuerySet[Memory], pinned: bool) -> int:
+    """Pin (always included for their user) or unpin memories."""
+    return memories.update(pinned=pinned, updated_at=timezone.now())
+
+
+def memories_set_archived(*, memories: QuerySet[Memory], archived: bool) -> int:
+    """Archive (never retrieved again, kept for history) or restore memories."""
+    return memories.update(archived=archived, updated_at=timezone.now())
+
+
+def memories_merge(*, memories: Sequence[Memory]) -> Memory:
+    """Merge duplicates of one user into one memory: the kept one takes the highest importance, the
+    pin and the access counts; the others are archived. Memories of different users never merge."""
+    if len(memories) < 2:
+        raise ValueError("select at least two memories to merge")
+    if len({m.user_id for m in memories}) != 1:
+        raise ValueError("memories of different users cannot be merged")
+    ordered = sorted(memories, key=lambda m: (not m.pinned, -m.importance, m.created_at, m.id))
+    keeper, others = ordered[0], ordered[1:]
+    with transaction.atomic():
+        keeper.importance = max(m.importance for m in memories)
+        keeper.pinned = any(m.pinned for m in memories)
+        keeper.access_count = sum(m.access_count for m in memories)
+        keeper.save(update_fields=["importance", "pinned", "access_count", "updated_at"])
+        Memory.objects.filter(id__in=[m.id for m in others]).update(archived=True, updated_at=timezone.now())
+    return keeper
+
+
+def review_apply(*, review: MemoryReview, actor: Any = None) -> Memory:
+    """Accept a queued contradicting fact: the old fact is closed, the proposed one becomes current."""
+    now = timezone.now()
+    with transaction.atomic():
+        review = MemoryReview.objects.select_for_update().get(pk=review.pk)
+        if review.status != MemoryReview.Status.PENDING:
+            raise ValueError(f"review {review.pk} is already {review.status}")
+        Memory.objects.filter(pk=review.existing_id, valid_to__isnull=True).update(
+            valid_to=now, needs_review=False, updated_at=now
+        )
+    new = memory_create(
+        user=review.user,
+        kind=Memory.Kind.SEMANTIC,
+        text=review.proposed_text,
+        fact_key=review.proposed_key,
+        importance=FACT_IMPORTANCE,
+        source_session=review.source_session,
+        source_turn=review.source_turn,
+    )
+    MemoryReview.objects.filter(pk=review.pk).update(
+        status=MemoryReview.Status.APPLIED, resolved_at=now, resolved_by=actor
+    )
+    return new
+
+
+def review_reject(*, review: MemoryReview, actor: Any = None) -> MemoryReview:
+    """Discard a queued contradicting fact; the existing fact stays current."""
+    now = timezone.now()
+    with transaction.atomic():
+        review = MemoryReview.objects.select_for_update().get(pk=review.pk)
+        if review.status != MemoryReview.Status.PENDING:
+            raise ValueError(f"review {review.pk} is already {review.status}")
+        review.status = MemoryReview.Status.REJECTED
+        review.resolved_at = now
+        review.resolved_by = actor
+        review.save(update_fields=["status", "resolved_at", "resolved_by"])
+        still_pending = MemoryReview.objects.filter(
+            existing_id=review.existing_id, status=MemoryReview.Status.PENDING
+        ).exists()
+        if not still_pending:
+            Memory.objects.filter(pk=review.existing_id).update(needs_review=False, updated_at=now)
+    return review
+
+
+# --- Turn writes (Celery) ------------------------------------------------------------------------
+
+
+@dataclass
+class TurnMemoryWriteResult:
+    turn_id: int
+    written: bool  # False when an earlier run already wrote this turn (idempotency) or it was skipped
+    episodic_id: int | None = None
+    facts_added: list[int] = field(default_factory=list)
+    facts_superseded: list[int] = field(default_factory=list)
+    facts_unchanged: int = 0
+    reviews: list[int] = field(default_factory=list)
+    extraction_error: str = ""
+
+
+def memory_writes_enqueue(*, turn: Turn) -> None:
+    """Schedule the turn's memory writes for after the current transaction commits."""
+    from memory.tasks import write_turn_memories
+
+    turn_id = turn.id
+    transaction.on_commit(lambda: write_turn_memories.delay(turn_id))
+
+
+EXTRACTION_SYSTEM_PROMPT = (
+    "You extract durable facts about the USER from one exchange of a conversation: their name, where they "
+    "live, their home airport, their preferences, people and things they own or care about, plans with dates. "
+    "Ignore small talk, questions, and anything the assistant said that the user did not confirm. "
+    "Each fact is one short sentence about the user. Give a snake_case key for attributes that have one "
+    "current value (name, home_city, home_airport, employer); reuse a known key when it fits; use an empty key "
+    "for facts that can coexist. confidence is 1.0 for explicit statements, lower for guesses or hedges. "
+    "Return an empty list when there is nothing durable."
+)
+
+
+def _extraction_messages(*, user_message: str, assistant_message: str, known_keys: list[str]) -> list[dict[str, Any]]:
+    keys = ", ".join(known_keys) if known_keys else "(none yet)"
+    return [
+        {"role": "system", "content": EXTRACTION_SYSTEM_PROMPT},
+        {
+            "role": "user",
+            "content": (
+                f"Known fact keys for this user: {keys}\n\n"
+                f"USER MESSAGE:\n{user_message}\n\nASSISTANT REPLY:\n{assistant_message}\n"
+            ),
+        },
+    ]
+
+
+def _extract_facts(*, turn: Turn, known_keys: list[str]) -> tuple[list[Fact], str]:
+    from agents.llm.base import CallContext, LLMError
+    from agents.llm.providers import get_provider
+
+    session = turn.session
+    provider = get_provider(agent=session.agent, cheap=True)
+    messages = _extraction_messages(
+        user_message=turn.user_message, assistant_message=turn.assistant_message, known_keys=known_keys
+    )
+    ctx = CallContext(purpose="extract", agent_id=session.agent_id, session_id=session.pk, turn_id=turn.id)
+    try:
+        extracted = provider.structured(messages, schema=ExtractedFacts, ctx=ctx, max_tokens=600)
+    except LLMError as exc:
+        # The episode is still written; losing this turn's facts beats retrying the whole write forever.
+        logger.warning("fact extraction failed for turn %s: %s", turn.id, exc)
+        return [], f"{type(exc).__name__}: {exc}"
+    facts = [f for f in extracted.facts if f.text.strip()]
+    return facts, ""
+
+
+def _key_slug(key: str) -> str:
+    return re.sub(r"[^a-z0-9_]+", "_", key.strip().lower()).strip("_")[:80]
+
+
+def _fact_apply(
+    *,
+    user: Any,
+    agent: Any,
+    fact: Fact,
+    vector: list[float],
+    model_name: str,
+    turn: Turn,
+    result: TurnMemoryWriteResult,
+    now: Any,
+) -> None:
+    """Add, supersede, queue for review, or do nothing for one extracted fact (inside the write transaction)."""
+    from pgvector.django import CosineDistance
+
+    text = fact.text.strip()
+    key = _key_slug(fact.key)
+    digest = content_hash_for(text)
+    current = Memory.objects.select_for_update().filter(
+        Q(valid_to__isnull=True) | Q(valid_to__gt=now), user=user, kind=Memory.Kind.SEMANTIC, archived=False
+    )
+    if current.filter(content_hash=digest).exists():
+        result.facts_unchanged += 1
+        return
+    same_key = list(current.filter(fact_key=key)) if key else []
+    if not same_key:
+        nearest = (
+            current.exclude(embedding__isnull=True)
+            .annotate(distance=CosineDistance("embedding", vector))
+            .order_by("distance")
+            .first()
+        )
+        if nearest is not None and 1.0 - float(nearest.distance) >= NEAR_DUPLICATE_SIMILARITY:
+            result.facts_unchanged += 1
+            return
+    if same_key and fact.confidence < settings.MEMORY_CONTRADICTION_CONFIDENCE:
+        existing = same_key[0]
+        if not MemoryReview.objects.filter(
+            existing=existing, proposed_text=text, status=MemoryReview.Status.PENDING
+        ).exists():
+            review = MemoryReview.objects.create(
+                user=user,
+                existing=existing,
+                proposed_text=text,
+                proposed_key=key,
+                confidence=fact.confidence,
+                reason=f"contradicts current {key!r} fact with confidence {fact.confidence:.2f}",
+                source_session=turn.session,
+                source_turn=turn,
+            )
+            result.reviews.append(review.id)
+        Memory.objects.filter(pk=existing.pk).update(needs_review=True)
+        return
+    for old in same_key:
+        old.valid_to = now
+        old.save(update_fields=["valid_to", "updated_at"])
+        result.facts_superseded.append(old.id)
+    memory = Memory.objects.create(
+        user=user,
+        agent=agent,
+        kind=Memory.Kind.SEMANTIC,
+        text=text,
+        fact_key=key,
+        importance=FACT_IMPORTANCE,
+        source_session=turn.session,
+        source_turn=turn,
+        embedding=vector,
+        embedding_model=model_name,
+        content_hash=digest,
+        valid_from=now,
+    )
+    result.facts_added.append(memory.id)
+
+
+def episode_text(*, user_message: str, assistant_message: str) -> str:
+    """The episodic memory of one turn: what the user said and what the agent answered."""
+    reply = assistant_message.strip()
+    if len(reply) > 1500:
+        reply = reply[:1500] + " …"
+    return f"User: {user_message.strip()}\nAssistant: {reply}" if reply else f"User: {user_message.strip()}"
+
+
+def turn_memories_write(*, turn_id: int) -> TurnMemoryWriteResult:
+    """Write one turn's memories: an episodic memory with its embedding, and the semantic facts extracted
+    from it (add, supersede the same key, queue a low-confidence contradiction for review, or nothing).
+
+    Idempotent: a second run for the same turn finds the episode and writes nothing. All rows are
+    written in one transaction after the model calls, so a crash leaves either everything or nothing.
+    """
+    from sessions.models import Turn
+
+    turn = Turn.objects.select_related("session", "session__agent").get(pk=turn_id)
+    result = TurnMemoryWriteResult(turn_id=turn_id, written=False)
+    if not turn.user_message.strip():
+        return result
+    if Memory.objects.filter(source_turn_id=turn_id, kind=Memory.Kind.EPISODIC).exists():
+        return result
+    session = turn.session
+    user = session.user
+    known_keys = sorted(
+        set(
+            Memory.objects.filter(user=user, kind=Memory.Kind.SEMANTIC, valid_to__isnull=True)
+            .exclude(fact_key="")
+            .values_list("fact_key", flat=True)
+        )
+    )
+    facts, result.extraction_error = _extract_facts(turn=turn, known_keys=known_keys)
+    text = episode_text(user_message=turn.user_message, assistant_message=turn.assistant_message)
+    vectors, model_name = _embed([text] + [f.text.strip() for f in facts])
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            episode = Memory.objects.create(
+                user=user,
+                agent=session.agent,
+                kind=Memory.Kind.EPISODIC,
+                text=text,
+                importance=EPISODE_IMPORTANCE,
+                source_session=session,
+                source_turn=turn,
+                embedding=vectors[0],
+                embedding_model=model_name,
+                content_hash=content_hash_for(text),
+                created_at=turn.created_at or now,
+                valid_from=turn.created_at or now,
+            )
+            result.episodic_id = episode.id
+            for fact, vector in zip(facts, vectors[1:], strict=True):
+                _fact_apply(
+                    user=user,
+                    agent=session.agent,
+                    fact=fact,
+                    vector=vector,
+                    model_name=model_name,
+                    turn=turn,
+                    result=result,
+                    now=now,
+                )
+    except IntegrityError:
+        # A concurrent run of this task committed first (one episode per turn): nothing more to do.
+        if Memory.objects.filter(source_turn_id=turn_id, kind=Memory.Kind.EPISODIC).exists():
+            return TurnMemoryWriteResult(turn_id=turn_id, written=False)
+        raise
+    result.written = True
+    return result
+
+
+def memories_touch(*, memory_ids: list[int], now: Any = None) -> int:
+    """Count an access on memories that went into a prompt (one UPDATE, for recency and curation)."""
+    if not memory_ids:
+        return 0
+    return Memory.objects.filter(id__in=memory_ids).update(
+        access_count=F("access_count") + 1, last_accessed_at=now or timezone.now()
+    )

@@ -1,0 +1,35 @@
+"""Celery tasks of the memory app: thin, by id, idempotent (the service checks what is already written)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+from django.db import OperationalError
+
+from memory.services import turn_memories_write
+
+
+@shared_task(
+    bind=True,
+    autoretry_for=(OperationalError, ConnectionError),
+    retry_backoff=2,
+    retry_backoff_max=120,
+    retry_jitter=True,
+    max_retries=5,
+    soft_time_limit=90,
+    time_limit=120,
+    acks_late=True,
+)
+def write_turn_memories(self: Any, turn_id: int) -> dict[str, Any]:
+    """Write a finished turn's episodic memory and extracted facts (once, however often it runs)."""
+    result = turn_memories_write(turn_id=turn_id)
+    return {
+        "turn_id": result.turn_id,
+        "written": result.written,
+        "episodic_id": result.episodic_id,
+        "facts_added": result.facts_added,
+        "facts_superseded": result.facts_superseded,
+        "reviews": result.reviews,
+        "extraction_error": result.extraction_error,
+    }

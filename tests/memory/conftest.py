@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agents.models import Agent
+from sessions.models import ChatSession, Turn
+
+
+@pytest.fixture
+def agent(db: Any) -> Agent:
+    return Agent.objects.create(name="Travel", slug="travel", system_prompt="You help with travel.")
+
+
+@pytest.fixture
+def make_turn(agent: Agent) -> Any:
+    """A finished turn of ``user`` in a session of its own (or the given one)."""
+
+    def make(
+        user: Any, user_message: str, assistant_message: str = "Noted.", session: ChatSession | None = None
+    ) -> Turn:
+        session = session or ChatSession.objects.create(user=user, agent=agent, workflow="free_chat", state="CHATTING")
+        seq = session.turns.count() + 1
+        return Turn.objects.create(
+            session=session,
+            seq=seq,
+            user_message=user_message,
+            assistant_message=assistant_message,
+            status=Turn.Status.COMPLETED,
+        )
+
+    return make
+
+
+@pytest.fixture
+def scripted(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A scripted provider standing in for every model the memory app calls (the LLM is the edge)."""
+    from agents.llm import providers
+    from agents.llm.scripted import ScriptedProvider
+
+    provider = ScriptedProvider()
+    monkeypatch.setattr(providers, "get_provider", lambda *, agent=None, cheap=False: provider)
+    return provider

@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from memory.models import Memory, MemoryReview
+from memory.services import memory_create
+
+pytestmark = pytest.mark.django_db
+
+TRY_URL = "admin:memory_memory_try_retrieval"
+
+
+@pytest.fixture
+def staff_client(staff: Any) -> Client:
+    client = Client()
+    client.force_login(staff)
+    return client
+
+
+def test_try_retrieval_as_bob_never_shows_alice(staff_client: Client, alice: Any, bob: Any) -> None:
+    memory_create(user=alice, kind="episodic", text="User: my locker code is 4471", pinned=True)
+    memory_create(user=bob, kind="episodic", text="User: my locker is on floor two")
+
+    response = staff_client.get(
+        reverse(TRY_URL),
+        {"user": bob.pk, "query": "locker code 4471", "budget_tokens": 2000, "relevance_threshold": 0.0},
+    )
+
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert "floor two" in body
+    assert "4471</td>" not in body and "locker code is 4471" not in body
+
+
+def test_try_retrieval_shows_tiers_and_escapes_text(staff_client: Client, alice: Any) -> None:
+    memory_create(user=alice, kind="episodic", text="User: <script>alert('x')</script> likes sailing", pinned=True)
+
+    response = staff_client.get(
+        reverse(TRY_URL), {"user": alice.pk, "query": "sailing", "budget_tokens": 500, "relevance_threshold": 0.5}
+    )
+
+    body = response.content.decode()
+    assert "<script>alert" not in body
+    assert "&lt;script&gt;alert(" in body
+    assert "pinned" in body and "Filter: <strong>threshold</strong>" in body
+
+
+def test_try_retrieval_is_staff_only(client: Client, alice: Any) -> None:
+    client.force_login(alice)
+    response = client.get(reverse(TRY_URL), {"user": alice.pk, "query": "x", "budget_tokens": 10})
+    assert response.status_code == 302 and "/login/" in response["Location"]
+
+
+def test_changelist_text_and_semantic_search(staff_client: Client, alice: Any, bob: Any) -> None:
+    memory_create(user=alice, kind="episodic", text="User: I keep a sourdough starter called Clint")
+    memory_create(user=bob, kind="episodic", text="User: my bike needs new brakes")
+    url = reverse("admin:memory_memory_changelist")
+
+    words = staff_client.get(url, {"q": "sourdough"}).content.decode()
+    assert "sourdough starter" in words and "new brakes" not in words
+
+    semantic = staff_client.get(url, {"q": "~bike brakes", "user__id__exact": bob.pk}).content.decode()
+    assert "new brakes" in semantic and "sourdough" not in semantic
+
+
+def test_edit_reembeds_and_actions(staff_client: Client, alice: Any) -> None:
+    memory = memory_create(user=alice, kind="semantic", text="The user likes tea.")
+    before = list(memory.embedding)
+    change = reverse("admin:memory_memory_change", args=[memory.pk])
+    response = staff_client.post(
+        change,
+        {
+            "user": alice.pk,
+            "kind": "semantic",
+            "text": "The user likes green tea.",
+            "fact_key": "",
+            "trigger": "",
+            "workflow": "",
+            "importance": 0.5,
+        },
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    memory.refresh_from_db()
+    assert memory.text == "The user likes green tea." and list(memory.embedding) != before
+
+    changelist = reverse("admin:memory_memory_changelist")
+    staff_client.post(changelist, {"action": "pin", "_selected_action": [memory.pk]})
+    memory.refresh_from_db()
+    assert memory.pinned
+    staff_client.post(changelist, {"action": "archive", "_selected_action": [memory.pk]})
+    memory.refresh_from_db()
+    assert memory.archived
+
+
+def test_review_queue_apply_action(staff_client: Client, alice: Any) -> None:
+    current = memory_create(user=alice, kind="semantic", text="The user lives in Lisbon.", fact_key="home_city")
+    review = MemoryReview.objects.create(
+        user=alice, existing=current, proposed_text="The user lives in Rome.", proposed_key="home_city", confidence=0.4
+    )
+    staff_client.post(
+        reverse("admin:memory_memoryreview_changelist"), {"action": "apply", "_selected_action": [review.pk]}
+    )
+    review.refresh_from_db()
+    current.refresh_from_db()
+    assert review.status == "applied" and current.valid_to is not None
+    assert Memory.objects.get(text="The user lives in Rome.").is_current

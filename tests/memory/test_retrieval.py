@@ -1,0 +1,178 @@
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from agents.llm.base import LLMTimeout
+from memory.models import Memory
+from memory.schemas import RelevanceScores
+from memory.selectors import memories_for_prompt, memory_search, trigger_matches
+from memory.services import memory_create, memory_update
+
+pytestmark = pytest.mark.django_db
+
+
+def _retrieve(user: Any, query: str, **kwargs: Any) -> Any:
+    kwargs.setdefault("budget_tokens", 2000)
+    kwargs.setdefault("use_model_filter", False)
+    return memories_for_prompt(user=user, query=query, **kwargs)
+
+
+def test_bob_never_gets_alices_memories(alice: Any, bob: Any) -> None:
+    secret = memory_create(user=alice, kind="semantic", text="Alice's passport number is X1234567", fact_key="passport")
+    memory_create(user=alice, kind="episodic", text="User: my passport number is X1234567", pinned=True)
+    memory_create(user=bob, kind="episodic", text="User: I like trains")
+
+    result = _retrieve(bob, "what is my passport number X1234567", relevance_threshold=0.0)
+
+    ids = {i.memory.id for i in result.items} | {c.id for c in result.candidates}
+    assert ids, "Bob's own memory should be a candidate"
+    assert all(Memory.objects.get(pk=i).user_id == bob.id for i in ids)
+    assert "X1234567" not in json.dumps(result.as_report())
+    # The prompt text handed to the context builder carries nothing of Alice's.
+    assert all("X1234567" not in item.text for item in result.items)
+    # And Alice does get it.
+    assert secret.id in {i.memory.id for i in _retrieve(alice, "passport number").items}
+
+
+def test_memory_search_is_per_user(alice: Any, bob: Any) -> None:
+    memory_create(user=alice, kind="episodic", text="User: the wifi password is hunter2")
+    assert memory_search(user=bob, query="wifi password hunter2") == []
+    assert [m.text for m in memory_search(user=alice, query="wifi password")] == ["User: the wifi password is hunter2"]
+
+
+def test_tier1_profile_facts_and_pinned_always_included(alice: Any) -> None:
+    fact = memory_create(user=alice, kind="semantic", text="The user's home airport is LIS.", fact_key="home_airport")
+    pinned = memory_create(user=alice, kind="episodic", text="User: never book red-eye flights", pinned=True)
+    memory_create(user=alice, kind="episodic", text="User: I enjoyed the museum in Porto")
+
+    result = _retrieve(alice, "completely unrelated question about cooking pasta")
+
+    tier1 = {i.memory.id: i for i in result.items if i.tier == 1}
+    assert fact.id in tier1 and pinned.id in tier1
+    reasons = {c.id: c.reason for c in result.candidates if c.tier == 1}
+    assert reasons[fact.id] == "profile fact" and reasons[pinned.id] == "pinned"
+
+
+def test_hybrid_finds_relevant_and_threshold_drops_unrelated(alice: Any, settings: Any) -> None:
+    settings.MEMORY_RECENT_ACTIONS = 0
+    relevant = memory_create(user=alice, kind="episodic", text="User: my sister Maria lives in Berlin near the zoo")
+    unrelated = memory_create(user=alice, kind="episodic", text="User: quarterly tax forms arrive by post")
+
+    result = _retrieve(alice, "where does my sister Maria live?", relevance_threshold=0.3)
+
+    kept = [i.memory.id for i in result.items]
+    assert kept[0] == relevant.id
+    assert unrelated.id not in kept
+    report = {c.id: c for c in result.candidates}
+    assert report[relevant.id].vector_rank == 1 and report[relevant.id].text_rank == 1
+    assert report[relevant.id].kept and "relevant" in report[relevant.id].reason
+    if unrelated.id in report:
+        assert not report[unrelated.id].kept and "threshold" in report[unrelated.id].reason
+    assert result.filter_mode == "threshold"
+
+
+def test_only_current_memories(alice: Any, settings: Any) -> None:
+    settings.MEMORY_RECENT_ACTIONS = 0
+    archived = memory_create(user=alice, kind="episodic", text="User: I keep bees on the roof")
+    memory_update(memory=archived, archived=True)
+    expired = memory_create(user=alice, kind="episodic", text="User: my bees swarm in spring")
+    memory_update(memory=expired, expires_at=timezone.now() - timedelta(minutes=1))
+    old = memory_create(user=alice, kind="semantic", text="The user's bee count is 3.", fact_key="bees")
+    new = memory_create(user=alice, kind="semantic", text="The user's bee count is 5.", fact_key="bees")
+
+    result = _retrieve(alice, "bees", relevance_threshold=0.0)
+
+    ids = {c.id for c in result.candidates}
+    assert new.id in ids
+    assert not ids & {archived.id, expired.id, old.id}
+
+
+def test_budget_cut_and_token_counts(alice: Any, settings: Any) -> None:
+    settings.MEMORY_RECENT_ACTIONS = 0
+    for i in range(6):
+        memory_create(user=alice, kind="episodic", text=f"User: ski trip number {i} to the alps was " + "great " * 30)
+
+    result = _retrieve(alice, "ski trip alps", relevance_threshold=0.0, budget_tokens=120)
+
+    assert 0 < result.total_tokens <= 120
+    assert result.total_tokens == sum(i.tokens for i in result.items)
+    dropped = [c for c in result.candidates if not c.kept]
+    assert dropped and all("budget" in c.reason for c in dropped)
+
+
+def test_access_count_updated_for_returned_items(alice: Any) -> None:
+    memory = memory_create(user=alice, kind="episodic", text="User: I collect vintage maps", pinned=True)
+    _retrieve(alice, "maps")
+    _retrieve(alice, "maps")
+    memory.refresh_from_db()
+    assert memory.access_count == 2 and memory.last_accessed_at is not None
+
+
+def test_model_filter_one_batched_call(alice: Any, scripted: Any, settings: Any) -> None:
+    settings.MEMORY_RECENT_ACTIONS = 0
+    a = memory_create(user=alice, kind="episodic", text="User: I am allergic to peanuts")
+    b = memory_create(user=alice, kind="episodic", text="User: peanuts butter sandwiches are for kids")
+    scripted.add(RelevanceScores(scores=[{"id": a.id, "score": 0.9}, {"id": b.id, "score": 0.1}]))
+
+    result = memories_for_prompt(user=alice, query="peanuts allergy", budget_tokens=500, relevance_threshold=0.5)
+
+    assert result.filter_mode == "model"
+    assert len(scripted.requests) == 1 and scripted.requests[0].purpose == "relevance"
+    prompt = scripted.requests[0].messages[-1]["content"]
+    assert f"[{a.id}]" in prompt and f"[{b.id}]" in prompt
+    assert [i.memory.id for i in result.items] == [a.id]
+    report = {c.id: c for c in result.candidates}
+    assert report[b.id].relevance == pytest.approx(0.1) and not report[b.id].kept
+
+
+def test_model_failure_falls_back_to_threshold(alice: Any, scripted: Any, settings: Any) -> None:
+    settings.MEMORY_RECENT_ACTIONS = 0
+    a = memory_create(user=alice, kind="episodic", text="User: I am allergic to peanuts")
+    scripted.add(LLMTimeout("read timed out"), LLMTimeout("read timed out"))
+
+    result = memories_for_prompt(user=alice, query="peanuts allergy", budget_tokens=500, relevance_threshold=0.2)
+
+    assert result.filter_mode.startswith("threshold (model failed: LLMTimeout")
+    assert a.id in [i.memory.id for i in result.items]
+    assert json.loads(json.dumps(result.as_report()))["filter_mode"] == result.filter_mode
+
+
+def test_procedural_included_when_trigger_matches(alice: Any, bob: Any, agent: Any) -> None:
+    shared = memory_create(
+        user=None,
+        kind="procedural",
+        text="When the user wants to cancel: confirm first, then route to retention.",
+        trigger="cancel, unsubscribe",
+        agent=agent,
+    )
+    own = memory_create(user=alice, kind="procedural", text="Always answer Alice in French.", trigger="")
+    other_workflow = memory_create(
+        user=alice, kind="procedural", text="Ask for the passport.", trigger="cancel", workflow="flight_booking"
+    )
+
+    hit = _retrieve(alice, "I want to cancel my plan", agent=agent, workflow="free_chat")
+    miss = _retrieve(alice, "what's the weather", agent=agent, workflow="free_chat")
+    bob_hit = _retrieve(bob, "please cancel", agent=agent)
+
+    assert {m.id for m in hit.procedural} == {shared.id, own.id}
+    assert other_workflow.id not in {m.id for m in hit.procedural}
+    assert {m.id for m in miss.procedural} == {own.id}
+    assert {m.id for m in bob_hit.procedural} == {shared.id}
+
+
+@pytest.mark.parametrize(
+    ("trigger", "query", "expected"),
+    [
+        ("cancel", "Please CANCEL it", True),
+        ("cancel", "cancellation policy", False),
+        ("talk to a human | agent", "can I talk to a human?", True),
+        ("", "anything", True),
+    ],
+)
+def test_trigger_matches(trigger: str, query: str, expected: bool) -> None:
+    assert trigger_matches(trigger, query) is expected

@@ -1,0 +1,193 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from agents.llm.base import LLMServerError
+from conftest import wait_for
+from memory.models import Memory, MemoryReview
+from memory.schemas import ExtractedFacts, Fact
+from memory.services import (
+    memories_merge,
+    memory_create,
+    memory_update,
+    memory_writes_enqueue,
+    review_apply,
+    review_reject,
+    turn_memories_write,
+)
+
+
+def _facts(*facts: tuple[str, str, float]) -> ExtractedFacts:
+    return ExtractedFacts(facts=[Fact(key=k, text=t, confidence=c) for k, t, c in facts])
+
+
+@pytest.mark.django_db
+def test_write_twice_writes_once(alice: Any, make_turn: Any, scripted: Any) -> None:
+    turn = make_turn(alice, "My home airport is LIS", "Got it.")
+    scripted.add(_facts(("home_airport", "The user's home airport is LIS.", 0.95)))
+    scripted.add(_facts(("home_airport", "The user's home airport is LIS.", 0.95)))
+
+    first = turn_memories_write(turn_id=turn.id)
+    second = turn_memories_write(turn_id=turn.id)
+
+    assert first.written and not second.written
+    assert Memory.objects.filter(source_turn=turn, kind="episodic").count() == 1
+    assert Memory.objects.filter(user=alice, kind="semantic").count() == 1
+    episode = Memory.objects.get(source_turn=turn, kind="episodic")
+    assert episode.embedding is not None and episode.text.startswith("User: My home airport is LIS")
+    # The second run stopped before calling the model again.
+    assert len(scripted.requests) == 1 and scripted.requests[0].purpose == "extract"
+
+
+@pytest.mark.django_db
+def test_contradicting_fact_supersedes_old(alice: Any, make_turn: Any, scripted: Any) -> None:
+    scripted.add(_facts(("home_city", "The user lives in Lisbon.", 0.95)))
+    turn_memories_write(turn_id=make_turn(alice, "I live in Lisbon").id)
+    scripted.add(_facts(("home_city", "The user lives in Porto.", 0.9)))
+    result = turn_memories_write(turn_id=make_turn(alice, "I moved, I live in Porto now").id)
+
+    old = Memory.objects.get(user=alice, text="The user lives in Lisbon.")
+    new = Memory.objects.get(user=alice, text="The user lives in Porto.")
+    assert old.valid_to is not None and not old.is_current
+    assert new.valid_to is None and new.is_current
+    assert result.facts_superseded == [old.id] and result.facts_added == [new.id]
+    # The extractor was told which keys exist, so it can reuse them.
+    assert "home_city" in scripted.requests[1].messages[-1]["content"]
+
+
+@pytest.mark.django_db
+def test_low_confidence_contradiction_goes_to_review(alice: Any, make_turn: Any, scripted: Any, staff: Any) -> None:
+    scripted.add(_facts(("home_city", "The user lives in Lisbon.", 0.95)))
+    turn_memories_write(turn_id=make_turn(alice, "I live in Lisbon").id)
+    scripted.add(_facts(("home_city", "The user lives in Madrid.", 0.4)))
+    result = turn_memories_write(turn_id=make_turn(alice, "maybe I'll be living in Madrid, who knows").id)
+
+    current = Memory.objects.get(user=alice, text="The user lives in Lisbon.")
+    assert current.valid_to is None and current.needs_review
+    assert not Memory.objects.filter(text="The user lives in Madrid.").exists()
+    review = MemoryReview.objects.get()
+    assert result.reviews == [review.id]
+    assert (review.existing_id, review.proposed_text, review.status) == (
+        current.id,
+        "The user lives in Madrid.",
+        "pending",
+    )
+
+    applied = review_apply(review=review, actor=staff)
+    current.refresh_from_db()
+    review.refresh_from_db()
+    assert current.valid_to is not None and applied.is_current and applied.fact_key == "home_city"
+    assert review.status == "applied" and review.resolved_by == staff
+    with pytest.raises(ValueError):
+        review_reject(review=review, actor=staff)
+
+
+@pytest.mark.django_db
+def test_review_reject_keeps_existing(alice: Any, make_turn: Any, scripted: Any, staff: Any) -> None:
+    scripted.add(_facts(("employer", "The user works at Acme.", 1.0)))
+    turn_memories_write(turn_id=make_turn(alice, "I work at Acme").id)
+    scripted.add(_facts(("employer", "The user works at Globex.", 0.3)))
+    turn_memories_write(turn_id=make_turn(alice, "thinking about Globex").id)
+
+    review_reject(review=MemoryReview.objects.get(), actor=staff)
+
+    existing = Memory.objects.get(text="The user works at Acme.")
+    assert existing.is_current and not existing.needs_review
+    assert MemoryReview.objects.get().status == "rejected"
+
+
+@pytest.mark.django_db
+def test_extraction_failure_still_writes_episode(alice: Any, make_turn: Any, scripted: Any) -> None:
+    scripted.add(LLMServerError("503"), LLMServerError("503"), LLMServerError("503"), LLMServerError("503"))
+    result = turn_memories_write(turn_id=make_turn(alice, "I live in Oslo").id)
+    assert result.written and result.episodic_id and "LLMServerError" in result.extraction_error
+    assert not Memory.objects.filter(kind="semantic").exists()
+
+
+@pytest.mark.django_db
+def test_demo_model_extracts_simple_facts(alice: Any, make_turn: Any) -> None:
+    # No LLM configured: the demo model's registered handler extracts explicit statements.
+    turn = make_turn(alice, "Hi! My name is Ana and I live in Lisbon. My home airport is LIS.")
+    result = turn_memories_write(turn_id=turn.id)
+    texts = set(Memory.objects.filter(user=alice, kind="semantic").values_list("text", flat=True))
+    assert texts == {"The user's name is Ana.", "The user lives in Lisbon.", "The user's home airport is LIS."}
+    assert len(result.facts_added) == 3
+
+
+@pytest.mark.django_db
+def test_near_duplicate_fact_is_not_added(alice: Any, make_turn: Any, scripted: Any) -> None:
+    scripted.add(_facts(("", "The user prefers aisle seats.", 0.9)))
+    turn_memories_write(turn_id=make_turn(alice, "I prefer aisle seats").id)
+    scripted.add(_facts(("", "the user prefers aisle seats", 0.9)))
+    result = turn_memories_write(turn_id=make_turn(alice, "aisle seats please").id)
+    assert result.facts_added == [] and result.facts_unchanged == 1
+
+
+@pytest.mark.django_db
+def test_update_reembeds_on_text_change(alice: Any) -> None:
+    memory = memory_create(user=alice, kind="semantic", text="The user likes tea.")
+    before = list(memory.embedding)
+    memory_update(memory=memory, importance=0.9)
+    assert list(memory.embedding) == before
+    memory_update(memory=memory, text="The user likes coffee.")
+    memory.refresh_from_db()
+    assert list(memory.embedding) != before and memory.text == "The user likes coffee."
+    with pytest.raises(ValueError):
+        memory_update(memory=memory, user_id=123)
+
+
+@pytest.mark.django_db
+def test_merge_keeps_one_and_refuses_across_users(alice: Any, bob: Any) -> None:
+    a = memory_create(user=alice, kind="episodic", text="User: I love Lisbon", importance=0.2)
+    b = memory_create(user=alice, kind="episodic", text="User: I love Lisbon!", importance=0.8, pinned=True)
+    kept = memories_merge(memories=[a, b])
+    a.refresh_from_db()
+    assert kept.id == b.id and a.archived and kept.importance == 0.8
+    c = memory_create(user=bob, kind="episodic", text="User: I love Lisbon")
+    with pytest.raises(ValueError):
+        memories_merge(memories=[kept, c])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_runs_after_commit_on_a_real_worker(celery_worker: Any, alice: Any, make_turn: Any) -> None:
+    turn = make_turn(alice, "My name is Ana")
+    from django.db import transaction
+
+    with transaction.atomic():
+        memory_writes_enqueue(turn=turn)
+        # Nothing is sent before the commit: the worker could not see the turn yet.
+        assert not Memory.objects.filter(source_turn=turn).exists()
+    wait_for(lambda: Memory.objects.filter(source_turn=turn, kind="episodic").exists(), message="episode written")
+    # Enqueue again (a retried turn): still one episode and one name fact.
+    memory_writes_enqueue(turn=turn)
+    memory_writes_enqueue(turn=turn)
+    wait_for(lambda: Memory.objects.filter(user=alice, kind="semantic").exists(), message="fact written")
+
+    def finished_runs() -> int:
+        return sum(
+            1
+            for line in celery_worker.log_text().splitlines()
+            if "write_turn_memories" in line and "succeeded" in line and f"'turn_id': {turn.id}," in line
+        )
+
+    wait_for(lambda: finished_runs() >= 3, message="the duplicate tasks to finish")
+    assert Memory.objects.filter(source_turn=turn, kind="episodic").count() == 1
+    assert list(Memory.objects.filter(user=alice, kind="semantic").values_list("text", flat=True)) == [
+        "The user's name is Ana."
+    ]
+
+
+@pytest.mark.django_db
+def test_selector_query_count_is_bounded(alice: Any) -> None:
+    from memory.selectors import memories_for_prompt
+
+    for i in range(10):
+        memory_create(user=alice, kind="episodic", text=f"User: note {i} about gardening tomatoes")
+    with CaptureQueriesContext(connection) as ctx:
+        memories_for_prompt(user=alice, query="tomatoes", budget_tokens=2000, use_model_filter=False)
+    # Independent of the number of memories: tier-1 lookups, two search arms, one load, one touch.
+    assert len(ctx.captured_queries) <= 14

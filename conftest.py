@@ -164,3 +164,12 @@ def staff(django_user_model: Any) -> Any:
     return django_user_model.objects.create_user(
         username="staff", password="staff-pass-123", is_staff=True, is_superuser=True
     )
+
+
+@pytest.fixture
+def fake_openai() -> Iterator[Any]:
+    """A real local HTTP server speaking the OpenAI protocol (tests/fakes/openai_server.py); enqueue answers."""
+    from tests.fakes.openai_server import FakeOpenAIServer
+
+    with FakeOpenAIServer() as server:
+        yield server

@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.contrib import admin
+from django.http import HttpRequest
+
+from agents.models import Agent, LLMCall
+
+
+@admin.register(Agent)
+class AgentAdmin(admin.ModelAdmin):
+    list_display = ["name", "slug", "endpoint_display", "model", "workflow", "is_active", "updated_at"]
+    list_filter = ["is_active", "workflow", "endpoint"]
+    search_fields = ["name", "slug", "description"]
+    prepopulated_fields = {"slug": ["name"]}
+    readonly_fields = ["created_at", "updated_at"]
+    fieldsets = [
+        (None, {"fields": ["name", "slug", "description", "is_active"]}),
+        ("Prompt", {"fields": ["system_prompt"]}),
+        (
+            "Model",
+            {
+                "fields": ["endpoint", "model", "temperature", "max_tokens"],
+                "description": (
+                    "The endpoint is the name of a profile from the server's settings (LLM_PROFILES); "
+                    "its API key stays in the server's environment and is never stored here. "
+                    "Blank: the default profile, or the offline demo model when none is configured."
+                ),
+            },
+        ),
+        (
+            "Context budget",
+            {
+                "fields": [
+                    "context_window",
+                    "response_reserve",
+                    "safety_margin",
+                    "section_budgets",
+                    "window_turns",
+                    "memory_budget_tokens",
+                    "relevance_threshold",
+                ]
+            },
+        ),
+        (
+            "Workflow and tools",
+            {
+                "fields": [
+                    "workflow",
+                    "routing_confidence_threshold",
+                    "tools",
+                    "step_limit",
+                    "step_limit_behaviour",
+                ]
+            },
+        ),
+        ("History", {"fields": ["created_at", "updated_at"], "classes": ["collapse"]}),
+    ]
+
+    @admin.display(description="Endpoint", ordering="endpoint")
+    def endpoint_display(self, obj: Agent) -> str:
+        if obj.endpoint:
+            return obj.endpoint
+        return "default" if "default" in (getattr(settings, "LLM_PROFILES", {}) or {}) else "demo model"
+
+    def get_form(self, request: HttpRequest, obj: Agent | None = None, change: bool = False, **kwargs: Any) -> Any:
+        form = super().get_form(request, obj, change=change, **kwargs)
+        field = form.base_fields.get("endpoint")
+        if field is not None:
+            # Profile names only: a profile's settings (and the name of its key variable) stay on the server.
+            names = sorted(getattr(settings, "LLM_PROFILES", {}) or {})
+            field.help_text = "Configured profiles: " + (", ".join(names) or "none (the demo model answers)") + "."
+        return form
+
+
+@admin.register(LLMCall)
+class LLMCallAdmin(admin.ModelAdmin):
+    """Every model call, as recorded: read-only, since it is evidence."""
+
+    list_display = [
+        "created_at",
+        "purpose",
+        "agent",
+        "provider",
+        "model",
+        "outcome",
+        "finish_reason",
+        "prompt_tokens",
+        "completion_tokens",
+        "latency_ms",
+        "ttft_ms",
+        "retries",
+    ]
+    list_filter = ["outcome", "purpose", "provider", "finish_reason", "agent", "created_at"]
+    search_fields = ["model", "error", "=session__id"]
+    date_hierarchy = "created_at"
+    list_select_related = ["agent"]
+    ordering = ["-created_at"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: LLMCall | None = None) -> list[str]:
+        return [f.name for f in LLMCall._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: LLMCall | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: LLMCall | None = None) -> bool:
+        return False

@@ -1,0 +1,301 @@
+"""The OpenAI-compatible provider over real HTTP against the local fake server: retries, timeouts,
+truncation, structured outputs with repair, tool calls and secrets. Each case checks its LLMCall."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any, Literal
+
+import pytest
+from pydantic import BaseModel, Field
+
+from agents.llm.base import (
+    CallContext,
+    LLMClientError,
+    LLMRateLimited,
+    LLMServerError,
+    LLMTimeout,
+    StructuredOutputError,
+    ToolSpec,
+    TruncatedOutputError,
+)
+from agents.llm.openai_compat import OpenAICompatibleProvider, backoff_delay, parse_retry_after
+from agents.llm.profiles import EndpointProfile
+from agents.models import LLMCall
+from tests.fakes import openai_server as fake
+from tests.fakes.openai_server import FakeOpenAIServer
+
+pytestmark = pytest.mark.django_db
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+CTX = CallContext(purpose="reply")
+
+
+class Route(BaseModel):
+    intent: Literal["book", "chat"]
+    confidence: float = Field(ge=0, le=1)
+
+
+class SleepRecorder:
+    """Stands in for time.sleep so a test sees the waits the provider chose without waiting them."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
+def make_provider(
+    server: FakeOpenAIServer, sleep: Callable[[float], None] | None = None, **overrides: Any
+) -> OpenAICompatibleProvider:
+    profile = EndpointProfile.from_mapping("test", server.profile(**overrides))
+    if sleep is None:
+        return OpenAICompatibleProvider(profile=profile)
+    return OpenAICompatibleProvider(profile=profile, sleep=sleep)
+
+
+def only_call() -> LLMCall:
+    return LLMCall.objects.get()
+
+
+def test_200_reply_with_usage_from_the_server(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.enqueue(fake.reply("Hi!", prompt_tokens=21, completion_tokens=2))
+    completion = make_provider(fake_openai).complete(MESSAGES, ctx=CTX, temperature=0.3, max_tokens=50)
+
+    assert completion.text == "Hi!"
+    sent = fake_openai.chat_requests()[0].body
+    assert sent["model"] == "fake-model" and sent["messages"] == MESSAGES
+    assert sent["temperature"] == 0.3 and sent["max_tokens"] == 50
+    call = only_call()
+    assert (call.outcome, call.retries, call.prompt_tokens, call.completion_tokens) == ("ok", 0, 21, 2)
+
+
+def test_streaming_over_sse(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.enqueue(fake.stream("one two three"))
+    stream = make_provider(fake_openai).stream(MESSAGES, ctx=CTX)
+    assert list(stream) == ["one ", "two ", "three"]
+    assert fake_openai.chat_requests()[0].body["stream"] is True
+    call = only_call()
+    assert call.outcome == "ok" and call.ttft_ms is not None and call.finish_reason == "stop"
+    # The usage chunk the server sent at the end (stream_options.include_usage) is what is recorded.
+    assert (call.prompt_tokens, call.completion_tokens) == (11, 3)
+
+
+def test_429_with_retry_after_then_200_waits_what_the_server_asked(fake_openai: FakeOpenAIServer) -> None:
+    sleep = SleepRecorder()
+    fake_openai.enqueue(fake.error(429, "slow down", headers={"Retry-After": "3"}), fake.reply("ok now"))
+    completion = make_provider(fake_openai, sleep=sleep).complete(MESSAGES, ctx=CTX)
+
+    assert completion.text == "ok now" and completion.retries == 1
+    assert sleep.delays == [3.0]
+    assert len(fake_openai.chat_requests()) == 2
+    call = only_call()
+    assert (call.outcome, call.retries) == ("ok", 1)
+
+
+def test_500_then_200_is_retried_with_backoff(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.enqueue(fake.error(500), fake.error(503), fake.reply("recovered"))
+    completion = make_provider(fake_openai).complete(MESSAGES, ctx=CTX)
+    assert completion.text == "recovered"
+    assert len(fake_openai.chat_requests()) == 3
+    assert (only_call().outcome, only_call().retries) == ("ok", 2)
+
+
+def test_retries_run_out_and_are_counted(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.enqueue(*[fake.error(500, "boom")] * 3)
+    with pytest.raises(LLMServerError) as info:
+        make_provider(fake_openai, max_retries=2).complete(MESSAGES, ctx=CTX)
+    assert info.value.retries == 2
+    assert len(fake_openai.chat_requests()) == 3
+    call = only_call()
+    assert (call.outcome, call.retries) == ("server_error", 2)
+    assert "boom" in call.error
+
+
+def test_a_hang_past_the_read_timeout_is_a_timeout(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.enqueue(fake.hang(3.0), fake.hang(3.0))
+    with pytest.raises(LLMTimeout):
+        make_provider(fake_openai, read_timeout=0.3, max_retries=1).complete(MESSAGES, ctx=CTX)
+    assert len(fake_openai.chat_requests()) == 2
+    call = only_call()
+    assert (call.outcome, call.retries) == ("timeout", 1)
+
+
+def test_a_hang_then_an_answer_recovers(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.enqueue(fake.hang(3.0), fake.reply("there you are"))
+    completion = make_provider(fake_openai, read_timeout=0.3).complete(MESSAGES, ctx=CTX)
+    assert completion.text == "there you are"
+    assert (only_call().outcome, only_call().retries) == ("ok", 1)
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 408, 409, 422])
+def test_other_4xx_are_never_retried(fake_openai: FakeOpenAIServer, status: int) -> None:
+    fake_openai.enqueue(fake.error(status, "bad request"), fake.reply("must not be reached"))
+    with pytest.raises(LLMClientError):
+        make_provider(fake_openai).complete(MESSAGES, ctx=CTX)
+    assert len(fake_openai.chat_requests()) == 1
+    assert fake_openai.pending() == 1
+    call = only_call()
+    assert (call.outcome, call.retries) == ("client_error", 0)
+    assert str(status) in call.error
+
+
+def test_a_retry_after_longer_than_allowed_is_not_waited_for(fake_openai: FakeOpenAIServer) -> None:
+    sleep = SleepRecorder()
+    fake_openai.enqueue(fake.error(429, headers={"Retry-After": "600"}), fake.reply("later"))
+    with pytest.raises(LLMRateLimited) as info:
+        make_provider(fake_openai, sleep=sleep, max_retry_after=30).complete(MESSAGES, ctx=CTX)
+    assert info.value.retry_after == 600
+    assert sleep.delays == []
+    assert only_call().outcome == "rate_limited"
+
+
+def test_finish_reason_length_is_truncation(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.enqueue(fake.reply("The answer is", finish_reason="length"))
+    with pytest.raises(TruncatedOutputError) as info:
+        make_provider(fake_openai).complete(MESSAGES, ctx=CTX, max_tokens=3)
+    assert info.value.partial_text == "The answer is"
+    call = only_call()
+    assert (call.outcome, call.finish_reason) == ("truncated", "length")
+
+
+def test_a_stream_cut_by_the_token_limit_raises_at_the_end(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.enqueue(fake.stream("The answer is", finish_reason="length"))
+    stream = make_provider(fake_openai).stream(MESSAGES, ctx=CTX, max_tokens=3)
+    received: list[str] = []
+    with pytest.raises(TruncatedOutputError):
+        for delta in stream:
+            received.append(delta)
+    assert "".join(received) == "The answer is"
+    assert stream.completion is not None and stream.completion.finish_reason == "length"
+    assert (only_call().outcome, only_call().finish_reason) == ("truncated", "length")
+
+
+def test_a_stream_whose_connection_drops_is_truncated(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.enqueue(fake.stream("a much longer answer that never ends", cut_after=3))
+    stream = make_provider(fake_openai).stream(MESSAGES, ctx=CTX)
+    with pytest.raises(TruncatedOutputError):
+        list(stream)
+    assert only_call().outcome == "truncated"
+
+
+def test_stream_opening_is_retried(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.enqueue(fake.error(502), fake.stream("fine"))
+    stream = make_provider(fake_openai).stream(MESSAGES, ctx=CTX)
+    assert "".join(stream) == "fine"
+    assert (only_call().outcome, only_call().retries) == ("ok", 1)
+
+
+def test_tool_calls_non_streamed_and_streamed(fake_openai: FakeOpenAIServer) -> None:
+    tools = [ToolSpec(name="lookup", description="Look up a flight", parameters={"type": "object", "properties": {}})]
+    call = fake.tool_call("lookup", {"code": "LH100"}, call_id="call_a")
+    fake_openai.enqueue(fake.reply("", tool_calls=[call], finish_reason="tool_calls"))
+    fake_openai.enqueue(fake.stream("", tool_calls=[call, {**call, "id": "call_b"}], finish_reason="tool_calls"))
+    provider = make_provider(fake_openai)
+
+    completion = provider.complete(MESSAGES, ctx=CTX, tools=tools)
+    stream = provider.stream(MESSAGES, ctx=CTX, tools=tools)
+    list(stream)
+
+    assert [(c.id, c.name, json.loads(c.arguments)) for c in completion.tool_calls] == [
+        ("call_a", "lookup", {"code": "LH100"})
+    ]
+    assert stream.completion is not None
+    assert [(c.id, json.loads(c.arguments)) for c in stream.completion.tool_calls] == [
+        ("call_a", {"code": "LH100"}),
+        ("call_b", {"code": "LH100"}),
+    ]
+    assert fake_openai.chat_requests()[1].body["tools"] == [tools[0].as_openai()]
+    assert list(LLMCall.objects.values_list("outcome", flat=True)) == ["ok", "ok"]
+
+
+def test_structured_uses_json_schema_and_temperature_zero(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.enqueue(fake.json_reply({"intent": "book", "confidence": 0.8}))
+    route = make_provider(fake_openai).structured(MESSAGES, schema=Route, ctx=CallContext(purpose="route"))
+    assert route == Route(intent="book", confidence=0.8)
+    body = fake_openai.chat_requests()[0].body
+    assert body["temperature"] == 0
+    assert body["response_format"]["type"] == "json_schema"
+    assert body["response_format"]["json_schema"]["schema"] == Route.model_json_schema()
+    assert only_call().outcome == "ok"
+
+
+def test_structured_falls_back_to_json_mode(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.enqueue(fake.json_reply({"intent": "chat", "confidence": 0.1}))
+    provider = make_provider(fake_openai, supports_json_schema=False)
+    assert provider.structured(MESSAGES, schema=Route, ctx=CTX).intent == "chat"
+    body = fake_openai.chat_requests()[0].body
+    assert body["response_format"] == {"type": "json_object"}
+    # JSON mode needs the schema in the prompt: it goes into the first system message.
+    assert body["messages"][0]["role"] == "system" and '"intent"' in body["messages"][0]["content"]
+    assert body["messages"][1:] == MESSAGES[1:]
+
+
+def test_invalid_structured_output_is_repaired_once(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.enqueue(
+        fake.reply('{"intent": "fly", "confidence": 2}'), fake.json_reply({"intent": "book", "confidence": 1})
+    )
+    route = make_provider(fake_openai).structured(MESSAGES, schema=Route, ctx=CallContext(purpose="route"))
+    assert route.intent == "book"
+    repair = fake_openai.chat_requests()[1].messages
+    assert repair[-2] == {"role": "assistant", "content": '{"intent": "fly", "confidence": 2}'}
+    assert "intent" in repair[-1]["content"] and "confidence" in repair[-1]["content"]
+    outcomes = list(LLMCall.objects.order_by("id").values_list("outcome", flat=True))
+    assert outcomes == ["invalid_output", "ok"]
+
+
+def test_invalid_twice_raises_one_typed_error(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.enqueue(fake.reply("Sure! The intent is book."), fake.reply('{"intent": "book"'))
+    with pytest.raises(StructuredOutputError) as info:
+        make_provider(fake_openai).structured(MESSAGES, schema=Route, ctx=CTX)
+    assert info.value.raw == '{"intent": "book"'
+    assert info.value.validation_error
+    calls = list(LLMCall.objects.order_by("id").values_list("outcome", "error"))
+    assert [o for o, _ in calls] == ["invalid_output", "invalid_output"]
+    assert all(e for _, e in calls)
+
+
+def test_the_api_key_is_sent_but_never_stored_or_logged(
+    fake_openai: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = "sk-test-0123456789abcdefSECRET"
+    monkeypatch.setenv("FAKE_LLM_KEY", secret)
+    # A server that echoes the key back in its error message (some gateways do).
+    fake_openai.enqueue(fake.error(401, f"Incorrect API key provided: {secret}"))
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(LLMClientError) as info:
+        make_provider(fake_openai, api_key_env="FAKE_LLM_KEY").complete(MESSAGES, ctx=CTX)
+
+    assert fake_openai.chat_requests()[0].headers["authorization"] == f"Bearer {secret}"
+    assert secret not in str(info.value)
+    call = only_call()
+    assert "401" in call.error and secret not in call.error
+    assert secret not in caplog.text
+
+
+def test_backoff_grows_and_honours_retry_after() -> None:
+    delays = [backoff_delay(n, base=1.0, cap=8.0) for n in range(6)]
+    for attempt, delay in enumerate(delays):
+        ceiling = min(8.0, 2.0**attempt)
+        assert ceiling / 2 <= delay <= ceiling
+    assert backoff_delay(0, base=1.0, cap=8.0, retry_after=4.5) == 4.5
+
+
+def test_parse_retry_after_forms() -> None:
+    assert parse_retry_after({"retry-after": "7"}) == 7.0
+    assert parse_retry_after({"retry-after-ms": "250"}) == 0.25
+    assert parse_retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) == 0.0  # in the past
+    assert parse_retry_after({}) is None
+
+
+def test_the_fake_server_serves_embeddings_for_other_tests(fake_openai: FakeOpenAIServer) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=fake_openai.base_url, api_key="x", max_retries=0)
+    result = client.embeddings.create(model="fake-embedding", input=["alpha", "beta", "alpha"])
+    vectors = [d.embedding for d in result.data]
+    assert len(vectors) == 3 and len(vectors[0]) == 384
+    assert vectors[0] == vectors[2] != vectors[1]

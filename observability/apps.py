@@ -14,6 +14,7 @@ class ObservabilityConfig(AppConfig):
         from celery.signals import task_prerun
         from django.core.signals import request_started
 
+        from observability import tasks  # noqa: F401 - registers the alert task (config.celery lists apps by name)
         from observability.logging import bind_log_context, clear_log_context
 
         # Worker threads and processes are reused: ids bound by one request or task must not

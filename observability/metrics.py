@@ -1,0 +1,157 @@
+"""Prometheus exposition of the death-spiral figures, computed from the database at scrape time.
+
+Reading the database (not in-process counters) keeps the figures right with many web and
+worker processes, and across restarts: every process answers the same numbers.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hmac
+import ipaddress
+from collections.abc import Iterator
+
+from django.conf import settings
+from django.http import HttpRequest
+from django.utils import timezone
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from agents.models import Agent
+from observability.models import Alert
+from observability.selectors import histogram_counts, indicators, metric_totals_by_agent
+
+PROMPT_TOKEN_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+TTFT_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+RECENT_WINDOW = dt.timedelta(minutes=15)
+
+_COUNTERS = {
+    # name: (key in the totals, help)
+    "agent_llm_calls": ("calls", "Model calls recorded (any outcome)."),
+    "agent_llm_calls_retried": ("calls_retried", "Model calls that needed at least one retry."),
+    "agent_llm_retries": ("retries", "Retries across all model calls."),
+    "agent_turns": ("turns", "Turns recorded."),
+    "agent_step_limit_hits": ("step_limit_hits", "Turns that hit the tool-loop step limit."),
+    "agent_context_degradations": ("degradations", "Turns whose prompt had to be degraded to fit."),
+    "agent_fsm_resets": ("resets", "FSM reset checkpoints."),
+    "agent_sessions_failed": ("failures", "Checkpoints that moved a session to FAILED."),
+    "agent_tool_invocations": ("tool_runs", "Tool runs."),
+    "agent_tool_errors": ("tool_errors", "Tool runs that returned TOOL_ERROR."),
+}
+
+
+class DatabaseCollector(Collector):
+    """Counters, histograms and gauges for every agent (label ``agent`` = slug, ``none`` without one)."""
+
+    def collect(self) -> Iterator[Metric]:
+        totals = metric_totals_by_agent()
+        for name, (key, help_text) in _COUNTERS.items():
+            family = CounterMetricFamily(name, help_text, labels=["agent"])
+            for slug, values in sorted(totals.items()):
+                family.add_metric([slug], float(values.get(key, 0)))
+            yield family
+        pending = GaugeMetricFamily("agent_summaries_pending", "Sessions waiting for a summary.", labels=["agent"])
+        for slug, values in sorted(totals.items()):
+            pending.add_metric([slug], float(values.get("summaries_pending", 0)))
+        yield pending
+        yield self._histogram(
+            "agent_llm_prompt_tokens",
+            "Prompt tokens per model call.",
+            field_name="prompt_tokens",
+            bounds=PROMPT_TOKEN_BUCKETS,
+            scale=1.0,
+            totals=totals,
+            count_key="calls",
+            sum_key="prompt_tokens",
+            sum_scale=1.0,
+        )
+        yield self._histogram(
+            "agent_llm_ttft_seconds",
+            "Time to first token per streamed model call.",
+            field_name="ttft_ms",
+            bounds=TTFT_BUCKETS_S,
+            scale=1000.0,
+            totals=totals,
+            count_key="ttft_count",
+            sum_key="ttft_sum_ms",
+            sum_scale=1 / 1000.0,
+        )
+        yield from self._recent()
+        open_alerts = GaugeMetricFamily("agent_alerts_open", "Open alerts per rule.", labels=["rule", "scope"])
+        for alert in Alert.objects.filter(resolved_at__isnull=True).select_related("rule", "agent"):
+            open_alerts.add_metric([alert.rule.name, alert.scope_label], 1.0)
+        yield open_alerts
+
+    @staticmethod
+    def _histogram(
+        name: str,
+        help_text: str,
+        *,
+        field_name: str,
+        bounds: tuple[float, ...],
+        scale: float,
+        totals: dict[str, dict[str, float]],
+        count_key: str,
+        sum_key: str,
+        sum_scale: float,
+    ) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(name, help_text, labels=["agent"])
+        for slug, counts in sorted(histogram_counts(field_name=field_name, bounds=bounds, scale=scale).items()):
+            values = totals.get(slug, {})
+            count = float(values.get(count_key, 0))
+            buckets = [(str(b), float(c)) for b, c in zip(bounds, counts, strict=True)] + [("+Inf", count)]
+            family.add_metric([slug], buckets, float(values.get(sum_key, 0)) * sum_scale)
+        return family
+
+    @staticmethod
+    def _recent() -> Iterator[Metric]:
+        # The windowed figures the alert rules use, so dashboards outside the app can graph them too.
+        end = timezone.now()
+        start = end - RECENT_WINDOW
+        rate = GaugeMetricFamily("agent_llm_retry_rate_15m", "Share of calls retried, last 15 min.", labels=["agent"])
+        tokens = GaugeMetricFamily(
+            "agent_llm_prompt_tokens_mean_15m", "Mean prompt tokens per call, last 15 min.", labels=["agent"]
+        )
+        ttft = GaugeMetricFamily("agent_llm_ttft_p95_seconds_15m", "TTFT p95, last 15 min.", labels=["agent"])
+        scopes: list[tuple[str, int | None]] = [("all", None)]
+        scopes += [(a.slug, a.id) for a in Agent.objects.filter(calls__created_at__gte=start).distinct()]
+        for label, agent_id in scopes:
+            figures = indicators(start=start, end=end, agent_id=agent_id)
+            if figures.retry_rate is not None:
+                rate.add_metric([label], figures.retry_rate)
+            if figures.prompt_tokens_mean is not None:
+                tokens.add_metric([label], float(figures.prompt_tokens_mean))
+            if figures.ttft_p95_ms is not None:
+                ttft.add_metric([label], figures.ttft_p95_ms / 1000.0)
+        yield rate
+        yield tokens
+        yield ttft
+
+
+def metrics_exposition() -> bytes:
+    """The Prometheus text format for the current database figures."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DatabaseCollector())
+    return generate_latest(registry)
+
+
+def metrics_access_allowed(request: HttpRequest) -> bool:
+    """Whether this request may read /metrics.
+
+    A matching ``Authorization: Bearer <METRICS_TOKEN>`` always may. Without it: loopback and
+    private addresses when ``METRICS_ALLOW_INTERNAL`` is on; loopback only when no token is set.
+    The client address is ``REMOTE_ADDR``: forwarded headers are not trusted here.
+    """
+    token = settings.METRICS_TOKEN
+    header = request.headers.get("Authorization", "")
+    if token and header.startswith("Bearer "):
+        if hmac.compare_digest(header.removeprefix("Bearer ").strip().encode(), token.encode()):
+            return True
+    try:
+        address = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
+    except ValueError:
+        return False
+    if settings.METRICS_ALLOW_INTERNAL:
+        return address.is_loopback or address.is_private
+    return not token and address.is_loopback

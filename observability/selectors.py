@@ -1,0 +1,602 @@
+"""The death-spiral indicators, read from the records every call, checkpoint and turn leaves.
+
+Sources: ``agents.LLMCall`` (retries, prompt tokens, time to first token), ``agents.ToolInvocation``
+(tool errors), ``chat_sessions.Checkpoint`` (resets, FAILED), ``chat_sessions.Turn`` (step-limit hits,
+context degradations) and ``chat_sessions.ChatSession`` (summaries pending). Every figure is
+available overall or for one agent (``agent_id``), for a window or as a time series.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from django.db.models import Aggregate, Avg, Count, DateTimeField, DurationField, F, FloatField, Func, Q, Sum, Value
+from django.db.models.functions import Coalesce
+
+from agents.models import Agent, LLMCall, ToolInvocation
+from observability.models import Alert, AlertRule
+from sessions.models import ChatSession, Checkpoint, Turn
+
+
+class Percentile(Aggregate):
+    """PostgreSQL ``percentile_cont(p) WITHIN GROUP (ORDER BY expr)``; NULLs are ignored."""
+
+    function = "percentile_cont"
+    name = "Percentile"
+    template = "%(function)s(%(percentile)s) WITHIN GROUP (ORDER BY %(expressions)s)"
+    output_field = FloatField()
+
+    def __init__(self, expression: Any, *, percentile: float, **extra: Any) -> None:
+        # Note: the percentile is our own float, interpolated into SQL; never pass user input here.
+        super().__init__(expression, percentile=float(percentile), **extra)
+
+
+# A turn whose prompt had to be degraded (sections cut, turns or memories dropped) to fit the budget.
+DEGRADED = (
+    Q(composition__has_key="degradations") & ~Q(composition__degradations=[]) & ~Q(composition__degradations=None)
+)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The indicators over one window (or one time bucket)."""
+
+    calls: int = 0
+    calls_retried: int = 0
+    retries: int = 0
+    prompt_tokens_mean: float | None = None
+    prompt_tokens_p95: float | None = None
+    ttft_samples: int = 0
+    ttft_p50_ms: float | None = None
+    ttft_p95_ms: float | None = None
+    turns: int = 0
+    step_limit_hits: int = 0
+    degradations: int = 0
+    resets: int = 0
+    failures: int = 0
+    tool_runs: int = 0
+    tool_errors: int = 0
+
+    @property
+    def retry_rate(self) -> float | None:
+        """Share of calls that needed at least one retry."""
+        return self.calls_retried / self.calls if self.calls else None
+
+    @property
+    def retries_per_call(self) -> float | None:
+        return self.retries / self.calls if self.calls else None
+
+    @property
+    def tool_error_rate(self) -> float | None:
+        return self.tool_errors / self.tool_runs if self.tool_runs else None
+
+
+@dataclass(frozen=True)
+class SeriesPoint:
+    start: dt.datetime
+    figures: Figures
+
+
+def _call_aggregates() -> dict[str, Any]:
+    return {
+        "calls": Count("id"),
+        "calls_retried": Count("id", filter=Q(retries__gt=0)),
+        "retries": Coalesce(Sum("retries"), 0),
+        "prompt_tokens_mean": Avg("prompt_tokens"),
+        "prompt_tokens_p95": Percentile("prompt_tokens", percentile=0.95),
+        "ttft_samples": Count("ttft_ms"),
+        "ttft_p50_ms": Percentile("ttft_ms", percentile=0.5),
+        "ttft_p95_ms": Percentile("ttft_ms", percentile=0.95),
+    }
+
+
+def _turn_aggregates() -> dict[str, Any]:
+    return {
+        "turns": Count("id"),
+        "step_limit_hits": Count("id", filter=Q(step_limit_hit=True)),
+        "degradations": Count("id", filter=DEGRADED),
+    }
+
+
+def _checkpoint_aggregates() -> dict[str, Any]:
+    return {
+        "resets": Count("id", filter=Q(reason=Checkpoint.Reason.RESET)),
+        "failures": Count("id", filter=Q(reason=Checkpoint.Reason.FAILED)),
+    }
+
+
+def _tool_aggregates() -> dict[str, Any]:
+    return {"tool_runs": Count("id"), "tool_errors": Count("id", filter=Q(ok=False))}
+
+
+def _sources(*, start: dt.datetime, end: dt.datetime, agent_id: int | None) -> list[tuple[Any, dict[str, Any]]]:
+    # Each source model with its aggregates, filtered to the window and (optionally) one agent.
+    calls = LLMCall.objects.filter(created_at__gte=start, created_at__lt=end)
+    turns = Turn.objects.filter(created_at__gte=start, created_at__lt=end)
+    checkpoints = Checkpoint.objects.filter(
+        created_at__gte=start, created_at__lt=end, reason__in=[Checkpoint.Reason.RESET, Checkpoint.Reason.FAILED]
+    )
+    tools = ToolInvocation.objects.filter(created_at__gte=start, created_at__lt=end)
+    if agent_id is not None:
+        calls = calls.filter(agent_id=agent_id)
+        turns = turns.filter(session__agent_id=agent_id)
+        checkpoints = checkpoints.filter(session__agent_id=agent_id)
+        tools = tools.filter(session__agent_id=agent_id)
+    return [
+        (calls, _call_aggregates()),
+        (turns, _turn_aggregates()),
+        (checkpoints, _checkpoint_aggregates()),
+        (tools, _tool_aggregates()),
+    ]
+
+
+def indicators(*, start: dt.datetime, end: dt.datetime, agent_id: int | None = None) -> Figures:
+    """All indicators over ``[start, end)``, overall or for one agent."""
+    values: dict[str, Any] = {}
+    for queryset, aggregates in _sources(start=start, end=end, agent_id=agent_id):
+        values.update(queryset.aggregate(**aggregates))
+    return Figures(**{k: v for k, v in values.items() if v is not None})
+
+
+def indicator_series(
+    *, start: dt.datetime, end: dt.datetime, bucket: dt.timedelta, agent_id: int | None = None
+) -> list[SeriesPoint]:
+    """The indicators per time bucket from ``start`` to ``end``; empty buckets are included (zero counts)."""
+    binned = Func(
+        Value(bucket, output_field=DurationField()),
+        F("created_at"),
+        Value(start, output_field=DateTimeField()),
+        function="date_bin",
+        output_field=DateTimeField(),
+    )
+    by_bucket: dict[dt.datetime, dict[str, Any]] = {}
+    for queryset, aggregates in _sources(start=start, end=end, agent_id=agent_id):
+        rows = queryset.order_by().annotate(bucket=binned).values("bucket").annotate(**aggregates)
+        for row in rows:
+            by_bucket.setdefault(row.pop("bucket"), {}).update({k: v for k, v in row.items() if v is not None})
+    points = []
+    moment = start
+    while moment < end:
+        points.append(SeriesPoint(start=moment, figures=Figures(**by_bucket.get(moment, {}))))
+        moment += bucket
+    return points
+
+
+def least_squares_slope(points: Sequence[tuple[float, float]]) -> float | None:
+    """Slope of the least-squares line through ``(x, y)`` points; ``None`` with fewer than two distinct x."""
+    n = len(points)
+    if n < 2:
+        return None
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    var_x = sum((x - mean_x) ** 2 for x, _ in points)
+    if var_x == 0:
+        return None
+    return sum((x - mean_x) * (y - mean_y) for x, y in points) / var_x
+
+
+def relative_change(*, current: float | None, previous: float | None) -> float | None:
+    """``current / previous - 1`` (0.3 = up 30 %); ``None`` when either is missing or ``previous`` is 0."""
+    if current is None or previous is None or previous == 0:
+        return None
+    return current / previous - 1
+
+
+@dataclass(frozen=True)
+class Trend:
+    """Where a figure is heading: last window against the one before, and the slope over the buckets."""
+
+    current: float | None
+    previous: float | None
+    change: float | None
+    slope_per_hour: float | None
+
+    @property
+    def rising(self) -> bool:
+        return (self.change or 0) > 0 and (self.slope_per_hour or 0) > 0
+
+
+def series_trend(points: Sequence[SeriesPoint], attribute: str) -> float | None:
+    """Least-squares slope per hour of one figure over the buckets that have a value."""
+    if not points:
+        return None
+    origin = points[0].start
+    xy = [
+        ((p.start - origin).total_seconds() / 3600, float(v))
+        for p in points
+        if (v := getattr(p.figures, attribute)) is not None
+    ]
+    return least_squares_slope(xy)
+
+
+def figure_trend(
+    *, attribute: str, now: dt.datetime, window: dt.timedelta, agent_id: int | None = None, buckets: int = 12
+) -> Trend:
+    """One figure (e.g. ``prompt_tokens_mean``, ``ttft_p95_ms``) now against the window before, and its slope."""
+    current = getattr(indicators(start=now - window, end=now, agent_id=agent_id), attribute)
+    previous = getattr(indicators(start=now - 2 * window, end=now - window, agent_id=agent_id), attribute)
+    series = indicator_series(start=now - 2 * window, end=now, bucket=2 * window / buckets, agent_id=agent_id)
+    return Trend(
+        current=current,
+        previous=previous,
+        change=relative_change(current=current, previous=previous),
+        slope_per_hour=series_trend(series, attribute),
+    )
+
+
+def summaries_pending(*, agent_id: int | None = None) -> int:
+    """Sessions whose requested summary has not been written yet (a growing number: the worker is behind)."""
+    sessions = ChatSession.objects.filter(summary_requested_seq__gt=F("summary_through_seq"))
+    if agent_id is not None:
+        sessions = sessions.filter(agent_id=agent_id)
+    return sessions.count()
+
+
+def agents_active(*, start: dt.datetime, end: dt.datetime) -> list[Agent]:
+    """Agents with at least one model call or turn in the window."""
+    called = LLMCall.objects.filter(created_at__gte=start, created_at__lt=end, agent__isnull=False).values("agent_id")
+    turned = Turn.objects.filter(created_at__gte=start, created_at__lt=end).values("session__agent_id")
+    return list(Agent.objects.filter(Q(id__in=called) | Q(id__in=turned)).order_by("name"))
+
+
+# --- Alert rule metrics --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MetricReading:
+    """A rule's metric for one scope; ``value`` is ``None`` when the window holds too few samples."""
+
+    value: float | None
+    samples: int
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def alert_metric_reading(
+    *, rule: AlertRule, now: dt.datetime, agent_id: int | None = None, min_samples: int | None = None
+) -> MetricReading:
+    """The value of ``rule.metric`` over the rule's window ending at ``now``, overall or for one agent."""
+    window = dt.timedelta(minutes=rule.window_minutes)
+    needed = max(1, rule.min_samples if min_samples is None else min_samples)
+    metric = AlertRule.Metric(rule.metric)
+    if metric is AlertRule.Metric.SUMMARIES_PENDING:
+        pending = summaries_pending(agent_id=agent_id)
+        return MetricReading(value=float(pending), samples=pending)
+    figures = indicators(start=now - window, end=now, agent_id=agent_id)
+    window_details = {"window_start": (now - window).isoformat(), "window_end": now.isoformat()}
+    if metric is AlertRule.Metric.TOKENS_GROWTH:
+        before = indicators(start=now - 2 * window, end=now - window, agent_id=agent_id)
+        samples = min(figures.calls, before.calls)
+        details = {
+            **window_details,
+            "tokens_per_call": figures.prompt_tokens_mean,
+            "tokens_per_call_before": before.prompt_tokens_mean,
+            "calls": figures.calls,
+            "calls_before": before.calls,
+        }
+        value = relative_change(current=figures.prompt_tokens_mean, previous=before.prompt_tokens_mean)
+        return MetricReading(value=value if samples >= needed else None, samples=samples, details=details)
+    rates: dict[AlertRule.Metric, tuple[float | None, int, dict[str, Any]]] = {
+        AlertRule.Metric.RETRY_RATE: (
+            figures.retry_rate,
+            figures.calls,
+            {"calls": figures.calls, "calls_retried": figures.calls_retried, "retries": figures.retries},
+        ),
+        AlertRule.Metric.RETRIES_PER_CALL: (
+            figures.retries_per_call,
+            figures.calls,
+            {"calls": figures.calls, "retries": figures.retries},
+        ),
+        AlertRule.Metric.TTFT_P95: (
+            figures.ttft_p95_ms,
+            figures.ttft_samples,
+            {"ttft_p50_ms": figures.ttft_p50_ms, "ttft_samples": figures.ttft_samples},
+        ),
+        AlertRule.Metric.TOOL_ERROR_RATE: (
+            figures.tool_error_rate,
+            figures.tool_runs,
+            {"tool_runs": figures.tool_runs, "tool_errors": figures.tool_errors},
+        ),
+    }
+    if metric in rates:
+        value, samples, details = rates[metric]
+        return MetricReading(
+            value=value if samples >= needed else None, samples=samples, details={**window_details, **details}
+        )
+    counts = {
+        AlertRule.Metric.FSM_RESETS: figures.resets,
+        AlertRule.Metric.FAILED_SESSIONS: figures.failures,
+        AlertRule.Metric.STEP_LIMIT_HITS: figures.step_limit_hits,
+        AlertRule.Metric.DEGRADATIONS: figures.degradations,
+    }
+    count = counts[metric]
+    return MetricReading(value=float(count), samples=count, details=window_details)
+
+
+def alerts_open() -> list[Alert]:
+    """Open alerts, newest first."""
+    return list(Alert.objects.filter(resolved_at__isnull=True).select_related("rule", "agent").order_by("-fired_at"))
+
+
+def alerts_recent(*, limit: int = 20) -> list[Alert]:
+    """The latest alerts, open or resolved."""
+    return list(Alert.objects.select_related("rule", "agent").order_by("-fired_at")[:limit])
+
+
+# --- One session's health ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TurnHealth:
+    seq: int
+    turn_id: int
+    created_at: dt.datetime
+    prompt_tokens: int
+    calls: int
+    retries: int
+    steps: int
+    step_limit_hit: bool
+    degraded: bool
+    tool_errors: int
+    state_before: str
+    state_after: str
+    status: str
+
+
+@dataclass(frozen=True)
+class SessionHealth:
+    """Is this session spiralling? The per-turn figures and the signals read from them."""
+
+    session: ChatSession
+    turns: list[TurnHealth]
+    tokens_growth: float | None
+    tokens_slope_per_turn: float | None
+    retries: int
+    calls: int
+    resets: int
+    failures: int
+    retry_checkpoints: int
+    invalid_transitions: int
+    state_revisits: int
+    state_path: list[str]
+    step_limit_hits: int
+    tool_errors: int
+    signals: list[str]
+
+    @property
+    def verdict(self) -> str:
+        if len(self.signals) >= 2:
+            return "spiralling"
+        return "at risk" if self.signals else "healthy"
+
+
+def _state_revisits(path: Sequence[str]) -> int:
+    # A state entered again after the session had left it (A→B→A): the FSM going round in circles.
+    seen: set[str] = set()
+    revisits = 0
+    previous = None
+    for state in path:
+        if state != previous:
+            if state in seen:
+                revisits += 1
+            seen.add(state)
+        previous = state
+    return revisits
+
+
+def session_health(*, session: ChatSession, recent_turns: int = 30) -> SessionHealth:
+    """Per-turn tokens, retries and states of one session, and the death-spiral signals among them.
+
+    Signals: prompt tokens per turn up 30 % from the first third of the recent turns to the last
+    third; a fifth of calls retried; any reset or FAILED checkpoint; the FSM re-entering states
+    (two or more revisits); a step-limit hit; tool errors in a quarter of the turns.
+    """
+    turns = list(
+        Turn.objects.filter(session=session)
+        .order_by("-seq")
+        .annotate(
+            call_count=Count("llm_calls", distinct=True),
+            call_tokens=Coalesce(Sum("llm_calls__prompt_tokens"), 0),
+            call_retries=Coalesce(Sum("llm_calls__retries"), 0),
+        )[:recent_turns]
+    )
+    turns.reverse()
+    tool_errors_by_turn = dict(
+        ToolInvocation.objects.filter(session=session, ok=False)
+        .order_by()
+        .values("turn_id")
+        .annotate(n=Count("id"))
+        .values_list("turn_id", "n")
+    )
+    rows = []
+    for turn in turns:
+        rows.append(
+            TurnHealth(
+                seq=turn.seq,
+                turn_id=turn.id,
+                created_at=turn.created_at,
+                prompt_tokens=turn.prompt_tokens or int(turn.call_tokens),
+                calls=int(turn.call_count),
+                retries=int(turn.call_retries),
+                steps=turn.steps,
+                step_limit_hit=turn.step_limit_hit,
+                degraded=bool((turn.composition or {}).get("degradations")),
+                tool_errors=int(tool_errors_by_turn.get(turn.id, 0)),
+                state_before=turn.state_before,
+                state_after=turn.state_after,
+                status=turn.status,
+            )
+        )
+    call_totals = LLMCall.objects.filter(session=session).aggregate(
+        calls=Count("id"), retried=Count("id", filter=Q(retries__gt=0)), retries=Coalesce(Sum("retries"), 0)
+    )
+    reasons = dict(
+        Checkpoint.objects.filter(session=session)
+        .order_by()
+        .values("reason")
+        .annotate(n=Count("id"))
+        .values_list("reason", "n")
+    )
+    path = list(
+        Checkpoint.objects.filter(
+            session=session,
+            reason__in=[Checkpoint.Reason.TRANSITION, Checkpoint.Reason.RESET, Checkpoint.Reason.RESUME],
+        )
+        .order_by("seq")
+        .values_list("state", flat=True)
+    )
+    tokens = [r.prompt_tokens for r in rows if r.prompt_tokens]
+    growth = None
+    if len(tokens) >= 3:
+        third = max(1, len(tokens) // 3)
+        growth = relative_change(
+            current=sum(tokens[-third:]) / third,
+            previous=sum(tokens[:third]) / third,
+        )
+    slope = least_squares_slope([(float(r.seq), float(r.prompt_tokens)) for r in rows if r.prompt_tokens])
+    health = SessionHealth(
+        session=session,
+        turns=rows,
+        tokens_growth=growth,
+        tokens_slope_per_turn=slope,
+        retries=int(call_totals["retries"]),
+        calls=int(call_totals["calls"]),
+        resets=int(reasons.get(Checkpoint.Reason.RESET, 0)),
+        failures=int(reasons.get(Checkpoint.Reason.FAILED, 0)),
+        retry_checkpoints=int(reasons.get(Checkpoint.Reason.RETRY, 0)),
+        invalid_transitions=int(reasons.get(Checkpoint.Reason.INVALID_TRANSITION, 0)),
+        state_revisits=_state_revisits(path),
+        state_path=path,
+        step_limit_hits=sum(1 for r in rows if r.step_limit_hit),
+        tool_errors=sum(r.tool_errors for r in rows),
+        signals=[],
+    )
+    return replace(health, signals=_signals(health, retried=int(call_totals["retried"]), turns=len(rows)))
+
+
+def _signals(health: SessionHealth, *, retried: int, turns: int) -> list[str]:
+    signals = []
+    if health.tokens_growth is not None and health.tokens_growth > 0.3 and (health.tokens_slope_per_turn or 0) > 0:
+        signals.append(f"prompt tokens per turn up {health.tokens_growth:.0%} across recent turns")
+    if health.calls and retried / health.calls >= 0.2:
+        signals.append(f"{retried} of {health.calls} model calls needed retries ({health.retries} retries)")
+    if health.resets:
+        signals.append(f"{health.resets} FSM reset(s)")
+    if health.failures or health.session.status == ChatSession.Status.FAILED:
+        signals.append("session moved to FAILED")
+    if health.state_revisits >= 2:
+        signals.append(f"workflow re-entered earlier states {health.state_revisits} times")
+    if health.step_limit_hits:
+        signals.append(f"{health.step_limit_hits} turn(s) hit the step limit")
+    if turns and health.tool_errors and health.tool_errors / turns >= 0.25:
+        signals.append(f"{health.tool_errors} tool error(s) in {turns} turns")
+    return signals
+
+
+def sessions_at_risk(*, start: dt.datetime, end: dt.datetime, limit: int = 10) -> list[dict[str, Any]]:
+    """Sessions with the most resets, FAILED moves, retried calls and step-limit hits in the window."""
+    sessions = (
+        ChatSession.objects.annotate(
+            w_resets=Count(
+                "checkpoints",
+                filter=Q(
+                    checkpoints__reason__in=[Checkpoint.Reason.RESET, Checkpoint.Reason.FAILED],
+                    checkpoints__created_at__gte=start,
+                    checkpoints__created_at__lt=end,
+                ),
+                distinct=True,
+            ),
+            w_retried=Count(
+                "llm_calls",
+                filter=Q(llm_calls__retries__gt=0, llm_calls__created_at__gte=start, llm_calls__created_at__lt=end),
+                distinct=True,
+            ),
+            w_limits=Count(
+                "turns",
+                filter=Q(turns__step_limit_hit=True, turns__created_at__gte=start, turns__created_at__lt=end),
+                distinct=True,
+            ),
+        )
+        .annotate(score=F("w_resets") * 3 + F("w_retried") + F("w_limits") * 2)
+        .filter(score__gt=0)
+        .select_related("agent", "user")
+        .order_by("-score", "-updated_at")[:limit]
+    )
+    return [
+        {
+            "session": s,
+            "resets": s.w_resets,
+            "retried_calls": s.w_retried,
+            "step_limit_hits": s.w_limits,
+            "score": s.score,
+        }
+        for s in sessions
+    ]
+
+
+def metric_totals_by_agent() -> dict[str, dict[str, Any]]:
+    """All-time counts per agent slug ("none" for calls without an agent), for the /metrics exporter."""
+    slugs = dict(Agent.objects.values_list("id", "slug"))
+    totals: dict[str, dict[str, Any]] = {}
+
+    def add(agent_id: int | None, values: dict[str, Any]) -> None:
+        slug = slugs.get(agent_id, "none") if agent_id is not None else "none"
+        bucket = totals.setdefault(slug, {})
+        for key, value in values.items():
+            bucket[key] = bucket.get(key, 0) + (value or 0)
+
+    for row in (
+        LLMCall.objects.order_by()
+        .values("agent_id")
+        .annotate(
+            calls=Count("id"),
+            calls_retried=Count("id", filter=Q(retries__gt=0)),
+            retries=Coalesce(Sum("retries"), 0),
+            prompt_tokens=Coalesce(Sum("prompt_tokens"), 0),
+            ttft_count=Count("ttft_ms"),
+            ttft_sum_ms=Coalesce(Sum("ttft_ms"), 0.0),
+        )
+    ):
+        add(row.pop("agent_id"), row)
+    for row in Turn.objects.order_by().values("session__agent_id").annotate(**_turn_aggregates()):
+        add(row.pop("session__agent_id"), row)
+    for row in Checkpoint.objects.order_by().values("session__agent_id").annotate(**_checkpoint_aggregates()):
+        add(row.pop("session__agent_id"), row)
+    for row in ToolInvocation.objects.order_by().values("session__agent_id").annotate(**_tool_aggregates()):
+        add(row.pop("session__agent_id"), row)
+    for row in (
+        ChatSession.objects.filter(summary_requested_seq__gt=F("summary_through_seq"))
+        .order_by()
+        .values("agent_id")
+        .annotate(summaries_pending=Count("id"))
+    ):
+        add(row.pop("agent_id"), row)
+    return totals
+
+
+def histogram_counts(*, field_name: str, bounds: Sequence[float], scale: float = 1.0) -> dict[str, list[int]]:
+    """Cumulative counts of ``LLMCall.<field_name>`` at or below each bound (bounds in units of ``scale``), per agent slug."""
+    slugs = dict(Agent.objects.values_list("id", "slug"))
+    aggregates = {f"le_{i}": Count("id", filter=Q(**{f"{field_name}__lte": b * scale})) for i, b in enumerate(bounds)}
+    result: dict[str, list[int]] = {}
+    for row in (
+        LLMCall.objects.filter(**{f"{field_name}__isnull": False}).order_by().values("agent_id").annotate(**aggregates)
+    ):
+        agent_id = row.pop("agent_id")
+        slug = slugs.get(agent_id, "none") if agent_id is not None else "none"
+        counts = [int(row[f"le_{i}"]) for i in range(len(bounds))]
+        previous = result.get(slug)
+        result[slug] = [a + b for a, b in zip(previous, counts, strict=True)] if previous else counts
+    return result
+
+
+def window_choices() -> dict[str, tuple[dt.timedelta, dt.timedelta]]:
+    """Dashboard windows and their bucket sizes."""
+    return {
+        "1h": (dt.timedelta(hours=1), dt.timedelta(minutes=5)),
+        "6h": (dt.timedelta(hours=6), dt.timedelta(minutes=15)),
+        "24h": (dt.timedelta(hours=24), dt.timedelta(hours=1)),
+        "7d": (dt.timedelta(days=7), dt.timedelta(hours=6)),
+    }

@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+from celery import shared_task
+
+from observability.services import alerts_evaluate
+
+
+@shared_task(
+    name="observability.tasks.evaluate_alerts",
+    ignore_result=True,
+    autoretry_for=(ConnectionError,),
+    retry_backoff=True,
+    retry_backoff_max=60,
+    max_retries=3,
+    soft_time_limit=45,
+    time_limit=55,
+    # A late run is superseded by the next minute's: do not pile up evaluations behind a slow worker.
+    expires=55,
+)
+def evaluate_alerts() -> None:
+    # Idempotent: open alerts are unique per rule and scope, so a duplicate run fires nothing new.
+    alerts_evaluate()

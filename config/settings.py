@@ -192,6 +192,11 @@ LLM_MODEL = env_str("LLM_MODEL")
 LLM_CONNECT_TIMEOUT = env_float("LLM_CONNECT_TIMEOUT", 5.0, minimum=0.1)
 LLM_READ_TIMEOUT = env_float("LLM_READ_TIMEOUT", 60.0, minimum=0.1)
 LLM_MAX_RETRIES = env_int("LLM_MAX_RETRIES", 3, minimum=0, maximum=10)
+# Backoff between retries of 429/5xx/timeouts: base * 2**attempt seconds (capped, with jitter). A server's
+# Retry-After is honoured, but one longer than LLM_MAX_RETRY_AFTER fails the call instead of holding a thread.
+LLM_RETRY_BASE_DELAY = env_float("LLM_RETRY_BASE_DELAY", 0.5, minimum=0.0)
+LLM_RETRY_MAX_DELAY = env_float("LLM_RETRY_MAX_DELAY", 8.0, minimum=0.0)
+LLM_MAX_RETRY_AFTER = env_float("LLM_MAX_RETRY_AFTER", 30.0, minimum=0.0)
 LLM_SUPPORTS_JSON_SCHEMA = env_bool("LLM_SUPPORTS_JSON_SCHEMA", True)
 LLM_CONTEXT_WINDOW = env_int("LLM_CONTEXT_WINDOW", 8192, minimum=512)
 # A cheaper model on the same endpoint for relevance filtering and fact extraction ("" = LLM_MODEL).

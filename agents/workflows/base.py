@@ -1,0 +1,378 @@
+"""Workflows as finite-state machines declared in code.
+
+A ``Workflow`` names its states, the transitions allowed between them, the slots it collects (a
+pydantic model whose fields are all optional) and, per state, what the agent must do now (the resume
+instruction). The model never changes state by writing prose: each turn it returns an instance of
+``decision_schema`` (``next_state``, ``slots``, ``confidence``, ``reasoning``), and ``Workflow.step``
+decides, without touching the database, whether that decision may be applied.
+
+``sessions.services.transition_apply`` persists what ``step`` decided.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import date
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+# The retry counter may reach this many failed turns; one more and the session moves to the failed state.
+MAX_RETRIES = 3
+
+
+class WorkflowDecision(BaseModel):
+    """What the model returns each turn. Workflows subclass it with a ``Literal`` of their states."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    next_state: str = Field(description="The workflow state to be in after this user message.")
+    slots: BaseModel = Field(description="Slot values stated by the user in this message; null when not given.")
+    confidence: float = Field(default=1.0, ge=0.0, le=1.0, description="How sure you are, 0 to 1.")
+    reasoning: str = Field(default="", max_length=1000, description="One short sentence: why this state.")
+
+    @field_validator("slots", mode="before")
+    @classmethod
+    def _null_slots_mean_none_given(cls, value: Any) -> Any:
+        # Models often send "slots": null when nothing was said; that is "no update", not an error.
+        return {} if value is None else value
+
+
+class UnknownWorkflowError(KeyError):
+    """An agent refers to a workflow name that no module registered."""
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One state: what to do in it, which slots it asks for, and which slots must be known to enter it."""
+
+    name: str
+    instruction: str
+    # Slots this state asks for; the state is "done" when all of them are known.
+    collects: tuple[str, ...] = ()
+    # Slots this state also accepts but does not insist on (a return date while asking for dates).
+    accepts: tuple[str, ...] = ()
+    # Slots that must be known before the state may be entered (checked against the merged data).
+    requires: tuple[str, ...] = ()
+    question: str = ""
+    # The question when the slot is already known and the user went back to change it.
+    change_question: str = ""
+    # Non-gathering states that still ask the next missing slot's question (the initial state).
+    asks_next_missing: bool = False
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What ``Workflow.step`` decided: the state and data after the decision, and why anything was refused."""
+
+    applied: bool
+    from_state: str
+    to_state: str
+    data: dict[str, Any]
+    errors: list[str] = field(default_factory=list)
+    slot_errors: list[str] = field(default_factory=list)
+
+    @property
+    def changed_state(self) -> bool:
+        return self.applied and self.to_state != self.from_state
+
+
+class Workflow:
+    """A finite-state machine an agent follows. Instances are registered by name in ``agents.workflows``."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        title: str,
+        initial_state: str,
+        specs: list[StateSpec],
+        transitions: Mapping[str, frozenset[str]],
+        terminal_states: frozenset[str],
+        failed_state: str | None,
+        slots_model: type[BaseModel],
+        decision_schema: type[WorkflowDecision],
+        complete_state: str | None = None,
+        action_states: Mapping[str, str] | None = None,
+        action_outcomes: Mapping[str, tuple[str, str]] | None = None,
+        slot_labels: Mapping[str, str] | None = None,
+        describe: Callable[[Mapping[str, Any]], dict[str, str]] | None = None,
+    ) -> None:
+        self.name = name
+        self.title = title
+        self.initial_state = initial_state
+        self.specs: dict[str, StateSpec] = {spec.name: spec for spec in specs}
+        self.states: tuple[str, ...] = tuple(spec.name for spec in specs)
+        self.transitions: Mapping[str, frozenset[str]] = transitions
+        self.terminal_states = terminal_states
+        self.failed_state = failed_state
+        self.slots_model = slots_model
+        self.decision_schema = decision_schema
+        # Where the flow goes once every gathering state is done (the confirmation step).
+        self.complete_state = complete_state
+        self.action_states: Mapping[str, str] = action_states or {}
+        self.action_outcomes: Mapping[str, tuple[str, str]] = action_outcomes or {}
+        self.slot_labels: Mapping[str, str] = slot_labels or {}
+        # Extra fields the instructions may use, computed from the data (a one-line trip summary).
+        self.describe = describe
+        self._check_definition()
+
+    def __repr__(self) -> str:
+        return f"<Workflow {self.name}>"
+
+    def _check_definition(self) -> None:
+        # A typo in a transition table would otherwise surface as a mysteriously rejected turn.
+        known = set(self.states)
+        problems = [s for s in (self.initial_state, self.failed_state, self.complete_state) if s and s not in known]
+        for source, targets in self.transitions.items():
+            problems += [s for s in {source, *targets} if s not in known]
+        for spec in self.specs.values():
+            problems += [
+                f"slot {s}" for s in (*spec.collects, *spec.accepts, *spec.requires) if s not in self.slot_names
+            ]
+        if problems:
+            raise ValueError(f"workflow {self.name}: unknown names {sorted(set(problems))}")
+
+    # --- the machine --------------------------------------------------------------------------
+    @property
+    def slot_names(self) -> tuple[str, ...]:
+        return tuple(self.slots_model.model_fields)
+
+    @property
+    def gathering_states(self) -> tuple[str, ...]:
+        return tuple(s for s in self.states if self.specs[s].collects)
+
+    @property
+    def is_free_chat(self) -> bool:
+        """True for workflows with nothing to decide (one state, no slots): no structured call per turn."""
+        return len(self.states) == 1 and not self.slot_names
+
+    def decides_in(self, state: str) -> bool:
+        """True when a turn in ``state`` may move the machine (it has outgoing transitions or slots to fill).
+
+        Terminal states can still have ways out (FAILED → resume or start over, COMPLETED → a new trip).
+        """
+        return bool(self.transitions.get(state)) or bool(self.specs[state].collects if state in self.specs else ())
+
+    def can_transition(self, a: str, b: str) -> bool:
+        """True when the table allows ``a -> b``. Staying in a known state is always allowed."""
+        if a not in self.specs or b not in self.specs:
+            return False
+        return a == b or b in self.transitions.get(a, frozenset())
+
+    def missing_for(self, state: str, data: Mapping[str, Any]) -> list[str]:
+        """Slots that must be known before ``state`` may be entered but are not in ``data``."""
+        return [slot for slot in self.specs[state].requires if data.get(slot) in (None, "")]
+
+    def first_missing_state(self, data: Mapping[str, Any]) -> str:
+        """The first gathering state whose slots are not all known, else the completion state."""
+        for state in self.gathering_states:
+            if any(data.get(slot) in (None, "") for slot in self.specs[state].collects):
+                return state
+        return self.complete_state or self.initial_state
+
+    def clears_data_on_entry(self, from_state: str, to_state: str) -> bool:
+        # Entering the initial state from elsewhere is "start over": the old data stays in the checkpoint log.
+        return to_state == self.initial_state and from_state != self.initial_state
+
+    # --- slots -----------------------------------------------------------------------------------
+    def merge_slots(
+        self, data: Mapping[str, Any], update: BaseModel | Mapping[str, Any] | None, *, today: date | None = None
+    ) -> tuple[dict[str, Any], list[str]]:
+        """Merge ``update`` into ``data``: every valid value is kept, every invalid one reported and dropped.
+
+        Never removes a key of ``data``. Values are stored in JSON form (dates as ISO strings). Each new
+        value is validated on its own by ``slots_model`` (types, ranges, "not in the past"), then against
+        the data it joins (cross-field rules such as return date after departure).
+        """
+        if update is None:
+            raw: dict[str, Any] = {}
+        elif isinstance(update, BaseModel):
+            raw = update.model_dump(exclude_none=True)
+        else:
+            raw = {k: v for k, v in update.items() if v is not None}
+        merged = {k: v for k, v in data.items()}
+        errors: list[str] = []
+        fresh: dict[str, Any] = {}
+        context = {"today": today, "check_past": True}
+        for name, value in raw.items():
+            if name not in self.slots_model.model_fields:
+                errors.append(f"{name}: not a slot of {self.name}")
+                continue
+            try:
+                single = self.slots_model.model_validate({name: value}, context=context)
+            except ValidationError as exc:
+                errors.append(_first_error(name, exc))
+                continue
+            fresh[name] = single.model_dump(mode="json")[name]
+        together = {**merged, **fresh}
+        if self._consistent(together, today=today):
+            return together, errors
+        # Some new value clashes with the data (or with another new value): admit them one by one.
+        for name, value in fresh.items():
+            candidate = {**merged, name: value}
+            try:
+                self.slots_model.model_validate(self._known(candidate), context={"today": today, "check_past": False})
+            except ValidationError as exc:
+                errors.append(_first_error(name, exc))
+                continue
+            merged = candidate
+        return merged, errors
+
+    def _consistent(self, data: Mapping[str, Any], *, today: date | None) -> bool:
+        try:
+            self.slots_model.model_validate(self._known(data), context={"today": today, "check_past": False})
+        except ValidationError:
+            return False
+        return True
+
+    def _known(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in data.items() if k in self.slots_model.model_fields}
+
+    def step(
+        self, *, state: str, data: Mapping[str, Any], decision: WorkflowDecision, today: date | None = None
+    ) -> StepResult:
+        """Decide whether ``decision`` may be applied in ``state`` with ``data``; pure, no database.
+
+        An invalid transition (not in the table, or a state whose required slots are missing) changes
+        nothing: neither the state nor the data. Invalid slot values are dropped and reported while the
+        valid ones are kept.
+        """
+        target = decision.next_state
+        merged, slot_errors = self.merge_slots(data, decision.slots, today=today)
+        errors: list[str] = []
+        if target not in self.specs:
+            errors.append(f"unknown state {target!r}")
+        elif not self.can_transition(state, target):
+            errors.append(f"transition {state} -> {target} is not allowed")
+        else:
+            missing = [] if self.clears_data_on_entry(state, target) else self.missing_for(target, merged)
+            if missing:
+                errors.append(f"{target} needs {', '.join(missing)} first")
+        if errors:
+            return StepResult(False, state, state, dict(data), errors=errors + slot_errors, slot_errors=slot_errors)
+        if self.clears_data_on_entry(state, target):
+            merged = {}
+        return StepResult(True, state, target, merged, errors=list(slot_errors), slot_errors=slot_errors)
+
+    # --- prompts ---------------------------------------------------------------------------------
+    def label(self, slot: str) -> str:
+        return self.slot_labels.get(slot, slot)
+
+    def next_question(self, state: str, data: Mapping[str, Any]) -> str:
+        """The question the agent asks in ``state`` ("" when the state asks none)."""
+        spec = self.specs[state]
+        if spec.collects:
+            known = all(data.get(s) not in (None, "") for s in spec.collects)
+            return spec.change_question if known and spec.change_question else spec.question
+        if spec.asks_next_missing:
+            target = self.first_missing_state(data)
+            return self.specs[target].question if self.specs[target].collects else ""
+        return spec.question
+
+    def asked_slots(self, state: str, data: Mapping[str, Any]) -> tuple[str, ...]:
+        """The slots the question of ``state`` asks about (for tests and the demo model)."""
+        spec = self.specs[state]
+        if spec.collects:
+            return spec.collects
+        if spec.asks_next_missing:
+            target = self.first_missing_state(data)
+            return self.specs[target].collects
+        return ()
+
+    def _instruction(self, state: str, data: Mapping[str, Any]) -> str:
+        fields = _Defaulting({k: v for k, v in data.items() if v not in (None, "")})
+        if self.describe is not None:
+            fields.update(self.describe(data))
+        return self.specs[state].instruction.format_map(fields)
+
+    def resume_instruction(self, state: str, data: Mapping[str, Any]) -> str:
+        """What to do now, what is already known (not to be asked again), the next question, and the data.
+
+        This goes into every prompt (the "workflow" section), so the agent knows where it is even when
+        the turns that collected the data have left the context window.
+        """
+        spec = self.specs[state]
+        known = {k: v for k, v in data.items() if v not in (None, "")}
+        changing = [s for s in spec.collects if s in known]
+        lines = [
+            f"WORKFLOW: {self.name} ({self.title})",
+            f"CURRENT_STATE: {state}",
+            self._instruction(state, known),
+        ]
+        settled = {k: v for k, v in known.items() if k not in changing}
+        if settled:
+            listed = ", ".join(f"{self.label(k)}={v}" for k, v in settled.items())
+            lines.append(f"Already collected: {listed} — do not ask for these again.")
+        if changing:
+            current = ", ".join(f"{self.label(k)}={known[k]}" for k in changing)
+            lines.append(f"The user went back to change {current}; ask only for the new value.")
+        if spec.collects or spec.asks_next_missing:
+            still = [
+                self.label(s)
+                for g in self.gathering_states
+                for s in self.specs[g].collects
+                if s not in known and s not in changing
+            ]
+            if still:
+                lines.append(f"Still needed: {', '.join(still)}.")
+        question = self.next_question(state, data)
+        if question:
+            lines.append(f"Next question: {question}")
+        lines.append(f"COLLECTED: {json.dumps(known, sort_keys=True, default=str)}")
+        return "\n".join(lines)
+
+    def decision_messages(
+        self,
+        *,
+        state: str,
+        data: Mapping[str, Any],
+        user_message: str,
+        recent_turns: list[tuple[str, str]],
+    ) -> list[dict[str, Any]]:
+        """The prompt of the structured call that returns a ``decision_schema`` instance for this turn."""
+        allowed = sorted(self.transitions.get(state, frozenset()) | {state})
+        slots_help = ", ".join(
+            f"{name} ({f.description or f.annotation})" for name, f in self.slots_model.model_fields.items()
+        )
+        system = "\n".join(
+            [
+                f"You track the state of the '{self.title}' workflow. Do not answer the user; only decide.",
+                f"WORKFLOW: {self.name}",
+                f"CURRENT_STATE: {state}",
+                f"ALLOWED_NEXT_STATES: {', '.join(allowed)}",
+                f"COLLECTED: {json.dumps(dict(data), sort_keys=True, default=str)}",
+                f"Slots: {slots_help}.",
+                "Put in `slots` only values the user stated in the latest message (dates as YYYY-MM-DD); "
+                "leave the rest null. Choose `next_state` from ALLOWED_NEXT_STATES: the first step whose "
+                "information is still missing, or the confirmation step when everything is known.",
+                f"Current step: {self._instruction(state, data)}",
+            ]
+        )
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+        for user_text, assistant_text in recent_turns:
+            messages.append({"role": "user", "content": user_text})
+            if assistant_text:
+                messages.append({"role": "assistant", "content": assistant_text})
+        messages.append({"role": "user", "content": user_message})
+        return messages
+
+    def decision(self, *, next_state: str, slots: Mapping[str, Any] | None = None, reasoning: str = "") -> Any:
+        """A decision built by code (the runtime applying a tool outcome), validated like a model's."""
+        return self.decision_schema.model_validate(
+            {"next_state": next_state, "slots": dict(slots or {}), "confidence": 1.0, "reasoning": reasoning}
+        )
+
+
+class _Defaulting(dict[str, Any]):
+    """``str.format_map`` helper: unknown slots render as "?" instead of raising."""
+
+    def __missing__(self, key: str) -> str:
+        return "?"
+
+
+def _first_error(name: str, exc: ValidationError) -> str:
+    first = exc.errors()[0] if exc.errors() else {"msg": str(exc)}
+    return f"{name}: {first.get('msg', 'invalid value')}"

@@ -1,0 +1,242 @@
+"""Admin for sessions: the state, the turns and the checkpoint timeline, with reset and resume actions.
+
+State is never edited by hand here: every change goes through ``sessions.services`` (version-checked
+and checkpointed). Nothing on these pages shows endpoint settings or keys; an agent appears by name.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.urls import NoReverseMatch, path, reverse
+from django.utils.html import format_html
+
+from sessions.models import ChatSession, Checkpoint, Turn
+from sessions.services import StaleSessionError, session_reset, session_resume_from, session_resume_last_good
+
+
+def _compact_json(value: Any, limit: int = 160) -> str:
+    text = json.dumps(value, sort_keys=True, default=str, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class TurnInline(admin.TabularInline):
+    model = Turn
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    ordering = ("seq",)
+    fields = (
+        "seq",
+        "status",
+        "short_user_message",
+        "short_reply",
+        "state_before",
+        "state_after",
+        "is_demo",
+        "created_at",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="user message")
+    def short_user_message(self, obj: Turn) -> str:
+        return obj.user_message[:120]
+
+    @admin.display(description="reply")
+    def short_reply(self, obj: Turn) -> str:
+        return obj.assistant_message[:120]
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class CheckpointInline(admin.TabularInline):
+    """The timeline: every checkpoint in order, each with a button to resume the session from it."""
+
+    model = Checkpoint
+    extra = 0
+    can_delete = False
+    ordering = ("seq",)
+    fields = ("seq", "created_at", "reason", "state", "transition", "retry_count", "data_json", "detail", "resume")
+    readonly_fields = fields
+    verbose_name_plural = "Checkpoint timeline"
+
+    @admin.display(description="data")
+    def data_json(self, obj: Checkpoint) -> str:
+        return _compact_json(obj.data)
+
+    @admin.display(description="")
+    def resume(self, obj: Checkpoint) -> str:
+        if obj.pk is None:
+            return ""
+        url = reverse("admin:chat_sessions_chatsession_resume", args=[obj.session_id, obj.pk])
+        # Note: formaction posts the surrounding change form (with its CSRF token) to the resume view.
+        return format_html(
+            '<button type="submit" class="button" formaction="{}" formmethod="post" name="resume">'
+            "Resume from #{}</button>",
+            url,
+            obj.seq,
+        )
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(ChatSession)
+class ChatSessionAdmin(admin.ModelAdmin):
+    list_display = (
+        "__str__",
+        "user",
+        "agent",
+        "workflow",
+        "state",
+        "status",
+        "retry_count",
+        "version",
+        "updated_at",
+    )
+    list_filter = ("status", "workflow", "state", "agent")
+    search_fields = ("title", "user__username", "user__email", "state", "id")
+    list_select_related = ("user", "agent")
+    date_hierarchy = "updated_at"
+    actions = ("reset_sessions", "resume_last_good")
+    inlines = (CheckpointInline, TurnInline)
+    fields = (
+        "id",
+        "title",
+        "user",
+        "agent",
+        "workflow",
+        "state",
+        "status",
+        "data_pretty",
+        "retry_count",
+        "last_transition",
+        "last_good_state",
+        "version",
+        "summary",
+        "summary_through_seq",
+        "llm_calls_link",
+        "created_at",
+        "updated_at",
+    )
+    readonly_fields = tuple(f for f in fields if f != "title")
+
+    @admin.display(description="collected data")
+    def data_pretty(self, obj: ChatSession) -> str:
+        return format_html("<pre>{}</pre>", json.dumps(obj.data, indent=2, sort_keys=True, default=str))
+
+    @admin.display(description="model calls")
+    def llm_calls_link(self, obj: ChatSession) -> str:
+        try:
+            url = reverse("admin:agents_llmcall_changelist")
+        except NoReverseMatch:
+            return "—"
+        return format_html('<a href="{}?session__id__exact={}">model calls of this session</a>', url, obj.pk)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # Sessions start in the chat or the API (``session_create`` puts them in their workflow's first state).
+        return False
+
+    def get_urls(self) -> list[Any]:
+        custom = [
+            path(
+                "<uuid:session_id>/resume/<int:checkpoint_id>/",
+                self.admin_site.admin_view(self.resume_view),
+                name="chat_sessions_chatsession_resume",
+            )
+        ]
+        return custom + super().get_urls()
+
+    def resume_view(self, request: HttpRequest, session_id: Any, checkpoint_id: int) -> HttpResponse:
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        session = get_object_or_404(ChatSession, pk=session_id)
+        if not self.has_change_permission(request, session):
+            return HttpResponse(status=403)
+        checkpoint = get_object_or_404(Checkpoint, pk=checkpoint_id, session=session)
+        try:
+            session_resume_from(session=session, checkpoint=checkpoint, actor=request.user)
+        except (StaleSessionError, ValueError) as exc:
+            self.message_user(request, f"Not resumed: {exc}", level=messages.ERROR)
+        else:
+            self.message_user(request, f"Resumed from checkpoint #{checkpoint.seq} ({checkpoint.state}).")
+        return HttpResponseRedirect(reverse("admin:chat_sessions_chatsession_change", args=[session.pk]))
+
+    @admin.action(description="Reset: start over (initial state, no data)", permissions=["change"])
+    def reset_sessions(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> None:
+        done, stale = 0, 0
+        for session in queryset:
+            try:
+                session_reset(session=session, actor=request.user)
+                done += 1
+            except StaleSessionError:
+                stale += 1
+        self.message_user(request, f"Reset {done} session(s).")
+        if stale:
+            self.message_user(request, f"{stale} changed meanwhile; try again.", level=messages.WARNING)
+
+    @admin.action(description="Resume from the last good state", permissions=["change"])
+    def resume_last_good(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> None:
+        done, stale = 0, 0
+        for session in queryset:
+            try:
+                session_resume_last_good(session=session, actor=request.user)
+                done += 1
+            except StaleSessionError:
+                stale += 1
+        self.message_user(request, f"Resumed {done} session(s).")
+        if stale:
+            self.message_user(request, f"{stale} changed meanwhile; try again.", level=messages.WARNING)
+
+
+@admin.register(Checkpoint)
+class CheckpointAdmin(admin.ModelAdmin):
+    """The append-only log; rows are read-only. Select one to resume its session from it."""
+
+    list_display = ("session", "seq", "reason", "state", "transition", "retry_count", "created_at")
+    list_filter = ("reason", "state")
+    search_fields = ("session__id", "session__title", "session__user__username", "transition", "detail")
+    list_select_related = ("session",)
+    ordering = ("-created_at",)
+    actions = ("resume_session_here",)
+    readonly_fields = (
+        "session",
+        "seq",
+        "turn",
+        "state",
+        "data",
+        "retry_count",
+        "transition",
+        "reason",
+        "detail",
+        "created_at",
+    )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Viewing is allowed through the view permission; the log itself is never edited.
+        return False
+
+    @admin.action(description="Resume the session from this checkpoint (select exactly one)", permissions=["view"])
+    def resume_session_here(self, request: HttpRequest, queryset: QuerySet[Checkpoint]) -> None:
+        if queryset.count() != 1:
+            self.message_user(request, "Select exactly one checkpoint.", level=messages.ERROR)
+            return
+        checkpoint = queryset.select_related("session").get()
+        if not request.user.has_perm("chat_sessions.change_chatsession"):
+            self.message_user(request, "You may not change sessions.", level=messages.ERROR)
+            return
+        try:
+            session_resume_from(session=checkpoint.session, checkpoint=checkpoint, actor=request.user)
+        except (StaleSessionError, ValueError) as exc:
+            self.message_user(request, f"Not resumed: {exc}", level=messages.ERROR)
+            return
+        self.message_user(request, f"Resumed {checkpoint.session} from checkpoint #{checkpoint.seq}.")

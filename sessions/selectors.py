@@ -1,0 +1,94 @@
+"""Reads about sessions' workflow state: checkpoint timelines, recovery candidates, retention."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Count, Q, QuerySet
+from django.utils import timezone
+
+from sessions.models import ChatSession, Checkpoint, Turn
+
+# Checkpoints that mark a change of state are history worth keeping forever; the rest can be pruned.
+PRUNE_KEEP_REASONS: tuple[str, ...] = (
+    Checkpoint.Reason.TRANSITION,
+    Checkpoint.Reason.RESET,
+    Checkpoint.Reason.RESUME,
+    Checkpoint.Reason.FAILED,
+    Checkpoint.Reason.HANDOFF,
+)
+
+
+def session_checkpoints(*, session: ChatSession) -> QuerySet[Checkpoint]:
+    """The session's checkpoint timeline, oldest first."""
+    return Checkpoint.objects.filter(session=session).select_related("turn").order_by("seq")
+
+
+def last_good_checkpoint(*, session: ChatSession) -> Checkpoint | None:
+    """The newest checkpoint whose state is not the workflow's failed state (where "resume" goes back to)."""
+    from agents.workflows import get_workflow
+
+    failed = get_workflow(session.workflow).failed_state
+    qs = Checkpoint.objects.filter(session=session).order_by("-seq")
+    if failed:
+        qs = qs.exclude(state=failed)
+    return qs.first()
+
+
+def turn_checkpoint_before_call(*, turn: Turn) -> Checkpoint | None:
+    """The first checkpoint written for ``turn``: the state the session was in when the turn began."""
+    return Checkpoint.objects.filter(turn=turn, reason=Checkpoint.Reason.BEFORE_CALL).order_by("seq").first()
+
+
+def stuck_turns_find(*, older_than: timedelta | datetime) -> QuerySet[Turn]:
+    """Turns a crash left behind: running since before the cutoff, or saved but never started.
+
+    ``older_than`` is an age (``timedelta``) or an absolute cutoff. The runtime resumes each from its
+    last checkpoint. Uses the ``turn_stuck_sweep`` index (status, started_at).
+    """
+    cutoff = timezone.now() - older_than if isinstance(older_than, timedelta) else older_than
+    return (
+        Turn.objects.filter(
+            Q(status=Turn.Status.RUNNING, started_at__lt=cutoff)
+            | Q(status=Turn.Status.PENDING, started_at__isnull=True, created_at__lt=cutoff)
+        )
+        .select_related("session")
+        .order_by("created_at")
+    )
+
+
+def sessions_over_checkpoint_limit(*, keep_last: int) -> QuerySet[Any]:
+    """Ids of sessions with more than ``keep_last`` checkpoints (the only ones pruning can touch)."""
+    return (
+        Checkpoint.objects.values("session_id")
+        .annotate(n=Count("id"))
+        .filter(n__gt=keep_last)
+        .order_by("session_id")
+        .values_list("session_id", flat=True)
+    )
+
+
+def prune_candidates(*, session_id: Any, keep_last: int) -> QuerySet[Checkpoint]:
+    """Checkpoints of one session the retention policy would delete: older than its newest ``keep_last``
+    and not a state change (see ``PRUNE_KEEP_REASONS``). Uses the (session, seq) unique index."""
+    newest = list(
+        Checkpoint.objects.filter(session_id=session_id).order_by("-seq").values_list("seq", flat=True)[:keep_last]
+    )
+    if len(newest) < keep_last:
+        return Checkpoint.objects.none()
+    return Checkpoint.objects.filter(session_id=session_id, seq__lt=newest[-1]).exclude(reason__in=PRUNE_KEEP_REASONS)
+
+
+def session_failure_message(*, session: ChatSession) -> str:
+    """The clear message for a session in the failed state: what is kept, and the two ways forward."""
+    from agents.workflows import get_workflow
+
+    workflow = get_workflow(session.workflow)
+    known = ", ".join(f"{k}={v}" for k, v in (session.data or {}).items() if v not in (None, ""))
+    resume_at = session.last_good_state or workflow.initial_state
+    kept = f" I still have what you told me: {known}." if known else ""
+    return (
+        f"Sorry — this did not work after {session.retry_count} attempts, so I stopped.{kept} "
+        f"You can resume from the last good step ({resume_at}) or start over."
+    )

@@ -1,0 +1,364 @@
+"""Writes to a session's durable workflow state and its append-only checkpoint log.
+
+Every state write is a compare-and-set on ``ChatSession.version`` (optimistic concurrency): the
+writer updates the row only if the version it read is still there, and bumps it. A writer holding
+an outdated copy gets ``StaleSessionError`` instead of silently overwriting someone else's change
+(an operator's reset while a turn was running, say). Checkpoint sequence numbers are allocated
+under the session row lock, in a short transaction, so they are gap-free per session and never clash.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import date
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+from pydantic import BaseModel, ValidationError
+
+from agents.workflows import MAX_RETRIES, Workflow, WorkflowDecision, get_workflow
+from sessions.models import ChatSession, Checkpoint, Turn
+from sessions.selectors import (
+    last_good_checkpoint,
+    prune_candidates,
+    sessions_over_checkpoint_limit,
+    stuck_turns_find,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "StaleSessionError",
+    "TransitionOutcome",
+    "checkpoint_before_call",
+    "checkpoint_record",
+    "checkpoints_prune",
+    "session_create",
+    "session_reset",
+    "session_resume_from",
+    "session_resume_last_good",
+    "stuck_turns_find",
+    "transition_apply",
+    "turn_failure_record",
+]
+
+
+class StaleSessionError(Exception):
+    """The session changed since this copy was read (its version moved on); reload and decide again."""
+
+    def __init__(self, session: ChatSession) -> None:
+        super().__init__(
+            f"session {session.pk} changed since it was read (version {session.version} is outdated); "
+            "reload it and try again"
+        )
+        self.session_id = session.pk
+        self.expected_version = session.version
+
+
+@dataclass(frozen=True)
+class TransitionOutcome:
+    """What ``transition_apply`` did. ``applied`` is False when the decision was refused (nothing changed)."""
+
+    applied: bool
+    from_state: str
+    to_state: str
+    errors: list[str] = field(default_factory=list)
+    checkpoint: Checkpoint | None = None
+
+
+def _actor_name(actor: Any) -> str:
+    if actor is None:
+        return "system"
+    getter = getattr(actor, "get_username", None)
+    return str(getter()) if callable(getter) else str(actor)
+
+
+def _status_for(workflow: Workflow, current: str, state: str) -> str:
+    # A session handed to a human or closed keeps that status; the machine's state does not override it.
+    if current in (ChatSession.Status.NEEDS_HUMAN, ChatSession.Status.CLOSED):
+        return current
+    if workflow.failed_state and state == workflow.failed_state:
+        return ChatSession.Status.FAILED
+    if state in workflow.terminal_states:
+        return ChatSession.Status.COMPLETED
+    return ChatSession.Status.ACTIVE
+
+
+def _compare_and_set(session: ChatSession, **fields: Any) -> None:
+    """Write ``fields`` only if the row still has ``session.version``; bump it; mirror it on the instance."""
+    expected = session.version
+    now = timezone.now()
+    updated = ChatSession.objects.filter(pk=session.pk, version=expected).update(
+        **fields, version=expected + 1, updated_at=now
+    )
+    if updated != 1:
+        raise StaleSessionError(session)
+    for name, value in fields.items():
+        setattr(session, name, value)
+    session.version = expected + 1
+    session.updated_at = now
+
+
+# --- creation -------------------------------------------------------------------------------------------
+def session_create(*, user: Any, agent: Any, title: str = "") -> ChatSession:
+    """A new session for ``user`` with ``agent``, in the initial state of the agent's workflow."""
+    workflow = get_workflow(agent.workflow or "free_chat")
+    return ChatSession.objects.create(
+        user=user,
+        agent=agent,
+        title=title[:200],
+        workflow=workflow.name,
+        state=workflow.initial_state,
+        last_good_state=workflow.initial_state,
+        data={},
+    )
+
+
+# --- the checkpoint log -----------------------------------------------------------------------------------
+def checkpoint_record(
+    *,
+    session: ChatSession,
+    reason: str,
+    turn: Turn | None = None,
+    transition: str = "",
+    detail: str = "",
+) -> Checkpoint:
+    """Append a checkpoint with the session's state, data and retry count as stored right now.
+
+    The row lock serializes sequence numbers per session; the snapshot is read under the same lock, so
+    it is what the database holds, even if the caller's copy is older.
+    """
+    if reason not in Checkpoint.Reason.values:
+        raise ValueError(f"unknown checkpoint reason {reason!r}")
+    with transaction.atomic():
+        row = ChatSession.objects.select_for_update().values("state", "data", "retry_count").get(pk=session.pk)
+        last = Checkpoint.objects.filter(session_id=session.pk).aggregate(m=Max("seq"))["m"] or 0
+        return Checkpoint.objects.create(
+            session_id=session.pk,
+            seq=last + 1,
+            turn=turn,
+            state=row["state"],
+            data=row["data"],
+            retry_count=row["retry_count"],
+            transition=transition[:140],
+            reason=reason,
+            detail=detail,
+        )
+
+
+def checkpoint_before_call(*, session: ChatSession, turn: Turn) -> Checkpoint:
+    """The checkpoint taken before every model call: where to resume if the process dies during the call."""
+    return checkpoint_record(
+        session=session,
+        reason=Checkpoint.Reason.BEFORE_CALL,
+        turn=turn,
+        detail=f"before a model call, turn #{turn.seq}",
+    )
+
+
+# --- transitions -----------------------------------------------------------------------------------------
+def _as_decision(workflow: Workflow, decision: Any) -> WorkflowDecision:
+    if isinstance(decision, workflow.decision_schema):
+        return decision
+    raw = decision.model_dump() if isinstance(decision, BaseModel) else decision
+    return workflow.decision_schema.model_validate(raw)
+
+
+def transition_apply(
+    *, session: ChatSession, turn: Turn | None, decision: Any, today: date | None = None
+) -> TransitionOutcome:
+    """Apply a validated decision (``next_state`` + ``slots``) to the session, or record why not.
+
+    The transition must be in the workflow's table and the target state's required slots must be
+    known; otherwise an ``invalid_transition`` checkpoint is written and neither state nor data change.
+    Invalid slot values are dropped and reported; valid ones are merged. A change of state resets the
+    retry counter. Every applied decision writes a ``transition`` checkpoint in the same transaction.
+    Raises ``StaleSessionError`` when the session changed since ``session`` was read.
+    """
+    workflow = get_workflow(session.workflow)
+    from_state = session.state
+    try:
+        parsed = _as_decision(workflow, decision)
+    except ValidationError as exc:
+        errors = [f"decision does not fit {workflow.decision_schema.__name__}: {e['msg']}" for e in exc.errors()]
+        cp = checkpoint_record(
+            session=session, reason=Checkpoint.Reason.INVALID_TRANSITION, turn=turn, detail="; ".join(errors)
+        )
+        return TransitionOutcome(False, from_state, from_state, errors, cp)
+
+    step = workflow.step(state=from_state, data=session.data or {}, decision=parsed, today=today)
+    arrow = f"{from_state} -> {parsed.next_state}"
+    if not step.applied:
+        cp = checkpoint_record(
+            session=session,
+            reason=Checkpoint.Reason.INVALID_TRANSITION,
+            turn=turn,
+            transition=arrow,
+            detail="; ".join(step.errors),
+        )
+        logger.info("rejected %s on session %s: %s", arrow, session.pk, step.errors)
+        return TransitionOutcome(False, from_state, from_state, list(step.errors), cp)
+
+    fields: dict[str, Any] = {"state": step.to_state, "data": step.data, "last_transition": arrow}
+    if step.changed_state:
+        fields["retry_count"] = 0
+        if step.to_state != workflow.failed_state:
+            fields["last_good_state"] = step.to_state
+    fields["status"] = _status_for(workflow, session.status, step.to_state)
+    detail_parts = [f"confidence {parsed.confidence:.2f}"]
+    if parsed.reasoning:
+        detail_parts.append(parsed.reasoning[:300])
+    if step.slot_errors:
+        detail_parts.append("slots refused: " + "; ".join(step.slot_errors))
+    with transaction.atomic():
+        _compare_and_set(session, **fields)
+        cp = checkpoint_record(
+            session=session,
+            reason=Checkpoint.Reason.TRANSITION,
+            turn=turn,
+            transition=arrow,
+            detail=" | ".join(detail_parts),
+        )
+    return TransitionOutcome(True, from_state, step.to_state, list(step.errors), cp)
+
+
+def turn_failure_record(*, session: ChatSession, turn: Turn | None, reason: str) -> ChatSession:
+    """Count a failed turn. Past ``MAX_RETRIES`` the session moves to the workflow's failed state.
+
+    In the failed state the agent apologizes and offers to resume from the last good state (the data is
+    kept) or to start over. Workflows without a failed state (free chat) only count.
+    """
+    workflow = get_workflow(session.workflow)
+    retries = session.retry_count + 1
+    fields: dict[str, Any] = {"retry_count": retries}
+    to_failed = bool(workflow.failed_state) and retries > MAX_RETRIES and session.state != workflow.failed_state
+    from_state = session.state
+    if to_failed:
+        assert workflow.failed_state is not None
+        fields.update(
+            state=workflow.failed_state,
+            status=_status_for(workflow, session.status, workflow.failed_state),
+            last_transition=f"{from_state} -> {workflow.failed_state}",
+        )
+    with transaction.atomic():
+        _compare_and_set(session, **fields)
+        checkpoint_record(
+            session=session, reason=Checkpoint.Reason.RETRY, turn=turn, detail=f"failure {retries}: {reason}"[:2000]
+        )
+        if to_failed:
+            checkpoint_record(
+                session=session,
+                reason=Checkpoint.Reason.FAILED,
+                turn=turn,
+                transition=f"{from_state} -> {workflow.failed_state}",
+                detail=(
+                    f"{retries} failed attempts (last: {reason[:300]}); the last good state was "
+                    f"{session.last_good_state or workflow.initial_state}"
+                ),
+            )
+    return session
+
+
+# --- operator and user actions ---------------------------------------------------------------------------
+def session_reset(*, session: ChatSession, actor: Any = None) -> ChatSession:
+    """Start over: the initial state, no data, no retries. The old data stays in the checkpoint log."""
+    workflow = get_workflow(session.workflow)
+    from_state = session.state
+    status = ChatSession.Status.ACTIVE if session.status != ChatSession.Status.CLOSED else ChatSession.Status.CLOSED
+    with transaction.atomic():
+        _compare_and_set(
+            session,
+            state=workflow.initial_state,
+            data={},
+            retry_count=0,
+            status=status,
+            last_good_state=workflow.initial_state,
+            last_transition=f"{from_state} -> {workflow.initial_state} (reset)",
+        )
+        checkpoint_record(
+            session=session,
+            reason=Checkpoint.Reason.RESET,
+            transition=f"{from_state} -> {workflow.initial_state}",
+            detail=f"reset by {_actor_name(actor)}",
+        )
+    return session
+
+
+def session_resume_from(
+    *,
+    session: ChatSession,
+    checkpoint: Checkpoint,
+    actor: Any = None,
+    reason: str = Checkpoint.Reason.RESUME,
+) -> ChatSession:
+    """Put the session back in the state and data of ``checkpoint`` (one of its own), with no retries.
+
+    ``reason`` is ``resume`` for people; crash recovery may pass ``recovered``.
+    """
+    if checkpoint.session_id != session.pk:
+        raise ValueError("that checkpoint belongs to another session")
+    workflow = get_workflow(session.workflow)
+    if checkpoint.state not in workflow.specs:
+        raise ValueError(f"checkpoint state {checkpoint.state!r} is not a state of {workflow.name}")
+    from_state = session.state
+    fields: dict[str, Any] = {
+        "state": checkpoint.state,
+        "data": dict(checkpoint.data or {}),
+        "retry_count": 0,
+        "last_transition": f"{from_state} -> {checkpoint.state} (from checkpoint #{checkpoint.seq})",
+    }
+    if checkpoint.state != workflow.failed_state:
+        fields["last_good_state"] = checkpoint.state
+    # Resuming is the way out of FAILED (and of COMPLETED, when an operator rewinds a finished session).
+    current = ChatSession.Status.ACTIVE if session.status != ChatSession.Status.CLOSED else session.status
+    fields["status"] = _status_for(workflow, current, checkpoint.state)
+    with transaction.atomic():
+        _compare_and_set(session, **fields)
+        checkpoint_record(
+            session=session,
+            reason=reason,
+            transition=f"{from_state} -> {checkpoint.state}",
+            detail=f"resumed from checkpoint #{checkpoint.seq} by {_actor_name(actor)}",
+        )
+    return session
+
+
+def session_resume_last_good(*, session: ChatSession, actor: Any = None) -> ChatSession:
+    """Resume from the newest checkpoint that is not in the failed state; start over if there is none."""
+    checkpoint = last_good_checkpoint(session=session)
+    if checkpoint is None:
+        return session_reset(session=session, actor=actor)
+    return session_resume_from(session=session, checkpoint=checkpoint, actor=actor)
+
+
+# --- retention -------------------------------------------------------------------------------------------
+def checkpoints_prune(
+    *,
+    keep_last: int | None = None,
+    dry_run: bool = False,
+    on_progress: Callable[[int, int, int], None] | None = None,
+) -> int:
+    """Delete old checkpoints: per session keep the newest ``keep_last`` and every one whose reason is in
+    ``PRUNE_KEEP_REASONS`` (transitions, resets, resumes, failures, handoffs). Returns how many went
+    (or would go, with ``dry_run``). ``on_progress(done, total, deleted)`` is called after each session.
+    """
+    keep = int(keep_last if keep_last is not None else getattr(settings, "CHECKPOINT_KEEP_LAST", 50))
+    if keep < 1:
+        raise ValueError("keep_last must be at least 1")
+    session_ids = list(sessions_over_checkpoint_limit(keep_last=keep))
+    total = 0
+    for index, session_id in enumerate(session_ids, start=1):
+        doomed = prune_candidates(session_id=session_id, keep_last=keep)
+        if dry_run:
+            total += doomed.count()
+        else:
+            deleted, _ = Checkpoint.objects.filter(pk__in=list(doomed.values_list("pk", flat=True))).delete()
+            total += deleted
+        if on_progress is not None:
+            on_progress(index, len(session_ids), total)
+    return total

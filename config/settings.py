@@ -164,7 +164,11 @@ WORKER_HEARTBEAT_SECONDS = env_int("WORKER_HEARTBEAT_SECONDS", 15, minimum=1)
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "worker-heartbeat": {"task": "config.tasks.record_worker_heartbeat", "schedule": float(WORKER_HEARTBEAT_SECONDS)},
     "alerts-evaluate": {"task": "observability.tasks.evaluate_alerts", "schedule": 60.0},
+    # Retention of the checkpoint log (sessions.services.checkpoints_prune), once a day.
+    "checkpoints-prune": {"task": "sessions.tasks.prune_checkpoints", "schedule": 24 * 3600.0},
 }
+# Checkpoints kept per session by the pruning policy (state changes are always kept).
+CHECKPOINT_KEEP_LAST = env_int("CHECKPOINT_KEEP_LAST", 50, minimum=1)
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
 # --- REST framework ----------------------------------------------------------------------

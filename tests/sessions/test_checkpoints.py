@@ -1,0 +1,76 @@
+"""Checkpoint retention: the policy, the management command, and the periodic task on a real worker."""
+
+from __future__ import annotations
+
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from agents.models import Agent
+from conftest import WorkerHandle, wait_for
+from sessions.models import ChatSession, Checkpoint
+from sessions.selectors import PRUNE_KEEP_REASONS
+from sessions.services import checkpoints_prune, session_create
+
+
+def _session_with_log(user: Any, reasons: list[str], slug: str = "pruner") -> ChatSession:
+    agent = Agent.objects.filter(slug=slug).first() or Agent.objects.create(
+        name="P", slug=slug, system_prompt="p", workflow="flight_booking"
+    )
+    session = session_create(user=user, agent=agent)
+    Checkpoint.objects.bulk_create(
+        Checkpoint(session=session, seq=i, state="IDLE", reason=reason) for i, reason in enumerate(reasons, start=1)
+    )
+    return session
+
+
+@pytest.mark.django_db
+def test_prune_keeps_the_newest_n_and_every_state_change(alice: Any) -> None:
+    reasons = ["before_call", "transition", "before_call", "retry", "reset", "before_call", "invalid_transition"] * 3
+    session = _session_with_log(alice, reasons)
+    small = _session_with_log(alice, ["before_call"] * 3)
+    expected_gone = [i for i, r in enumerate(reasons, start=1) if i <= len(reasons) - 5 and r not in PRUNE_KEEP_REASONS]
+    assert checkpoints_prune(keep_last=5, dry_run=True) == len(expected_gone)
+    assert Checkpoint.objects.filter(session=session).count() == len(reasons)  # a dry run deletes nothing
+    progress: list[tuple[int, int, int]] = []
+    deleted = checkpoints_prune(keep_last=5, on_progress=lambda *p: progress.append(p))
+    assert deleted == len(expected_gone) and progress == [(1, 1, deleted)]
+    left = list(Checkpoint.objects.filter(session=session).order_by("seq").values_list("seq", "reason"))
+    assert [seq for seq, _ in left][-5:] == list(range(len(reasons) - 4, len(reasons) + 1))
+    assert all(seq not in expected_gone for seq, _ in left)
+    assert {r for _, r in left[:-5]} <= set(PRUNE_KEEP_REASONS)
+    assert Checkpoint.objects.filter(session=small).count() == 3  # under the limit: untouched
+    assert checkpoints_prune(keep_last=5) == 0  # idempotent
+
+
+@pytest.mark.django_db
+def test_prune_command_reports_and_honours_dry_run(alice: Any, settings: Any) -> None:
+    settings.CHECKPOINT_KEEP_LAST = 2
+    session = _session_with_log(alice, ["before_call"] * 6)
+    out = StringIO()
+    call_command("prune_checkpoints", "--dry-run", stdout=out)
+    assert "would delete 4 checkpoint(s)" in out.getvalue()
+    assert Checkpoint.objects.filter(session=session).count() == 6
+    out = StringIO()
+    call_command("prune_checkpoints", "--keep-last", "3", stdout=out)
+    assert "deleted 3 checkpoint(s)" in out.getvalue()
+    assert list(Checkpoint.objects.filter(session=session).values_list("seq", flat=True)) == [4, 5, 6]
+    with pytest.raises(CommandError):
+        call_command("prune_checkpoints", "--keep-last", "0", stdout=StringIO())
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_prune_task_runs_on_a_real_worker(celery_worker: WorkerHandle, alice: Any) -> None:
+    from sessions.tasks import prune_checkpoints
+
+    session = _session_with_log(alice, ["before_call"] * 8, slug="pruner-worker")
+    prune_checkpoints.delay(4)
+    wait_for(
+        lambda: Checkpoint.objects.filter(session=session).count() == 4,
+        timeout=30,
+        message=f"the worker to prune checkpoints\n{celery_worker.log_text()[-2000:]}",
+    )
+    assert list(Checkpoint.objects.filter(session=session).values_list("seq", flat=True)) == [5, 6, 7, 8]

@@ -3,15 +3,16 @@ OpenAI-compatible provider over real HTTP against the local fake server."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pytest
 from pydantic import BaseModel, Field
 
-from agents.llm.base import CallContext, LLMProvider, ToolCallRequest
-from agents.llm.demo import DemoModel
+from agents.llm import demo
+from agents.llm.base import CallContext, LLMProvider, Message, ToolCallRequest, ToolSpec
+from agents.llm.demo import DemoModel, DemoReply
 from agents.llm.openai_compat import OpenAICompatibleProvider
 from agents.llm.profiles import EndpointProfile
 from agents.llm.scripted import ScriptedProvider, ScriptedReply
@@ -52,6 +53,7 @@ class Harness:
     provider: LLMProvider
     kind: str
     server: fake.FakeOpenAIServer | None = None
+    cleanup: list[Callable[[], None]] = field(default_factory=list)
 
     @property
     def scripted(self) -> bool:
@@ -65,12 +67,19 @@ class Harness:
             self.server.enqueue(fake.reply(text))
 
     def will_stream(self, text: str, tool_calls: list[dict[str, Any]] | None = None) -> None:
-        if self.kind == "scripted":
+        calls = [
+            ToolCallRequest(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
+            for c in tool_calls or []
+        ]
+        if self.kind == "demo" and calls:
+            # The demo model calls tools only when a registered reply handler says so (as the booking workflow does).
+            def handler(messages: list[Message], tools: list[ToolSpec] | None) -> DemoReply | None:
+                return DemoReply(text=text, tool_calls=calls)
+
+            demo.register_reply_handler(handler)
+            self.cleanup.append(lambda: demo.unregister_reply_handler(handler))
+        elif self.kind == "scripted":
             assert isinstance(self.provider, ScriptedProvider)
-            calls = [
-                ToolCallRequest(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
-                for c in tool_calls or []
-            ]
             self.provider.add(ScriptedReply(text=text, tool_calls=calls))
         elif self.server is not None:
             self.server.enqueue(
@@ -88,7 +97,10 @@ class Harness:
 @pytest.fixture(params=["demo", "scripted", "openai"])
 def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     if request.param == "demo":
-        yield Harness(provider=DemoModel(), kind="demo")
+        harness = Harness(provider=DemoModel(), kind="demo")
+        yield harness
+        for undo in harness.cleanup:
+            undo()
     elif request.param == "scripted":
         yield Harness(provider=ScriptedProvider(), kind="scripted")
     else:
@@ -133,8 +145,6 @@ def test_stream_deltas_join_to_the_text_and_ttft_is_recorded(harness: Harness) -
 
 
 def test_stream_accumulates_tool_calls(harness: Harness) -> None:
-    if not harness.scripted:
-        pytest.skip("the demo model calls tools only through registered reply handlers (see test_llm_demo)")
     call = fake.tool_call("book_flight", {"flight": "LH100", "passengers": 2}, call_id="call_9")
     harness.will_stream("", tool_calls=[call])
     stream = harness.provider.stream(MESSAGES, ctx=CallContext(purpose="reply"))

@@ -6,10 +6,12 @@ JSON, arguments out of range, a hung upstream, a 503, a bug inside the tool — 
 ``TOOL_ERROR: …`` message saying what went wrong and what to do about it. Each call leaves one
 ``agents.models.ToolInvocation`` row when it belongs to a session.
 
-Tools run in a worker thread with their own database connection (closed when the thread ends), so
-call ``run_tool_call`` outside ``transaction.atomic``: a tool cannot see rows its caller has not
-committed. A timed-out attempt is abandoned, not killed (Python threads cannot be); tools that write
-must therefore be idempotent, as ``book_flight`` is.
+Tools run in a worker thread so that a deadline can be enforced. Called outside a transaction (as
+the runtime does: no transaction is held open around model or tool calls), the thread uses its own
+database connection, closed when it ends. Called inside ``transaction.atomic`` (tests, mostly), it
+borrows the caller's connection so it sees the caller's uncommitted rows. A timed-out attempt is
+abandoned, not killed (Python threads cannot be); tools that write must therefore be idempotent, as
+``book_flight`` is.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from pydantic import BaseModel, ValidationError
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
@@ -292,19 +294,31 @@ def _run_with_deadline(tool: Tool, args: BaseModel, context: ToolContext, timeou
     """One attempt in a daemon thread; past ``timeout`` it is abandoned and ``ToolTimeout`` raised."""
     box: dict[str, Any] = {}
     done = threading.Event()
+    # Outside a transaction (the runtime's case) the thread opens its own connection. Inside one (a test,
+    # or a caller that holds a transaction) a new connection could not see the caller's uncommitted rows,
+    # so the thread borrows the caller's connection instead.
+    caller = connections[DEFAULT_DB_ALIAS]
+    shared = caller if caller.in_atomic_block else None
+    if shared is not None:
+        shared.inc_thread_sharing()
 
     def target() -> None:
         try:
+            if shared is not None:
+                connections[DEFAULT_DB_ALIAS] = shared
             apply_fault(tool.name, timeout_s=timeout)
             box["value"] = tool.run(args, context)
         except BaseException as exc:  # noqa: BLE001 - handed to the calling thread, which classifies it
             box["error"] = exc
         finally:
-            # This thread's own database connection (if the tool used one) must not leak.
             try:
-                connections.close_all()
+                if shared is not None:
+                    shared.dec_thread_sharing()
+                else:
+                    # This thread's own database connection (if the tool used one) must not leak.
+                    connections.close_all()
             except Exception:
-                logger.warning("closing a tool thread's database connection failed", exc_info=True)
+                logger.warning("releasing a tool thread's database connection failed", exc_info=True)
             done.set()
 
     # Daemon: a hung tool must not keep the process alive at shutdown.

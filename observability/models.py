@@ -1,7 +1,13 @@
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
+
+
+def default_min_samples() -> int:
+    """New rules start from ``ALERT_MIN_SAMPLES``."""
+    return int(settings.ALERT_MIN_SAMPLES)
 
 
 class AlertRule(models.Model):
@@ -28,7 +34,7 @@ class AlertRule(models.Model):
     threshold = models.FloatField(help_text="Fires when the value is above this.")
     window_minutes = models.PositiveIntegerField(default=15, validators=[MinValueValidator(1)])
     min_samples = models.PositiveIntegerField(
-        default=10, help_text="Rates and percentiles need at least this many calls/runs in the window."
+        default=default_min_samples, help_text="Rates and percentiles need at least this many calls/runs in the window."
     )
     per_agent = models.BooleanField(default=True, help_text="Also evaluate each agent on its own.")
     enabled = models.BooleanField(default=True)

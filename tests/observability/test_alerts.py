@@ -176,3 +176,16 @@ def test_a_failing_webhook_is_logged_and_never_raises(
     failures = [r for r in caplog.records if r.getMessage().startswith("alert webhook failed")]
     assert len(failures) == 2
     assert Alert.objects.get(pk=alert.pk).notified_at is None
+
+
+def test_too_few_samples_fire_nothing_until_the_rule_allows_it(settings: Any) -> None:
+    now = timezone.now()
+    agent = make_agent("quiet")
+    for k in range(5):  # every call retried, but only five of them
+        make_call(at=now - dt.timedelta(minutes=k + 1), agent=agent, retries=1)
+    assert alerts_evaluate(now=now).fired == []
+    settings.ALERT_MIN_SAMPLES = 5
+    rule = AlertRule.objects.create(name="Any retries, small sites", metric="retry_rate", threshold=0.5)
+    assert rule.min_samples == 5
+    fired = alerts_evaluate(now=now).fired
+    assert {(a.rule_id, a.agent_id) for a in fired} == {(rule.id, None), (rule.id, agent.id)}

@@ -1,0 +1,141 @@
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from observability.selectors import (
+    figure_trend,
+    indicator_series,
+    indicators,
+    least_squares_slope,
+    relative_change,
+    session_health,
+    summaries_pending,
+)
+from tests.observability.builders import (
+    make_agent,
+    make_call,
+    make_checkpoint,
+    make_session,
+    make_tool_run,
+    make_turn,
+)
+
+
+def test_least_squares_slope_and_relative_change() -> None:
+    assert least_squares_slope([(0, 1), (1, 3), (2, 5)]) == pytest.approx(2.0)
+    assert least_squares_slope([(0, 5), (1, 5), (2, 5)]) == pytest.approx(0.0)
+    assert least_squares_slope([(0, 4), (1, 2)]) == pytest.approx(-2.0)
+    assert least_squares_slope([(1, 1)]) is None
+    assert least_squares_slope([(1, 1), (1, 2)]) is None
+    assert relative_change(current=130, previous=100) == pytest.approx(0.3)
+    assert relative_change(current=1, previous=0) is None
+    assert relative_change(current=None, previous=3) is None
+
+
+@pytest.mark.django_db
+def test_window_figures_overall_and_per_agent(alice: Any) -> None:
+    now = timezone.now()
+    a, b = make_agent("a"), make_agent("b")
+    sa, sb = make_session(user=alice, agent=a), make_session(user=alice, agent=b)
+    # Agent a: prompts 100..1000, one in five retried (twice), TTFT 100..1000 ms.
+    for i in range(10):
+        make_call(
+            at=now - dt.timedelta(minutes=i + 1),
+            agent=a,
+            prompt_tokens=100 * (i + 1),
+            retries=2 if i % 5 == 0 else 0,
+            ttft_ms=100.0 * (i + 1),
+        )
+    make_call(at=now - dt.timedelta(minutes=3), agent=b, prompt_tokens=5000, ttft_ms=None)
+    make_call(at=now - dt.timedelta(hours=2), agent=a, prompt_tokens=99999)  # outside the window
+    make_turn(session=sa, seq=1, at=now - dt.timedelta(minutes=5), step_limit_hit=True, degradations=["summary_cut"])
+    make_turn(session=sa, seq=2, at=now - dt.timedelta(minutes=4))
+    make_turn(session=sb, seq=1, at=now - dt.timedelta(minutes=4), degradations=[])
+    make_checkpoint(session=sa, seq=1, at=now - dt.timedelta(minutes=2), reason="reset")
+    make_checkpoint(session=sa, seq=2, at=now - dt.timedelta(minutes=1), reason="failed", state="FAILED")
+    make_checkpoint(session=sb, seq=1, at=now - dt.timedelta(minutes=1), reason="transition")
+    make_tool_run(session=sa, at=now - dt.timedelta(minutes=2), ok=False)
+    make_tool_run(session=sa, at=now - dt.timedelta(minutes=2), ok=True)
+    make_tool_run(session=sb, at=now - dt.timedelta(minutes=2), ok=True)
+
+    start = now - dt.timedelta(minutes=30)
+    fa = indicators(start=start, end=now, agent_id=a.id)
+    assert (fa.calls, fa.calls_retried, fa.retries) == (10, 2, 4)
+    assert fa.retry_rate == pytest.approx(0.2) and fa.retries_per_call == pytest.approx(0.4)
+    assert fa.prompt_tokens_mean == pytest.approx(550)
+    # percentile_cont interpolates: p95 of 100..1000 lies between the two largest.
+    assert fa.prompt_tokens_p95 == pytest.approx(955)
+    assert fa.ttft_p50_ms == pytest.approx(550) and fa.ttft_samples == 10
+    assert (fa.turns, fa.step_limit_hits, fa.degradations) == (2, 1, 1)
+    assert (fa.resets, fa.failures) == (1, 1)
+    assert fa.tool_error_rate == pytest.approx(0.5)
+
+    overall = indicators(start=start, end=now)
+    assert overall.calls == 11 and overall.ttft_samples == 10
+    assert overall.turns == 3 and overall.degradations == 1
+    assert overall.tool_runs == 3 and overall.tool_errors == 1
+    fb = indicators(start=start, end=now, agent_id=b.id)
+    assert fb.ttft_p95_ms is None and fb.retry_rate == 0
+
+
+@pytest.mark.django_db
+def test_series_buckets_and_trend(alice: Any) -> None:
+    now = timezone.now().replace(microsecond=0)
+    agent = make_agent("a")
+    start = now - dt.timedelta(hours=1)
+    # Six ten-minute buckets; tokens per call rise by 100 a bucket, bucket 3 is empty.
+    for bucket in range(6):
+        if bucket == 3:
+            continue
+        for j in range(2):
+            make_call(
+                at=start + dt.timedelta(minutes=10 * bucket + 1 + j), agent=agent, prompt_tokens=1000 + 100 * bucket
+            )
+    series = indicator_series(start=start, end=now, bucket=dt.timedelta(minutes=10), agent_id=agent.id)
+    assert [p.start for p in series] == [start + dt.timedelta(minutes=10 * i) for i in range(6)]
+    assert [p.figures.calls for p in series] == [2, 2, 2, 0, 2, 2]
+    assert [p.figures.prompt_tokens_mean for p in series] == [1000, 1100, 1200, None, 1400, 1500]
+
+    trend = figure_trend(attribute="prompt_tokens_mean", now=now, window=dt.timedelta(minutes=30), agent_id=agent.id)
+    assert trend.current == pytest.approx(1450) and trend.previous == pytest.approx(1100)
+    assert trend.change == pytest.approx(1450 / 1100 - 1)
+    assert trend.slope_per_hour == pytest.approx(600, rel=0.01)
+    assert trend.rising
+
+
+@pytest.mark.django_db
+def test_summaries_pending(alice: Any) -> None:
+    a = make_agent("a")
+    behind = make_session(user=alice, agent=a)
+    behind.summary_requested_seq, behind.summary_through_seq = 12, 6
+    behind.save()
+    done = make_session(user=alice, agent=a)
+    done.summary_requested_seq = done.summary_through_seq = 6
+    done.save()
+    assert summaries_pending() == 1
+    assert summaries_pending(agent_id=make_agent("b").id) == 0
+
+
+@pytest.mark.django_db
+def test_session_health_signals(alice: Any) -> None:
+    now = timezone.now()
+    agent = make_agent("a")
+    session = make_session(user=alice, agent=agent)
+    for seq in range(1, 10):
+        at = now - dt.timedelta(minutes=20 - seq)
+        turn = make_turn(session=session, seq=seq, at=at, prompt_tokens=0, state_before="A", state_after="A")
+        # Turn.prompt_tokens not set: the health view falls back to the turn's calls.
+        make_call(at=at, agent=agent, session=session, turn=turn, prompt_tokens=500 * seq, retries=1 if seq > 6 else 0)
+    health = session_health(session=session)
+    assert [t.prompt_tokens for t in health.turns] == [500 * s for s in range(1, 10)]
+    # Last third (3500, 4000, 4500) against the first third (500, 1000, 1500).
+    assert health.tokens_growth == pytest.approx(4000 / 1000 - 1)
+    assert health.tokens_slope_per_turn == pytest.approx(500)
+    assert health.retries == 3
+    assert health.verdict == "spiralling"
+    assert any("prompt tokens" in s for s in health.signals)
+    assert any("retries" in s for s in health.signals)

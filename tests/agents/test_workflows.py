@@ -71,9 +71,10 @@ def test_decision_schema_is_a_literal_of_the_states() -> None:
     with pytest.raises(ValueError):
         WF.decision_schema.model_validate({"next_state": "IDLE", "slots": {}, "confidence": 1.5})
     # "slots": null from a model means "nothing said", not an error.
-    assert WF.decision_schema.model_validate({"next_state": "IDLE", "slots": None}).slots.model_dump(
-        exclude_none=True
-    ) == {}
+    assert (
+        WF.decision_schema.model_validate({"next_state": "IDLE", "slots": None}).slots.model_dump(exclude_none=True)
+        == {}
+    )
 
 
 @pytest.mark.parametrize(
@@ -97,9 +98,7 @@ def test_merge_slots_refuses_invalid_values_and_keeps_the_rest(update: dict[str,
 
 
 def test_merge_slots_cross_field_rules() -> None:
-    merged, errors = WF.merge_slots(
-        {"depart_date": "2027-03-10"}, {"return_date": "2027-03-01"}, today=TODAY
-    )
+    merged, errors = WF.merge_slots({"depart_date": "2027-03-10"}, {"return_date": "2027-03-01"}, today=TODAY)
     assert "return_date" not in merged and any("before the departure" in e for e in errors)
     merged, errors = WF.merge_slots({"origin": "Paris"}, {"destination": "paris"}, today=TODAY)
     assert "destination" not in merged and errors
@@ -140,7 +139,9 @@ def test_start_over_clears_the_data() -> None:
 
 
 def test_resume_instruction_lists_known_data_and_asks_the_next_question() -> None:
-    text = WF.resume_instruction("GATHERING_PASSENGERS", {k: COMPLETE[k] for k in ("origin", "destination", "depart_date")})
+    text = WF.resume_instruction(
+        "GATHERING_PASSENGERS", {k: COMPLETE[k] for k in ("origin", "destination", "depart_date")}
+    )
     assert "CURRENT_STATE: GATHERING_PASSENGERS" in text
     assert "Already collected: origin=London, destination=Paris, depart_date=2027-03-10 — do not ask" in text
     assert "Next question: How many passengers" in text

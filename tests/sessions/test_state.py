@@ -69,7 +69,11 @@ def test_valid_transition_is_applied_versioned_and_checkpointed(booking: ChatSes
     )
     assert outcome.applied and (outcome.from_state, outcome.to_state) == ("IDLE", "GATHERING_DATES")
     stored = ChatSession.objects.get(pk=booking.pk)
-    assert (stored.state, stored.data, stored.version) == ("GATHERING_DATES", {"origin": "Oslo", "destination": "Rome"}, 1)
+    assert (stored.state, stored.data, stored.version) == (
+        "GATHERING_DATES",
+        {"origin": "Oslo", "destination": "Rome"},
+        1,
+    )
     assert (stored.last_transition, stored.last_good_state) == ("IDLE -> GATHERING_DATES", "GATHERING_DATES")
     cp = Checkpoint.objects.get(session=booking)
     assert (cp.seq, cp.reason, cp.state, cp.transition, cp.turn_id) == (

@@ -1,11 +1,40 @@
-"""Every /api/ route, gathered from the apps."""
+"""Every /api/ route, gathered from the apps. The last route turns any other /api/ path into a JSON 404."""
 
 from __future__ import annotations
 
-from django.urls import path
+from django.urls import path, re_path
 
-from config.api import whoami
+from agents.api import AgentDetailApi, AgentListApi
+from config.api import api_not_found, metrics, whoami
+from memory.api import MemoryDetailApi, MemoryListApi, MemorySearchApi
+from sessions.api import (
+    SessionCheckpointListApi,
+    SessionDetailApi,
+    SessionListApi,
+    SessionMessageApi,
+    SessionMessageStreamApi,
+    SessionStateApi,
+    TurnCompositionApi,
+)
 
 urlpatterns = [
     path("me/", whoami, name="api-me"),
+    path("metrics/", metrics, name="api-metrics"),
+    path("agents/", AgentListApi.as_view(), name="api-agents"),
+    path("agents/<int:pk>/", AgentDetailApi.as_view(), name="api-agent"),
+    path("sessions/", SessionListApi.as_view(), name="api-sessions"),
+    path("sessions/<uuid:session_id>/", SessionDetailApi.as_view(), name="api-session"),
+    path("sessions/<uuid:session_id>/state/", SessionStateApi.as_view(), name="api-session-state"),
+    path("sessions/<uuid:session_id>/checkpoints/", SessionCheckpointListApi.as_view(), name="api-session-checkpoints"),
+    path("sessions/<uuid:session_id>/messages/", SessionMessageApi.as_view(), name="api-session-messages"),
+    path(
+        "sessions/<uuid:session_id>/messages/stream/",
+        SessionMessageStreamApi.as_view(),
+        name="api-session-messages-stream",
+    ),
+    path("turns/<int:turn_id>/composition/", TurnCompositionApi.as_view(), name="api-turn-composition"),
+    path("memories/", MemoryListApi.as_view(), name="api-memories"),
+    path("memories/search/", MemorySearchApi.as_view(), name="api-memory-search"),
+    path("memories/<int:memory_id>/", MemoryDetailApi.as_view(), name="api-memory"),
+    re_path(r"^(?P<unmatched>.*)$", api_not_found, name="api-not-found"),
 ]

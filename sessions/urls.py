@@ -6,4 +6,9 @@ from sessions import views
 
 urlpatterns = [
     path("", views.home, name="home"),
+    path("chats/new/", views.chat_new, name="chat-new"),
+    path("chats/<uuid:session_id>/", views.chat, name="chat"),
+    path("chats/<uuid:session_id>/panels/", views.chat_panels, name="chat-panels"),
+    path("chats/<uuid:session_id>/stream/", views.chat_stream, name="chat-stream"),
+    path("chats/<uuid:session_id>/delete/", views.chat_delete, name="chat-delete"),
 ]

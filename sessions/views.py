@@ -1,10 +1,182 @@
+"""The web chat: sign-in lives in config.urls; here are the session list, a new chat, the chat page,
+its streaming endpoint (server-sent events) and the panels (workflow, memory, context inspector).
+
+Another user's session is a 404, never a 403. Model output and memories reach the page only as
+sanitized HTML (``sessions.rendering``) or as text set with ``textContent`` in the browser.
+"""
+
 from __future__ import annotations
 
+import json
+from typing import Any
+from uuid import UUID
+
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from agents.models import Agent
+from config.api_errors import error_body, runtime_error_status
+from sessions.models import ChatSession, Turn
+
+
+def _own_session(request: HttpRequest, session_id: UUID) -> ChatSession:
+    return get_object_or_404(ChatSession.objects.select_related("agent"), pk=session_id, user_id=request.user.pk or 0)
+
+
+def _model_label(agent: Agent) -> dict[str, Any]:
+    from agents.serializers import agent_model_label
+
+    return agent_model_label(agent)
+
+
+def _workflow_panel(session: ChatSession) -> dict[str, Any]:
+    """The workflow's states in order, which one is current, and the data collected so far."""
+    states: list[str] = []
+    title = session.workflow
+    terminal: set[str] = set()
+    try:
+        from agents.workflows import get_workflow
+
+        workflow = get_workflow(session.workflow)
+        states = list(workflow.states)
+        title = str(getattr(workflow, "title", "") or session.workflow)
+        terminal = set(workflow.terminal_states)
+    except (ImportError, LookupError, KeyError, ValueError):
+        pass
+    current = states.index(session.state) if session.state in states else -1
+    steps = [
+        {"name": name, "current": i == current, "done": current >= 0 and i < current, "terminal": name in terminal}
+        for i, name in enumerate(states)
+    ]
+    data = [(key, value) for key, value in (session.data or {}).items() if value not in (None, "", [])]
+    return {"title": title, "steps": steps, "state": session.state, "data": data, "status": session.status}
+
+
+def _inspector(turn: Turn | None) -> dict[str, Any] | None:
+    """Prompt sections as shares of the prompt limit, for the staff context inspector."""
+    if turn is None or not turn.composition:
+        return None
+    composition = turn.composition
+    sections: dict[str, int] = {k: int(v) for k, v in (composition.get("sections") or {}).items()}
+    limit = int(composition.get("limit") or 0) or max(1, sum(sections.values()))
+    bars: list[dict[str, Any]] = [
+        {"name": name, "tokens": tokens, "percent": round(100.0 * tokens / limit, 2)}
+        for name, tokens in sections.items()
+        if tokens > 0
+    ]
+    turns = composition.get("turns") or {}
+    memories = composition.get("memories") or {}
+    return {
+        "turn": turn,
+        "bars": bars,
+        "total": int(composition.get("total") or sum(sections.values())),
+        "limit": limit,
+        "window": composition.get("window"),
+        "free_percent": max(0.0, round(100.0 - sum(float(b["percent"]) for b in bars), 2)),
+        "degradations": composition.get("degradations") or [],
+        "turns_included": turns.get("included") or [],
+        "turns_dropped": turns.get("dropped") or [],
+        "memories_included": memories.get("included") or [],
+        "memories_dropped": memories.get("dropped") or [],
+        "raw": json.dumps(composition, indent=2, default=str),
+    }
+
+
+def _panels_context(request: HttpRequest, session: ChatSession) -> dict[str, Any]:
+    last = session.turns.exclude(status=Turn.Status.RUNNING).order_by("-seq").first()
+    retrieval = (last.retrieval if last is not None else None) or {}
+    return {
+        "session": session,
+        "workflow": _workflow_panel(session),
+        "last_turn": last,
+        "retrieval": retrieval,
+        "retrieval_kept": [c for c in retrieval.get("candidates") or [] if c.get("kept")],
+        "retrieval_dropped": [c for c in retrieval.get("candidates") or [] if not c.get("kept")],
+        "inspector": _inspector(last) if request.user.is_staff else None,
+    }
 
 
 @login_required
+@require_GET
 def home(request: HttpRequest) -> HttpResponse:
-    return render(request, "home.html")
+    """My sessions, newest first, and a form to start a new chat with an agent."""
+    owner: Any = request.user  # signed in (login_required)
+    sessions = ChatSession.objects.filter(user=owner).select_related("agent").order_by("-updated_at")[:100]
+    agents = Agent.objects.filter(is_active=True).order_by("name")
+    return render(request, "home.html", {"sessions": sessions, "agents": agents})
+
+
+@login_required
+@require_POST
+def chat_new(request: HttpRequest) -> HttpResponse:
+    from sessions.services import session_create
+
+    agent = Agent.objects.filter(is_active=True, pk=request.POST.get("agent") or 0).first()
+    if agent is None:
+        messages.error(request, "Choose an agent to talk to.")
+        return redirect("home")
+    session = session_create(user=request.user, agent=agent, title=request.POST.get("title", "")[:200])
+    return redirect("chat", session_id=session.pk)
+
+
+@login_required
+@require_GET
+def chat(request: HttpRequest, session_id: UUID) -> HttpResponse:
+    session = _own_session(request, session_id)
+    turns = session.turns.order_by("seq")
+    context = {"turns": turns, "model": _model_label(session.agent), **_panels_context(request, session)}
+    return render(request, "chat.html", context)
+
+
+@login_required
+@require_GET
+def chat_panels(request: HttpRequest, session_id: UUID) -> HttpResponse:
+    """The side panels alone, re-fetched by the page after each reply."""
+    session = _own_session(request, session_id)
+    return render(request, "chat_panels.html", _panels_context(request, session))
+
+
+@login_required
+@require_POST
+def chat_stream(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
+    """POST a message; the reply comes back as ``text/event-stream``. CSRF token in the X-CSRFToken header."""
+    from sessions.streaming import turn_event_response
+
+    session = _own_session(request, session_id)
+    if request.content_type == "application/json":
+        try:
+            payload = json.loads(request.body or b"{}")
+        except ValueError:
+            return JsonResponse(error_body("parse_error", "The body is not valid JSON."), status=400)
+        message = payload.get("message") if isinstance(payload, dict) else None
+    else:
+        message = request.POST.get("message")
+    if not isinstance(message, str):
+        return JsonResponse(error_body("invalid", "Send a message."), status=400)
+    try:
+        return turn_event_response(
+            session=session, message=message, idempotency_key=request.headers.get("Idempotency-Key") or None
+        )
+    except Exception as exc:
+        refusal = runtime_error_status(exc)
+        if refusal is None:
+            raise
+        code, text, status = refusal
+        return JsonResponse(error_body(code, text), status=status)
+
+
+@login_required
+@require_POST
+def chat_delete(request: HttpRequest, session_id: UUID) -> HttpResponse:
+    from agents.runtime import session_is_locked
+
+    session = _own_session(request, session_id)
+    if session_is_locked(session.pk):
+        messages.error(request, "A reply is still being written; delete the chat when it has finished.")
+        return redirect("chat", session_id=session.pk)
+    session.delete()
+    messages.success(request, "Chat deleted.")
+    return redirect("home")

@@ -1,0 +1,136 @@
+"""One error format for the whole API: ``{"error": {"code": ..., "message": ..., "details": {...}}}``.
+
+Every error a client can meet goes through here: DRF's own exceptions (400 parse errors, 401, 403,
+404, 405, 415, 429), Django's ``Http404``/``PermissionDenied``/``RequestDataTooBig``, the runtime's
+``SessionBusyError`` (409) and ``MessageRejected`` (400/413), and unexpected exceptions (500, logged).
+Routes that DRF never sees (an unknown ``/api/...`` path, a body over the size limit) use
+``error_response`` directly: the catch-all route in ``config.api_urls`` and ``RequestSizeLimitMiddleware``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import set_rollback
+
+from config.parsers import PayloadTooLarge
+
+logger = logging.getLogger(__name__)
+
+API_PREFIX = "/api/"
+
+
+def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON body of every API error."""
+    return {"error": {"code": code, "message": message, "details": details or {}}}
+
+
+def error_response(*, code: str, message: str, status_code: int, details: dict[str, Any] | None = None) -> JsonResponse:
+    """A plain Django response in the API's error format, for code paths outside DRF views."""
+    return JsonResponse(error_body(code, message, details), status=status_code)
+
+
+def runtime_error_status(exc: Exception) -> tuple[str, str, int] | None:
+    """``(code, message, status)`` for the runtime's refusals (busy or closed session, rejected message),
+    or None for any other exception."""
+    # The runtime imports half the project: import it only when an error needs classifying.
+    from agents.runtime import MessageRejected, SessionBusyError, SessionClosedError
+
+    if isinstance(exc, SessionBusyError):
+        return "session_busy", str(exc) or "Another turn is running on this session.", status.HTTP_409_CONFLICT
+    if isinstance(exc, SessionClosedError):
+        return "session_closed", str(exc) or "This session is closed.", status.HTTP_409_CONFLICT
+    if isinstance(exc, MessageRejected):
+        return exc.code, exc.message, int(exc.status)
+    return None
+
+
+def _message_of(detail: Any) -> str:
+    if isinstance(detail, list) and detail:
+        return _message_of(detail[0])
+    if isinstance(detail, dict) and detail:
+        key, value = next(iter(detail.items()))
+        inner = _message_of(value)
+        return inner if key == "non_field_errors" else f"{key}: {inner}"
+    return str(detail)
+
+
+def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """DRF's ``EXCEPTION_HANDLER``: every error in the one format."""
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied()
+    elif isinstance(exc, RequestDataTooBig):
+        exc = PayloadTooLarge()
+
+    runtime = runtime_error_status(exc)
+    if runtime is not None:
+        code, message, status_code = runtime
+        set_rollback()
+        return Response(error_body(code, message), status=status_code)
+
+    if not isinstance(exc, exceptions.APIException):
+        # Unexpected: log with the traceback, answer in the same format without leaking internals.
+        logger.exception("unhandled API error", extra={"view": type(context.get("view")).__name__})
+        set_rollback()
+        return Response(
+            error_body("server_error", "Something went wrong on our side."),
+            status=status.HTTP_500_INTERNAL_SERVER_ERROR,
+        )
+
+    headers: dict[str, str] = {}
+    if getattr(exc, "auth_header", None):
+        headers["WWW-Authenticate"] = str(exc.auth_header)  # type: ignore[attr-defined]
+    details: dict[str, Any] = {}
+    if isinstance(exc, exceptions.ValidationError):
+        code = "invalid"
+        message = _message_of(exc.detail) or "The request is not valid."
+        details = {"fields": exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}}
+    else:
+        codes = exc.get_codes()
+        code = codes if isinstance(codes, str) else exc.default_code
+        message = _message_of(exc.detail)
+    wait = getattr(exc, "wait", None) if isinstance(exc, exceptions.Throttled) else None
+    if wait is not None:
+        details["retry_after_seconds"] = int(wait)
+        headers["Retry-After"] = str(int(wait))
+    set_rollback()
+    return Response(error_body(str(code), message, details), status=exc.status_code, headers=headers)
+
+
+class RequestSizeLimitMiddleware:
+    """413 before anything reads a body whose Content-Length is over ``DATA_UPLOAD_MAX_MEMORY_SIZE``.
+
+    Django itself only checks the size when ``request.body``/``POST`` is read (and then answers 400);
+    DRF reads the stream directly, so without this an oversize API body would be read in full.
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        raw_length = request.META.get("CONTENT_LENGTH") or "0"
+        try:
+            length = int(raw_length)
+        except ValueError:
+            length = 0
+        if limit is not None and length > limit:
+            message = f"The request body is {length} bytes; the limit is {limit}."
+            if request.path.startswith(API_PREFIX):
+                return error_response(
+                    code="payload_too_large",
+                    message=message,
+                    status_code=413,
+                    details={"limit_bytes": limit},
+                )
+            return HttpResponse(message, status=413, content_type="text/plain; charset=utf-8")
+        return self.get_response(request)

@@ -1,0 +1,30 @@
+"""Model output and memories as safe HTML: markdown rendered on the server, then sanitized.
+
+Anything a model or a user wrote is untrusted. ``markdown`` turns it into HTML (raw HTML in the
+input included), and ``nh3`` keeps only a small allow-list of tags and attributes, so a reply that
+contains ``<script>`` or ``onerror=`` shows up as text, never as code.
+"""
+
+from __future__ import annotations
+
+import markdown as markdown_lib
+import nh3
+
+ALLOWED_TAGS = {
+    "p", "br", "hr", "strong", "em", "b", "i", "code", "pre", "blockquote",
+    "ul", "ol", "li", "a", "h1", "h2", "h3", "h4", "h5", "h6",
+    "table", "thead", "tbody", "tr", "th", "td", "del",
+}  # fmt: skip
+ALLOWED_ATTRIBUTES: dict[str, set[str]] = {"a": {"href", "title"}, "code": {"class"}}
+
+
+def markdown_to_safe_html(text: str) -> str:
+    """Markdown to HTML with only harmless tags left; links get ``rel="noopener noreferrer nofollow"``."""
+    html = markdown_lib.markdown(text or "", extensions=["fenced_code", "tables", "sane_lists"], output_format="html")
+    return nh3.clean(
+        html,
+        tags=ALLOWED_TAGS,
+        attributes=ALLOWED_ATTRIBUTES,
+        url_schemes={"http", "https", "mailto"},
+        link_rel="noopener noreferrer nofollow",
+    )

@@ -1,0 +1,165 @@
+"""API shapes of chat sessions, their turns, state and checkpoints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.validators import ProhibitNullCharactersValidator
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from agents.models import Agent
+from sessions.models import ChatSession, Checkpoint, Turn
+
+
+class SessionInputSerializer(serializers.Serializer[Any]):
+    agent = serializers.SlugRelatedField(
+        slug_field="slug",
+        queryset=Agent.objects.filter(is_active=True),
+        required=False,
+        help_text="The agent's slug (or give agent_id).",
+    )
+    agent_id = serializers.PrimaryKeyRelatedField(queryset=Agent.objects.filter(is_active=True), required=False)
+    title = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        agent = attrs.get("agent") or attrs.get("agent_id")
+        if agent is None:
+            raise serializers.ValidationError({"agent": "Give the agent's slug (agent) or id (agent_id)."})
+        return {"agent": agent, "title": attrs.get("title", "")}
+
+
+class SessionOutputSerializer(serializers.ModelSerializer[ChatSession]):
+    agent: serializers.SlugRelatedField[Agent] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    agent_name = serializers.CharField(source="agent.name", read_only=True)
+
+    class Meta:
+        model = ChatSession
+        fields = [
+            "id",
+            "title",
+            "agent",
+            "agent_name",
+            "workflow",
+            "state",
+            "data",
+            "status",
+            "retry_count",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class SessionStateSerializer(serializers.ModelSerializer[ChatSession]):
+    states = serializers.SerializerMethodField()
+    terminal_states = serializers.SerializerMethodField()
+    workflow_title = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ChatSession
+        fields = [
+            "id",
+            "workflow",
+            "workflow_title",
+            "state",
+            "data",
+            "status",
+            "retry_count",
+            "version",
+            "last_transition",
+            "last_good_state",
+            "states",
+            "terminal_states",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+    def _workflow(self, session: ChatSession) -> Any:
+        try:
+            from agents.workflows import get_workflow
+
+            return get_workflow(session.workflow)
+        except (ImportError, LookupError, KeyError, ValueError):
+            # A workflow removed from the code since the session began: show the state without the map.
+            return None
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_states(self, session: ChatSession) -> list[str]:
+        workflow = self._workflow(session)
+        return list(workflow.states) if workflow is not None else []
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_terminal_states(self, session: ChatSession) -> list[str]:
+        workflow = self._workflow(session)
+        return sorted(workflow.terminal_states) if workflow is not None else []
+
+    @extend_schema_field(serializers.CharField())
+    def get_workflow_title(self, session: ChatSession) -> str:
+        workflow = self._workflow(session)
+        return str(getattr(workflow, "title", "") or session.workflow)
+
+
+class CheckpointOutputSerializer(serializers.ModelSerializer[Checkpoint]):
+    class Meta:
+        model = Checkpoint
+        fields = ["id", "seq", "turn", "state", "data", "retry_count", "transition", "reason", "detail", "created_at"]
+        read_only_fields = fields
+
+
+class TurnOutputSerializer(serializers.ModelSerializer[Turn]):
+    session = serializers.UUIDField(source="session_id", read_only=True)
+
+    class Meta:
+        model = Turn
+        fields = [
+            "id",
+            "session",
+            "seq",
+            "user_message",
+            "assistant_message",
+            "status",
+            "error",
+            "state_before",
+            "state_after",
+            "steps",
+            "step_limit_hit",
+            "is_demo",
+            "prompt_tokens",
+            "created_at",
+            "completed_at",
+        ]
+        read_only_fields = fields
+
+
+class TurnCompositionSerializer(serializers.ModelSerializer[Turn]):
+    session = serializers.UUIDField(source="session_id", read_only=True)
+
+    class Meta:
+        model = Turn
+        fields = ["id", "session", "seq", "status", "prompt_tokens", "composition", "retrieval"]
+        read_only_fields = fields
+
+
+class MessageField(serializers.CharField):
+    """The chat message as sent: no trimming, and NUL bytes left for the runtime to refuse with its own code."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("trim_whitespace", False)
+        kwargs.setdefault("allow_blank", True)
+        super().__init__(**kwargs)
+        self.validators = [v for v in self.validators if not isinstance(v, ProhibitNullCharactersValidator)]
+
+
+class MessageInputSerializer(serializers.Serializer[Any]):
+    message = MessageField(help_text="The user's message. Send an Idempotency-Key header to make retries safe.")
+
+
+class MessageOutputSerializer(serializers.Serializer[Any]):
+    turn = TurnOutputSerializer()
+    reply = serializers.CharField()
+    reply_html = serializers.CharField(help_text="The reply as sanitized HTML (markdown rendered).")
+    replayed = serializers.BooleanField(help_text="True when an earlier request with this Idempotency-Key answered.")
+    is_demo = serializers.BooleanField()
+    model_label = serializers.CharField()
+    session = SessionOutputSerializer()

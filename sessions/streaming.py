@@ -1,0 +1,70 @@
+"""Server-sent events for a turn: the shared door of the web chat and the API's streaming endpoint.
+
+``turn_event_response`` starts the turn *before* it returns, so the runtime's refusals (busy
+session, rejected message) surface as ordinary HTTP errors rather than inside a 200 stream.
+Each runtime event becomes one SSE message (``event: <type>`` + ``data: <json>``); the final
+``done`` event also carries the reply as sanitized HTML for the page to swap in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from django.http import StreamingHttpResponse
+
+from sessions.models import ChatSession
+from sessions.rendering import markdown_to_safe_html
+
+logger = logging.getLogger(__name__)
+
+
+def sse_encode(event: dict[str, Any]) -> bytes:
+    """One SSE message. JSON never contains a raw newline, so one ``data:`` line is enough."""
+    kind = str(event.get("type", "message")).replace("\n", " ")
+    payload = json.dumps(event, default=str, ensure_ascii=False)
+    return f"event: {kind}\ndata: {payload}\n\n".encode()
+
+
+def _with_html(event: dict[str, Any]) -> dict[str, Any]:
+    if event.get("type") == "done":
+        return {**event, "html": markdown_to_safe_html(str(event.get("reply") or ""))}
+    return event
+
+
+def _encoded(events: Iterator[dict[str, Any]]) -> Iterator[bytes]:
+    # A comment line first: some proxies hold a response back until the first bytes arrive.
+    yield b": stream open\n\n"
+    try:
+        for event in events:
+            yield sse_encode(_with_html(event))
+    except GeneratorExit:
+        # The client went away; closing `events` (below) releases the session's turn lock.
+        raise
+    except Exception:  # headers are sent: the only way left to report is an error event
+        logger.exception("turn stream failed")
+        yield sse_encode({"type": "error", "code": "server_error", "message": "The reply failed on our side."})
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()
+
+
+def turn_event_response(
+    *, session: ChatSession, message: str, idempotency_key: str | None = None
+) -> StreamingHttpResponse:
+    """Start a turn and answer with its events as ``text/event-stream``.
+
+    Raises the runtime's ``MessageRejected`` / ``SessionBusyError`` / ``SessionClosedError`` before any
+    byte is sent, for the caller to turn into an error response.
+    """
+    from agents.runtime import turn_stream
+
+    events = turn_stream(session=session, message=message, idempotency_key=idempotency_key)
+    response = StreamingHttpResponse(_encoded(events), content_type="text/event-stream; charset=utf-8")
+    response["Cache-Control"] = "no-cache"
+    # nginx and similar proxies buffer responses unless told not to; a buffered stream is not a stream.
+    response["X-Accel-Buffering"] = "no"
+    return response

@@ -1,0 +1,143 @@
+// The chat page: post a message, read the reply as server-sent events from a fetch() body, show the
+// deltas as text (textContent: nothing the model writes is ever parsed as HTML), then swap in the
+// server-rendered, sanitized HTML at "done" and refresh the side panels.
+(function () {
+  "use strict";
+  const form = document.getElementById("composer");
+  if (!form) return;
+  const input = document.getElementById("message");
+  const send = document.getElementById("send");
+  const turns = document.getElementById("turns");
+  const errorBox = document.getElementById("chat-error");
+  const panels = document.getElementById("panels");
+  const csrf = form.querySelector("input[name=csrfmiddlewaretoken]").value;
+
+  function newKey() {
+    if (window.crypto && crypto.randomUUID) return crypto.randomUUID();
+    return Date.now().toString(36) + Math.random().toString(36).slice(2);
+  }
+
+  function bubble(role, text) {
+    const li = document.createElement("li");
+    li.className = "msg " + role;
+    const div = document.createElement("div");
+    div.className = "bubble";
+    div.textContent = text;
+    li.appendChild(div);
+    turns.appendChild(li);
+    li.scrollIntoView({ block: "end" });
+    return li;
+  }
+
+  function showError(message) {
+    errorBox.textContent = message;
+    errorBox.hidden = false;
+  }
+
+  async function refreshPanels() {
+    const response = await fetch(form.dataset.panelsUrl, { headers: { Accept: "text/html" }, credentials: "same-origin" });
+    // The fragment is rendered by Django's templates, which escape and sanitize every value.
+    if (response.ok) panels.innerHTML = await response.text();
+  }
+
+  function handle(event, data, reply) {
+    const body = reply.querySelector(".bubble");
+    if (event === "turn") {
+      reply.dataset.turn = data.turn_id;
+    } else if (event === "delta") {
+      body.textContent += data.text;
+      reply.scrollIntoView({ block: "end" });
+    } else if (event === "tool") {
+      const note = document.createElement("span");
+      note.className = "tool";
+      note.textContent = "tool " + data.name + (data.ok ? " ✓" : " failed");
+      reply.appendChild(note);
+    } else if (event === "state") {
+      const state = document.getElementById("workflow-state");
+      if (state && data.state) { state.textContent = data.state; state.dataset.state = data.state; }
+    } else if (event === "done") {
+      reply.classList.remove("streaming");
+      body.innerHTML = data.html; // sanitized on the server (markdown + nh3)
+      if (data.turn_status === "failed") reply.classList.add("failed");
+      if (data.is_demo) {
+        const badge = document.createElement("span");
+        badge.className = "badge demo small";
+        badge.textContent = "demo model, not an LLM";
+        reply.appendChild(badge);
+      }
+      reply.dataset.done = "1";
+    } else if (event === "error") {
+      reply.classList.remove("streaming");
+      reply.classList.add("failed");
+      showError(data.message || "The reply failed.");
+    }
+  }
+
+  async function readStream(response, reply) {
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      let cut;
+      while ((cut = buffer.indexOf("\n\n")) >= 0) {
+        const chunk = buffer.slice(0, cut);
+        buffer = buffer.slice(cut + 2);
+        let event = "message";
+        const lines = [];
+        for (const line of chunk.split("\n")) {
+          if (line.startsWith("event:")) event = line.slice(6).trim();
+          else if (line.startsWith("data:")) lines.push(line.slice(5).trimStart());
+        }
+        if (lines.length) handle(event, JSON.parse(lines.join("\n")), reply);
+      }
+    }
+  }
+
+  form.addEventListener("submit", async function (e) {
+    e.preventDefault();
+    const message = input.value;
+    if (!message.trim()) return;
+    errorBox.hidden = true;
+    send.disabled = true;
+    input.disabled = true;
+    bubble("user", message);
+    const reply = bubble("assistant", "");
+    reply.classList.add("streaming");
+    try {
+      const response = await fetch(form.dataset.streamUrl, {
+        method: "POST",
+        credentials: "same-origin",
+        headers: {
+          "Content-Type": "application/json",
+          Accept: "text/event-stream",
+          "X-CSRFToken": csrf,
+          "Idempotency-Key": newKey(),
+        },
+        body: JSON.stringify({ message: message }),
+      });
+      if (!response.ok) {
+        let text = "The message was not accepted (" + response.status + ").";
+        try { text = (await response.json()).error.message || text; } catch (_) { /* not JSON */ }
+        reply.remove();
+        showError(text);
+        return;
+      }
+      input.value = "";
+      await readStream(response, reply);
+      await refreshPanels();
+    } catch (err) {
+      showError("The connection was lost: " + err.message + ". Reload the page to see the saved reply.");
+    } finally {
+      send.disabled = false;
+      input.disabled = false;
+      input.focus();
+    }
+  });
+
+  input.addEventListener("keydown", function (e) {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); form.requestSubmit(); }
+  });
+})();

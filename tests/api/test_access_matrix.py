@@ -1,0 +1,137 @@
+"""Who may see what, through every API endpoint: anonymous, Alice (the owner), Bob and staff.
+
+Alice owns a session (with one turn) and a memory. Bob and staff asking for them get 404, exactly as
+for ids that do not exist, so ids leak nothing; the one exception is a turn's context composition,
+which staff may read for any turn (the context inspector).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from agents.models import Agent
+from agents.runtime import turn_run
+from memory.models import Memory
+from memory.services import memory_create
+from sessions.models import ChatSession, Turn
+from sessions.services import session_create
+from tests.api.conftest import assert_error, token_client
+
+
+@dataclass
+class World:
+    agent: Agent
+    session: ChatSession
+    turn: Turn
+    memory: Memory
+
+
+@pytest.fixture
+def world(alice: Any, chat_agent: Agent) -> World:
+    session = session_create(user=alice, agent=chat_agent)
+    result = turn_run(session=session, message="My favourite colour is teal.")
+    memory = memory_create(user=alice, kind="semantic", text="Alice prefers aisle seats on long flights.")
+    return World(agent=chat_agent, session=session, turn=result.turn, memory=memory)
+
+
+ANON, ALICE, BOB, STAFF = "anonymous", "alice", "bob", "staff"
+
+# (method, path template, body, {persona: expected status})
+OWNER_ONLY = {ANON: 401, ALICE: 200, BOB: 404, STAFF: 404}
+ANY_USER = {ANON: 401, ALICE: 200, BOB: 200, STAFF: 200}
+CASES: list[tuple[str, str, dict[str, Any] | None, dict[str, int]]] = [
+    ("get", "/api/me/", None, ANY_USER),
+    ("get", "/api/metrics/", None, ANY_USER),
+    ("get", "/api/agents/", None, ANY_USER),
+    ("get", "/api/agents/{agent}/", None, ANY_USER),
+    ("get", "/api/sessions/", None, ANY_USER),
+    ("post", "/api/sessions/", {"agent": "chatty"}, {ANON: 401, ALICE: 201, BOB: 201, STAFF: 201}),
+    ("get", "/api/sessions/{session}/", None, OWNER_ONLY),
+    ("delete", "/api/sessions/{session}/", None, {ANON: 401, ALICE: 204, BOB: 404, STAFF: 404}),
+    ("get", "/api/sessions/{session}/state/", None, OWNER_ONLY),
+    ("get", "/api/sessions/{session}/checkpoints/", None, OWNER_ONLY),
+    ("get", "/api/sessions/{session}/messages/", None, OWNER_ONLY),
+    ("post", "/api/sessions/{session}/messages/", {"message": "hello"}, {ANON: 401, ALICE: 201, BOB: 404, STAFF: 404}),
+    ("post", "/api/sessions/{session}/messages/stream/", {"message": "hello"}, OWNER_ONLY),
+    ("get", "/api/turns/{turn}/composition/", None, {ANON: 401, ALICE: 200, BOB: 404, STAFF: 200}),
+    ("get", "/api/memories/", None, ANY_USER),
+    ("post", "/api/memories/", {"kind": "semantic", "text": "Likes tea."}, {ANON: 401, ALICE: 201, BOB: 201, STAFF: 201}),
+    ("get", "/api/memories/search/?q=aisle", None, ANY_USER),
+    ("get", "/api/memories/{memory}/", None, OWNER_ONLY),
+    ("patch", "/api/memories/{memory}/", {"pinned": True}, OWNER_ONLY),
+    ("delete", "/api/memories/{memory}/", None, {ANON: 401, ALICE: 204, BOB: 404, STAFF: 404}),
+]
+
+
+def _client(persona: str, users: dict[str, Any]) -> APIClient:
+    return APIClient() if persona == ANON else token_client(users[persona])
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("persona", [ANON, ALICE, BOB, STAFF])
+@pytest.mark.parametrize(("method", "template", "body", "expected"), CASES, ids=[f"{c[0]} {c[1]}" for c in CASES])
+def test_access_matrix(
+    persona: str,
+    method: str,
+    template: str,
+    body: dict[str, Any] | None,
+    expected: dict[str, int],
+    world: World,
+    alice: Any,
+    bob: Any,
+    staff: Any,
+) -> None:
+    path = template.format(agent=world.agent.pk, session=world.session.pk, turn=world.turn.pk, memory=world.memory.pk)
+    client = _client(persona, {ALICE: alice, BOB: bob, STAFF: staff})
+    response = getattr(client, method)(path, body, format="json") if body is not None else getattr(client, method)(path)
+    want = expected[persona]
+    if want >= 400:
+        assert_error(response, want, {401: "not_authenticated", 404: "not_found"}[want])
+        # Alice's things are untouched by a refused request.
+        assert ChatSession.objects.filter(pk=world.session.pk).exists()
+        assert Memory.objects.filter(pk=world.memory.pk, pinned=False).exists()
+        assert Turn.objects.filter(session=world.session).count() == 1
+    else:
+        assert response.status_code == want, (response.status_code, response.content[:300])
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("persona", [BOB, STAFF])
+def test_lists_never_contain_alices_things(persona: str, world: World, alice: Any, bob: Any, staff: Any) -> None:
+    client = _client(persona, {ALICE: alice, BOB: bob, STAFF: staff})
+    sessions = client.get("/api/sessions/").json()
+    assert sessions["count"] == 0 and sessions["results"] == []
+    memories = client.get("/api/memories/").json()
+    assert all(m["id"] != world.memory.pk for m in memories["results"])
+    found = client.get("/api/memories/search/", {"q": "aisle seats long flights"}).json()
+    assert all(hit["memory"]["id"] != world.memory.pk for hit in found["items"])
+    assert all(c["id"] != world.memory.pk for c in found["report"]["candidates"])
+    metrics = client.get("/api/metrics/").json()
+    assert metrics["turns"]["total"] == 0 and metrics["sessions"]["total"] == 0
+
+
+@pytest.mark.django_db
+def test_alice_lists_and_finds_her_own(world: World, alice: Any) -> None:
+    client = token_client(alice)
+    sessions = client.get("/api/sessions/").json()
+    assert [s["id"] for s in sessions["results"]] == [str(world.session.pk)]
+    memories = client.get("/api/memories/").json()
+    assert world.memory.pk in [m["id"] for m in memories["results"]]
+    found = client.get("/api/memories/search/", {"q": "aisle seats on long flights"}).json()
+    assert world.memory.pk in [hit["memory"]["id"] for hit in found["items"]]
+    metrics = client.get("/api/metrics/").json()
+    assert metrics["turns"]["total"] == 1 and metrics["sessions"]["total"] == 1
+
+
+@pytest.mark.django_db
+def test_someone_elses_id_looks_exactly_like_a_missing_one(world: World, bob: Any) -> None:
+    client = token_client(bob)
+    theirs = client.get(f"/api/sessions/{world.session.pk}/")
+    missing = client.get("/api/sessions/00000000-0000-4000-8000-000000000000/")
+    assert theirs.status_code == missing.status_code == 404
+    assert theirs.json() == missing.json()
+    assert client.get(f"/api/memories/{world.memory.pk}/").json() == client.get("/api/memories/999999999/").json()

@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m bench [part ...]`` (``make bench``). Results go to ``bench/results/``."""

@@ -1,0 +1,46 @@
+"""``python -m bench [part ...] [-- part options]``: run named benchmark parts (all when none is named).
+
+A part is a module in this package with ``main(argv: list[str]) -> int``. To add one, write the
+module and add one line to ``PARTS``. Django is set up before any part is imported, so parts may
+use the ORM, the token counter and the providers like the app does.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+# name -> module. One line per part.
+PARTS: dict[str, str] = {
+    "context": "bench.context_bench",
+}
+
+
+def main(argv: list[str]) -> int:
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
+        print("parts:", ", ".join(PARTS))
+        return 0
+    names, rest = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    unknown = [n for n in names if n not in PARTS]
+    if unknown:
+        print(f"unknown part(s): {', '.join(unknown)}; known: {', '.join(PARTS)}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    # Parts that need a database create a throwaway test database; its own name keeps it apart from
+    # the test suite's and the app's.
+    os.environ.setdefault("TEST_DB_SUFFIX", "_bench")
+    import django
+
+    django.setup()
+    status = 0
+    for name in names or list(PARTS):
+        print(f"== bench {name} ==", flush=True)
+        module = importlib.import_module(PARTS[name])
+        status = max(status, int(module.main(rest)))
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

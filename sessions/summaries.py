@@ -1,0 +1,298 @@
+"""Progressive summaries: the turns that leave the sliding window are folded into a running summary.
+
+``summary_request_if_due`` runs after every turn. It asks for a summary a little before turns
+leave the window (``SUMMARY_LEAD_TURNS``), in batches (``SUMMARY_BATCH_TURNS``), so the next
+call normally finds it ready; when it is not, the context builder keeps the unsummarized turns
+and degrades if they do not fit. The Celery task ``sessions.tasks.summarize_session`` calls
+``summarize_session_through``, which asks the (cheap) model to merge the new turns into the
+summary — keeping decisions, facts, actions and pending items, dropping filler — bounded by the
+summary section budget. When the model fails, ``extractive_summary`` keeps the summary bounded
+without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+from django.db import transaction
+
+from agents.llm.base import CallContext, LLMError
+from agents.llm.tokens import TokenCounter, counter_for
+from sessions.context import ContextBudget, TurnText, cut_to_budget, window_size
+from sessions.models import ChatSession, Turn
+
+if TYPE_CHECKING:
+    from agents.llm.base import LLMProvider
+
+logger = logging.getLogger(__name__)
+
+# Keep at most this many tokens of one sentence in an extractive summary line.
+EXTRACT_LINE_TOKENS = 60
+SUMMARIZE_INSTRUCTIONS = """You maintain the running summary of a conversation between a user and an assistant.
+Merge the existing summary and the new turns into one updated summary.
+Keep: decisions made; facts about the user and the task (names, numbers, dates, places, references, preferences);
+actions taken (tool calls, bookings) and their results; pending items and open questions.
+Drop: greetings, thanks, small talk, filler and repetition.
+Put decisions and facts first. Write short bullet lines ("- ..."). Never invent anything.
+Use at most {limit} tokens. Answer with the summary only."""
+
+
+def _lead_turns() -> int:
+    return int(getattr(settings, "SUMMARY_LEAD_TURNS", 2))
+
+
+def _batch_turns() -> int:
+    return int(getattr(settings, "SUMMARY_BATCH_TURNS", 2))
+
+
+def summary_due(*, turns: Sequence[TurnText], budget: ContextBudget, counter: TokenCounter, through_seq: int) -> int:
+    """The seq a summary should now reach, or 0 when none is due.
+
+    ``turns`` are the newest completed turns, oldest first (``window_turns + SUMMARY_LEAD_TURNS + 1``
+    of them suffice). The window is ``sessions.context.window_size``. Due: turns that left the
+    window, or will within ``SUMMARY_LEAD_TURNS`` turns, are not in the summary, and either
+    ``SUMMARY_BATCH_TURNS`` of them have gathered or some have already left.
+    """
+    if not turns:
+        return 0
+    last = turns[-1].seq
+    in_window = window_size(turns, budget=budget, counter=counter)
+    left = turns[len(turns) - in_window].seq - 1 if in_window else last
+    soon = _lead_turns()
+    if in_window == len(turns) and in_window < budget.window_turns:
+        # Nothing has left yet and the window has room: only the turns that overflow it leave soon.
+        soon = max(0, in_window + soon - budget.window_turns)
+    due = min(last, left + soon)
+    if due <= through_seq or (due - through_seq < _batch_turns() and left <= through_seq):
+        return 0
+    return due
+
+
+def newest_turns(*, session: ChatSession, budget: ContextBudget) -> list[TurnText]:
+    """The newest completed turns the window and the summary trigger look at, oldest first."""
+    rows = (
+        Turn.objects.filter(session=session, status=Turn.Status.COMPLETED)
+        .order_by("-seq")
+        .values_list("seq", "user_message", "assistant_message")[: budget.window_turns + _lead_turns() + 1]
+    )
+    return [TurnText(seq=s, user=u, assistant=a) for s, u, a in reversed(list(rows))]
+
+
+def summary_request_if_due(*, session: ChatSession) -> bool:
+    """Enqueue a summary of the turns leaving the window, unless they are folded in or already requested.
+
+    See ``summary_due`` for when it is due. Returns whether a task was requested; it is sent
+    after the current transaction commits (``sessions.tasks.summarize_session``).
+    """
+    budget = ContextBudget.from_agent(session.agent)
+    due = summary_due(
+        turns=newest_turns(session=session, budget=budget),
+        budget=budget,
+        counter=counter_for(session.agent.model),
+        through_seq=session.summary_through_seq,
+    )
+    if not due:
+        return False
+    # Compare-and-set, so two turns finishing together request once; a lost task is superseded by
+    # the next request, whose seq is higher.
+    updated = ChatSession.objects.filter(pk=session.pk, summary_requested_seq__lt=due).update(summary_requested_seq=due)
+    if not updated:
+        return False
+    session.summary_requested_seq = due
+    session_id = str(session.pk)
+
+    def enqueue() -> None:
+        from sessions.tasks import summarize_session
+
+        summarize_session.delay(session_id, due)
+
+    transaction.on_commit(enqueue)
+    return True
+
+
+def summarize_session_through(
+    *, session_id: uuid.UUID | str, through_seq: int, provider: LLMProvider | None = None
+) -> bool:
+    """Fold the completed turns up to ``through_seq`` into the session's summary. Idempotent.
+
+    Uses the agent's cheap model (temperature 0); on an ``LLMError`` (a cut-off reply included) falls
+    back to ``extractive_summary``. The summary and ``summary_through_seq`` are stored with a
+    conditional update, so they never move backwards. Returns whether the summary was updated.
+    No transaction is held during the model call.
+    """
+    session = ChatSession.objects.select_related("agent").filter(pk=session_id).first()
+    if session is None or session.summary_through_seq >= through_seq:
+        return False
+    turns = list(
+        Turn.objects.filter(
+            session=session,
+            status=Turn.Status.COMPLETED,
+            seq__gt=session.summary_through_seq,
+            seq__lte=through_seq,
+        )
+        .order_by("seq")
+        .values_list("seq", "user_message", "assistant_message")
+    )
+    if not turns:
+        return False
+    texts = [TurnText(seq=s, user=u, assistant=a) for s, u, a in turns]
+    new_through = texts[-1].seq
+    budget = ContextBudget.from_agent(session.agent)
+    limit = budget.section_limit("summary")
+    if provider is None:
+        from agents.llm.providers import get_provider
+
+        try:
+            provider = get_provider(agent=session.agent, cheap=True)
+        except LLMError as exc:
+            # A misconfigured endpoint must not let the history go unsummarized: stay bounded without it.
+            logger.error("no summarizer for agent %s (%s); extractive summary", session.agent_id, exc)
+            summary = extractive_summary(
+                previous=session.summary, turns=texts, limit=limit, counter=counter_for(session.agent.model)
+            )
+            return _store(session=session, summary=summary, through_seq=new_through)
+    counter = counter_for(provider.model or session.agent.model)
+    summary = summarize_turns(
+        previous=session.summary,
+        turns=texts,
+        limit=limit,
+        provider=provider,
+        counter=counter,
+        ctx=CallContext(purpose="summarize", agent_id=session.agent_id, session_id=session.pk),
+        prompt_limit=budget.prompt_limit,
+    )
+    return _store(session=session, summary=summary, through_seq=new_through)
+
+
+def _store(*, session: ChatSession, summary: str, through_seq: int) -> bool:
+    # Conditional: a slower task for fewer turns never overwrites a newer summary.
+    updated = ChatSession.objects.filter(pk=session.pk, summary_through_seq__lt=through_seq).update(
+        summary=summary, summary_through_seq=through_seq
+    )
+    return bool(updated)
+
+
+def summarize_turns(
+    *,
+    previous: str,
+    turns: Sequence[TurnText],
+    limit: int,
+    provider: LLMProvider,
+    counter: TokenCounter,
+    ctx: CallContext,
+    prompt_limit: int,
+) -> str:
+    """The previous summary merged with ``turns``, at most ``limit`` tokens: by the model, else extractive."""
+    instructions = SUMMARIZE_INSTRUCTIONS.format(limit=limit)
+    fixed = counter.count(instructions) + counter.count(previous) + 64
+    # A batch with a pasted document must still fit the summarizer's own prompt: cut each message evenly.
+    per_message = max(64, (prompt_limit - limit - fixed) // max(1, 2 * len(turns)))
+    transcript = "\n".join(
+        f"Turn {t.seq}:\nUser: {cut_to_budget(t.user, per_message, counter)[0]}\n"
+        f"Assistant: {cut_to_budget(t.assistant, per_message, counter)[0]}"
+        for t in turns
+    )
+    messages = [
+        {"role": "system", "content": instructions},
+        {
+            "role": "user",
+            # Headers are kept to two words so an extractive summarizer (the demo model) skips them.
+            "content": f"Existing summary:\n{previous.strip() or '(none yet)'}\n\nNew turns:\n{transcript}",
+        },
+    ]
+    if counter.count_messages(messages) > prompt_limit:
+        logger.warning("summary prompt over budget for turns %s-%s; extractive summary", turns[0].seq, turns[-1].seq)
+        return extractive_summary(previous=previous, turns=turns, limit=limit, counter=counter)
+    try:
+        completion = provider.complete(messages, ctx=ctx, temperature=0, max_tokens=limit)
+    except LLMError as exc:
+        # TruncatedOutputError is an LLMError too: a cut-off summary is never stored as complete.
+        logger.warning("summarizer failed (%s); extractive summary instead", type(exc).__name__)
+        return extractive_summary(previous=previous, turns=turns, limit=limit, counter=counter)
+    text = completion.text.strip()
+    if not text:
+        return extractive_summary(previous=previous, turns=turns, limit=limit, counter=counter)
+    if counter.count(text) > limit:
+        # The model ignored the bound: keep its highest-value lines.
+        return extractive_summary(previous=text, turns=[], limit=limit, counter=counter)
+    return text
+
+
+# --- Extractive fallback ------------------------------------------------------------------------
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+# Facts about the user outlive everything else: they are what a long conversation must not forget.
+_PERSONAL = re.compile(
+    r"\b(my name|i am|i'm|i live|i work|i prefer|my \w+ (number|is|are)|allerg\w*|always|never)\b", re.IGNORECASE
+)
+_FACT_WORDS = re.compile(
+    r"\b(decid\w*|agree\w*|confirm\w*|book\w*|chose|choose|cancel\w*|paid|pay|price|budget|deadline|date|"
+    r"address|email|phone|number|reference|account|order|passport|seat|flight|ticket)\b",
+    re.IGNORECASE,
+)
+_PENDING_WORDS = re.compile(
+    r"\b(pending|todo|to do|remind|follow up|still need|waiting|open question|next step|later)\b", re.IGNORECASE
+)
+_FILLER = re.compile(
+    r"^(ok|okay|sure|thanks|thank you|great|cool|nice|hi|hello|hey|sounds good|got it|no problem|lol|yes|no)\b[\s!.,]*",
+    re.IGNORECASE,
+)
+
+
+def _score(sentence: str) -> float:
+    sentence = re.sub(r"^- t\d+ \w+: ", "", sentence)
+    score = 0.0
+    score += 2 * min(3, len(_PERSONAL.findall(sentence)))
+    if re.search(r"\d", sentence):
+        score += 3
+    score += min(2, len(_FACT_WORDS.findall(sentence)))
+    if _PENDING_WORDS.search(sentence):
+        score += 3
+    score += 0.5 * min(4, len(re.findall(r"(?<!^)(?<![.!?]\s)\b[A-Z][a-z]+", sentence)))
+    if _FILLER.match(sentence) and len(sentence.split()) < 8:
+        score -= 4
+    return score
+
+
+def _line_seq(line: str) -> int:
+    match = re.match(r"- t(\d+) ", line)
+    return int(match.group(1)) if match else 0
+
+
+def extractive_summary(*, previous: str, turns: Sequence[TurnText], limit: int, counter: TokenCounter) -> str:
+    """A bounded summary with no model: the previous lines plus the new turns' informative sentences.
+
+    Sentences are scored (numbers, fact and decision words, pending items, names score up;
+    greetings and filler score down). When over ``limit`` tokens, the lowest-scoring lines go
+    first, older before newer at equal score. Lines keep their turn number (``- t12 user: …``).
+    """
+    lines: list[str] = [ln.strip() for ln in previous.splitlines() if ln.strip()]
+    seen = {re.sub(r"\W+", " ", ln.split(":", 1)[-1]).strip().lower() for ln in lines}
+    for turn in turns:
+        for role, text in (("user", turn.user), ("assistant", turn.assistant)):
+            for sentence in _SENTENCE.split(text or ""):
+                sentence = sentence.strip(" -*\t")
+                if len(sentence.split()) < 4 or _score(sentence) <= 0:
+                    continue
+                key = re.sub(r"\W+", " ", sentence).strip().lower()
+                if key in seen:
+                    continue
+                seen.add(key)
+                lines.append(f"- t{turn.seq} {role}: {counter.truncate(sentence, EXTRACT_LINE_TOKENS)}")
+    if counter.count("\n".join(lines)) <= limit:
+        return "\n".join(lines)
+    ranked = sorted(range(len(lines)), key=lambda i: (_score(lines[i]), _line_seq(lines[i]), i), reverse=True)
+    kept: set[int] = set()
+    used = 0
+    for i in ranked:
+        cost = counter.count(lines[i]) + 1
+        if used + cost <= limit:
+            kept.add(i)
+            used += cost
+    text = "\n".join(lines[i] for i in sorted(kept))
+    # Token counts of joined lines can differ by a token or two from the sum of their parts.
+    return counter.truncate(text, limit)

@@ -1,0 +1,170 @@
+"""Progressive summaries: when they are due, the model path, the extractive fallback, the real worker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agents.llm.base import LLMConnectionError
+from agents.llm.scripted import ScriptedProvider, ScriptedReply
+from agents.llm.tokens import counter_for
+from agents.models import Agent
+from conftest import wait_for
+from sessions.context import DEFAULT_SHARES, ContextBudget, TurnText
+from sessions.models import ChatSession, Turn
+from sessions.summaries import extractive_summary, summarize_session_through, summary_due, summary_request_if_due
+
+COUNTER = counter_for("")
+FACT = "My frequent flyer number is QX-4471 and I am allergic to peanuts."
+
+
+def small_budget(window_turns: int = 5) -> ContextBudget:
+    return ContextBudget(
+        window=8192,
+        response_reserve=768,
+        safety_margin=0.12,
+        shares=dict(DEFAULT_SHARES),
+        window_turns=window_turns,
+        memory_budget_tokens=2000,
+    )
+
+
+def texts(n: int) -> list[TurnText]:
+    return [TurnText(seq=i, user=f"short question {i}", assistant=f"short answer {i}") for i in range(1, n + 1)]
+
+
+def test_summary_is_due_a_little_before_turns_leave_the_window_and_in_batches() -> None:
+    b = small_budget(window_turns=5)
+    # 8 turns, window 4..8: turns 1-3 left, and with a lead of 2 turns 4-5 leave soon.
+    assert summary_due(turns=texts(8), budget=b, counter=COUNTER, through_seq=0) == 5
+    assert summary_due(turns=texts(8), budget=b, counter=COUNTER, through_seq=5) == 0
+    # One new turn to fold in and none has left yet: wait for a batch.
+    assert summary_due(turns=texts(8), budget=b, counter=COUNTER, through_seq=4) == 0
+    # Too few turns for anything to leave: nothing due.
+    assert summary_due(turns=texts(3), budget=b, counter=COUNTER, through_seq=0) == 0
+
+
+def test_long_turns_leave_the_window_sooner() -> None:
+    b = small_budget(window_turns=20)
+    long_turns = [TurnText(seq=i, user="word " * 900, assistant="reply " * 500) for i in range(1, 11)]
+    # The recent budget holds about two of these turns, but the window never goes below three.
+    assert summary_due(turns=long_turns, budget=b, counter=COUNTER, through_seq=0) == 9
+
+
+@pytest.fixture
+def agent(db: Any) -> Agent:
+    return Agent.objects.create(name="Summ", slug="summ", system_prompt="You help.", window_turns=3)
+
+
+def make_session(user: Any, agent: Agent, n_turns: int, *, first: str = FACT) -> ChatSession:
+    session = ChatSession.objects.create(user=user, agent=agent, workflow="free_chat", state="CHATTING")
+    for seq in range(1, n_turns + 1):
+        Turn.objects.create(
+            session=session,
+            seq=seq,
+            user_message=first if seq == 1 else f"ok thanks, next question number {seq} about seats please",
+            assistant_message=f"Sure, seat rule {seq} applies.",
+            status=Turn.Status.COMPLETED,
+        )
+    return session
+
+
+def test_request_enqueues_once_after_commit(
+    alice: Any, agent: Agent, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[tuple[str, int]] = []
+    monkeypatch.setattr("sessions.tasks.summarize_session.delay", lambda sid, seq: sent.append((sid, seq)))
+    session = make_session(alice, agent, 6)
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        assert summary_request_if_due(session=session) is True
+        assert sent == []  # nothing leaves before the commit
+    assert len(callbacks) == 1
+    assert sent == [(str(session.pk), 5)]  # window 4..6, lead 2: through turn 5
+    session.refresh_from_db()
+    assert session.summary_requested_seq == 5
+    # Already requested and not yet done: no second task.
+    assert summary_request_if_due(session=session) is False
+    assert len(sent) == 1
+
+
+def test_model_summary_is_stored_and_the_service_is_idempotent(alice: Any, agent: Agent) -> None:
+    session = make_session(alice, agent, 6)
+    provider = ScriptedProvider(["- Frequent flyer QX-4471; allergic to peanuts.\n- Pending: seat choice."])
+    assert summarize_session_through(session_id=session.pk, through_seq=4, provider=provider) is True
+    session.refresh_from_db()
+    assert session.summary.startswith("- Frequent flyer QX-4471")
+    assert session.summary_through_seq == 4
+    request = provider.requests[0]
+    assert request.purpose == "summarize" and request.temperature == 0
+    limit = ContextBudget.from_agent(agent).section_limit("summary")
+    assert request.max_tokens == limit
+    prompt = "\n".join(m["content"] for m in request.messages)
+    for word in ("decisions", "facts", "actions", "pending", "Drop"):
+        assert word in prompt
+    assert FACT in prompt and "Turn 4:" in prompt and "Turn 5:" not in prompt
+    # Running again (a redelivered task) changes nothing and calls no model.
+    assert summarize_session_through(session_id=session.pk, through_seq=4, provider=provider) is False
+    assert len(provider.requests) == 1
+    # The next batch merges with the existing summary.
+    provider.add("- merged")
+    assert summarize_session_through(session_id=session.pk, through_seq=6, provider=provider) is True
+    assert "QX-4471" in provider.requests[1].messages[1]["content"]
+    session.refresh_from_db()
+    assert (session.summary, session.summary_through_seq) == ("- merged", 6)
+
+
+def test_summary_never_moves_backwards(alice: Any, agent: Agent) -> None:
+    session = make_session(alice, agent, 6)
+    ChatSession.objects.filter(pk=session.pk).update(summary="newer", summary_through_seq=5)
+    provider = ScriptedProvider(["older"])
+    assert summarize_session_through(session_id=session.pk, through_seq=4, provider=provider) is False
+    session.refresh_from_db()
+    assert (session.summary, session.summary_through_seq) == ("newer", 5)
+    assert provider.requests == []
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [LLMConnectionError("endpoint down"), ScriptedReply(text="- cut off mid", finish_reason="length")],
+    ids=["unavailable", "truncated"],
+)
+def test_model_failure_falls_back_to_a_bounded_extractive_summary(alice: Any, agent: Agent, failure: Any) -> None:
+    session = make_session(alice, agent, 6)
+    assert summarize_session_through(session_id=session.pk, through_seq=4, provider=ScriptedProvider([failure])) is True
+    session.refresh_from_db()
+    assert "QX-4471" in session.summary and "cut off mid" not in session.summary
+    assert session.summary.startswith("- t1 user:")
+    assert session.summary_through_seq == 4
+
+
+def test_extractive_summary_keeps_facts_drops_filler_and_stays_bounded() -> None:
+    turns = [TurnText(seq=1, user=FACT, assistant="Noted, I will request a nut-free meal.")]
+    turns += [
+        TurnText(seq=i, user="ok thanks", assistant=f"Flight SK{i} leaves at 10:{i % 60:02d} from gate {i}.")
+        for i in range(2, 400)
+    ]
+    summary = ""
+    for start in range(0, len(turns), 5):  # folded in batch by batch, like the task does
+        summary = extractive_summary(previous=summary, turns=turns[start : start + 5], limit=300, counter=COUNTER)
+        assert COUNTER.count(summary) <= 300
+    assert "QX-4471" in summary
+    assert "ok thanks" not in summary
+    assert "SK399" in summary  # newer lines win over older ones of the same weight
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_the_task_runs_on_a_real_worker(celery_worker: Any, alice: Any) -> None:
+    # No LLM is configured in tests: the worker's get_provider gives the demo model.
+    agent = Agent.objects.create(name="W", slug="w-summ", system_prompt="You help.", window_turns=3)
+    session = make_session(alice, agent, 7)
+    assert summary_request_if_due(session=session) is True  # autocommit: sent at once
+
+    def summarized() -> bool:
+        session.refresh_from_db()
+        return session.summary_through_seq >= 6
+
+    wait_for(summarized, timeout=60, message=f"the summary task on the worker\n{celery_worker.log_text()[-2000:]}")
+    assert "QX-4471" in session.summary
+    assert session.summary_requested_seq == 6

@@ -173,6 +173,10 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
 # Checkpoints kept per session by the pruning policy (state changes are always kept).
 CHECKPOINT_KEEP_LAST = env_int("CHECKPOINT_KEEP_LAST", 50, minimum=1)
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+# Progressive summaries (sessions.summaries): ask this many turns before turns leave the window, in
+# batches of at least this many turns, so the next call normally finds the summary ready.
+SUMMARY_LEAD_TURNS = env_int("SUMMARY_LEAD_TURNS", 2, minimum=0, maximum=20)
+SUMMARY_BATCH_TURNS = env_int("SUMMARY_BATCH_TURNS", 2, minimum=1, maximum=50)
 
 # --- REST framework ----------------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -216,6 +220,13 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- LLM and embeddings (used by the agents and memory apps) ----------------------------
+# The turn loop (agents/runtime.py).
+# Longest chat message accepted (characters); longer ones are refused with 413 before anything is saved.
+# Shorter ones that exceed the prompt's message budget are cut with a visible marker (sessions/context.py).
+MAX_MESSAGE_CHARS = env_int("MAX_MESSAGE_CHARS", 32000, minimum=100)
+TURN_LOCK_WAIT_SECONDS = env_float("TURN_LOCK_WAIT_SECONDS", 30.0, minimum=0.0)
+STUCK_TURN_SECONDS = env_int("STUCK_TURN_SECONDS", 120, minimum=5)
+
 LLM_BASE_URL = env_str("LLM_BASE_URL")
 LLM_API_KEY = env_str("LLM_API_KEY")
 LLM_MODEL = env_str("LLM_MODEL")
@@ -261,12 +272,23 @@ if _profiles_json:
     LLM_PROFILES.update(_extra)
 EMBEDDING_BACKEND = env_str("EMBEDDING_BACKEND", "sentence-transformers") or "sentence-transformers"
 EMBEDDING_DIMENSIONS = env_int("EMBEDDING_DIMENSIONS", 384, minimum=8)
+# OpenAI-compatible embeddings endpoint (EMBEDDING_BACKEND=openai); the key is read from the env var named here.
+EMBEDDING_BASE_URL = env_str("EMBEDDING_BASE_URL", "") or ""
+EMBEDDING_MODEL = env_str("EMBEDDING_MODEL", "") or ""
+EMBEDDING_API_KEY_ENV = env_str("EMBEDDING_API_KEY_ENV", "EMBEDDING_API_KEY") or "EMBEDDING_API_KEY"
+EMBEDDING_TIMEOUT = env_float("EMBEDDING_TIMEOUT", 30.0, minimum=0.1)
+# Memory retrieval: candidates per search arm, HNSW search breadth, the relevance model's time budget.
+MEMORY_CANDIDATES = env_int("MEMORY_CANDIDATES", 40, minimum=1, maximum=1000)
+MEMORY_HNSW_EF_SEARCH = env_int("MEMORY_HNSW_EF_SEARCH", 100, minimum=10, maximum=1000)
+MEMORY_RECENT_ACTIONS = env_int("MEMORY_RECENT_ACTIONS", 3, minimum=0, maximum=50)
+MEMORY_RELEVANCE_TIMEOUT = env_float("MEMORY_RELEVANCE_TIMEOUT", 4.0, minimum=0.1)
+# A new fact that contradicts a current one is applied at or above this confidence, else queued for review.
+MEMORY_CONTRADICTION_CONFIDENCE = env_float("MEMORY_CONTRADICTION_CONFIDENCE", 0.75, minimum=0.0, maximum=1.0)
 
 # --- Observability: JSON logs, /metrics, alerts, traces (observability app) ----------------
 LOG_FORMAT = env_str("LOG_FORMAT", "json") or "json"
 if LOG_FORMAT not in {"json", "plain"}:
     raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r} must be json or plain")
-
 # --- Tools (agents/tools) -------------------------------------------------------------------
 # Seconds one attempt of a tool may run before it is abandoned (the model sees "TOOL_ERROR: … timed out").
 TOOLS_DEFAULT_TIMEOUT = env_float("TOOLS_DEFAULT_TIMEOUT", 10.0, minimum=0.05, maximum=600.0)
@@ -302,18 +324,6 @@ ALERT_WEBHOOK_URL = env_str("ALERT_WEBHOOK_URL", "") or ""
 ALERT_WEBHOOK_TIMEOUT = env_float("ALERT_WEBHOOK_TIMEOUT", 5.0, minimum=0.1)
 # Too few calls in a window say nothing: a rate alert needs at least this many samples.
 ALERT_MIN_SAMPLES = env_int("ALERT_MIN_SAMPLES", 10, minimum=1)
-# OpenAI-compatible embeddings endpoint (EMBEDDING_BACKEND=openai); the key is read from the env var named here.
-EMBEDDING_BASE_URL = env_str("EMBEDDING_BASE_URL", "") or ""
-EMBEDDING_MODEL = env_str("EMBEDDING_MODEL", "") or ""
-EMBEDDING_API_KEY_ENV = env_str("EMBEDDING_API_KEY_ENV", "EMBEDDING_API_KEY") or "EMBEDDING_API_KEY"
-EMBEDDING_TIMEOUT = env_float("EMBEDDING_TIMEOUT", 30.0, minimum=0.1)
-# Memory retrieval: candidates per search arm, HNSW search breadth, the relevance model's time budget.
-MEMORY_CANDIDATES = env_int("MEMORY_CANDIDATES", 40, minimum=1, maximum=1000)
-MEMORY_HNSW_EF_SEARCH = env_int("MEMORY_HNSW_EF_SEARCH", 100, minimum=10, maximum=1000)
-MEMORY_RECENT_ACTIONS = env_int("MEMORY_RECENT_ACTIONS", 3, minimum=0, maximum=50)
-MEMORY_RELEVANCE_TIMEOUT = env_float("MEMORY_RELEVANCE_TIMEOUT", 4.0, minimum=0.1)
-# A new fact that contradicts a current one is applied at or above this confidence, else queued for review.
-MEMORY_CONTRADICTION_CONFIDENCE = env_float("MEMORY_CONTRADICTION_CONFIDENCE", 0.75, minimum=0.0, maximum=1.0)
 # Traces: OTLP/HTTP to this collector URL (e.g. http://127.0.0.1:4318); unset = tracing off.
 OTEL_EXPORTER_OTLP_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_ENDPOINT", "") or ""
 OTEL_EXPORTER_OTLP_TIMEOUT = env_float("OTEL_EXPORTER_OTLP_TIMEOUT", 5.0, minimum=0.1)

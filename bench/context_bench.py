@@ -18,7 +18,7 @@ import json
 import random
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -459,7 +459,14 @@ def main(argv: list[str]) -> int:
         "turns_degraded": degraded,
         "summary_calls": result.summary_calls,
         "seconds": round(result.seconds, 1),
-        "curve": [asdict(t) for t in result.turns],
+        # Compact: one list per series, index = turn - 1.
+        "curve": {
+            "budgeted": [t.prompt_tokens for t in result.turns],
+            "naive": [t.naive_tokens for t in result.turns],
+            "summary_through_seq": [t.summary_through_seq for t in result.turns],
+            "turns_included": [t.turns_included for t in result.turns],
+        },
+        "sections_at_last_turn": result.turns[-1].sections,
     }
     (RESULTS / "context.json").write_text(json.dumps(payload, indent=1) + "\n")
     if not args.no_plot:

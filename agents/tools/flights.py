@@ -20,7 +20,7 @@ from django.db import IntegrityError, transaction
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from agents.tools.errors import ToolInputError
-from agents.tools.registry import Tool, ToolContext
+from agents.tools.registry import Tool, ToolContext, ToolOutput
 
 _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
@@ -190,7 +190,7 @@ def _describe(booking: Any, flight: Flight | None) -> str:
     return text + "."
 
 
-def _book_flight(args: BookFlightArgs, context: ToolContext) -> str:
+def _book_flight(args: BookFlightArgs, context: ToolContext) -> ToolOutput:
     from agents.models import Booking
 
     user = context.user
@@ -232,7 +232,7 @@ def _book_flight(args: BookFlightArgs, context: ToolContext) -> str:
                     return_date=args.return_date,
                     passengers=args.passengers,
                 )
-            return "Booked. " + _describe(booking, flight)
+            return ToolOutput("Booked. " + _describe(booking, flight), _booking_data(booking))
         except IntegrityError:
             # Either a concurrent (or abandoned-then-finished) attempt booked this flight first, or the
             # random reference collided. The first case answers with that booking; the second tries again.
@@ -244,8 +244,14 @@ def _book_flight(args: BookFlightArgs, context: ToolContext) -> str:
     raise RuntimeError("could not allocate a unique booking reference")
 
 
-def _already_booked(existing: Any, flight: Flight) -> str:
-    return "Already booked in this conversation, not booked twice: " + _describe(existing, flight)
+def _already_booked(existing: Any, flight: Flight) -> ToolOutput:
+    return ToolOutput(
+        "Already booked in this conversation, not booked twice: " + _describe(existing, flight), _booking_data(existing)
+    )
+
+
+def _booking_data(booking: Any) -> dict[str, Any]:
+    return {"reference": booking.reference, "flight_number": booking.flight_number, "booking_id": booking.pk}
 
 
 SEARCH_FLIGHTS = Tool(

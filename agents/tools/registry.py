@@ -87,6 +87,15 @@ class Tool:
         return ToolSpec(name=self.name, description=self.description, parameters=parameters_schema(self.args_model))
 
 
+@dataclass(frozen=True)
+class ToolOutput:
+    """What a tool may return instead of a bare string: the text the model sees, plus structured
+    ``data`` for the runtime (e.g. a booking reference), so control flow never parses the text."""
+
+    text: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass
 class ToolResult:
     """The outcome of one tool call. ``content`` is exactly what the model sees (output or TOOL_ERROR text)."""
@@ -99,6 +108,8 @@ class ToolResult:
     latency_ms: float = 0.0
     arguments: dict[str, Any] = field(default_factory=dict)
     call_id: str = ""
+    # Structured output of a successful run (``ToolOutput.data``); empty for errors and plain-text tools.
+    data: dict[str, Any] = field(default_factory=dict)
 
     def as_message(self) -> Message:
         """The ``role: tool`` message that answers the model's tool call."""
@@ -249,7 +260,7 @@ def _execute(tool: Tool, args: BaseModel, context: ToolContext, *, arguments: di
     base_delay = float(settings.TOOLS_RETRY_BASE_DELAY)
     attempts = 0
 
-    def attempt() -> str:
+    def attempt() -> ToolOutput:
         nonlocal attempts
         attempts += 1
         return _run_with_deadline(tool, args, context, timeout)
@@ -269,7 +280,7 @@ def _execute(tool: Tool, args: BaseModel, context: ToolContext, *, arguments: di
         reraise=True,
     )
     try:
-        content = retrying(attempt)
+        output = retrying(attempt)
     except ToolError as exc:
         return ToolResult(
             name=tool.name,
@@ -279,6 +290,7 @@ def _execute(tool: Tool, args: BaseModel, context: ToolContext, *, arguments: di
             attempts=attempts,
             arguments=arguments,
         )
+    content = output.text
     ok = not content.startswith(TOOL_ERROR_PREFIX)
     return ToolResult(
         name=tool.name,
@@ -287,10 +299,11 @@ def _execute(tool: Tool, args: BaseModel, context: ToolContext, *, arguments: di
         error_kind="" if ok else "error",
         attempts=attempts,
         arguments=arguments,
+        data=dict(output.data) if ok else {},
     )
 
 
-def _run_with_deadline(tool: Tool, args: BaseModel, context: ToolContext, timeout: float) -> str:
+def _run_with_deadline(tool: Tool, args: BaseModel, context: ToolContext, timeout: float) -> ToolOutput:
     """One attempt in a daemon thread; past ``timeout`` it is abandoned and ``ToolTimeout`` raised."""
     box: dict[str, Any] = {}
     done = threading.Event()
@@ -327,7 +340,10 @@ def _run_with_deadline(tool: Tool, args: BaseModel, context: ToolContext, timeou
         raise ToolTimeout(f"timed out after {timeout:g} s", timeout_s=timeout)
     if "error" in box:
         raise as_tool_error(box["error"]) from box["error"]
-    return _as_text(box.get("value"))
+    value = box.get("value")
+    if isinstance(value, ToolOutput):
+        return ToolOutput(text=_as_text(value.text), data=value.data)
+    return ToolOutput(text=_as_text(value))
 
 
 def as_tool_error(exc: BaseException) -> ToolError:

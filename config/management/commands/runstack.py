@@ -54,6 +54,9 @@ class Command(BaseCommand):
         self.stdout.write("Applying migrations…")
         call_command("migrate", interactive=False, verbosity=0)
         username, password = ensure_first_staff_user(data_dir)
+        from agents.services import default_agents_ensure
+
+        default_agents_ensure()
 
         procs: list[subprocess.Popen[bytes]] = []
         bind = f"{options['host']}:{options['port']}"

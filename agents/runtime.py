@@ -1,0 +1,861 @@
+"""The turn loop: one user message in, one reply out, with nothing lost on the way.
+
+The order, and why (see ../shared/design/architecture.md, "The turn, end to end"):
+
+1. ``turn_begin``: validate the message, take the session's turn lock, honour ``Idempotency-Key``,
+   save the message as a ``Turn`` (status running) and a ``before_call`` checkpoint, and commit —
+   before any model call, so a crash never loses the message.
+2. Retrieve memories (tiered, budgeted).
+3. For workflows: one structured decision (slots + next state), validated, checked against the
+   workflow and checkpointed. Routing for tool-using agents is structured too.
+4. Build the prompt from budgeted sections; the pre-flight check guarantees it fits.
+5. Stream the reply; run the tools it asks for (they never raise); a hard step limit.
+6. Save the reply and the context composition; enqueue memory writes and summarization after commit.
+
+**One turn at a time per session.** The lock is a PostgreSQL session-level advisory lock keyed by
+the session id, held by the connection that runs the turn — not a transaction, so no transaction
+stays open while a model answers. A second request waits up to ``TURN_LOCK_WAIT_SECONDS`` and then
+gets ``SessionBusyError`` (HTTP 409). If the process running a turn dies, its connection closes and
+PostgreSQL releases the lock: a turn found ``running`` while its lock is free was orphaned by a crash,
+and the next request (or the periodic sweep) resumes it from its checkpoint, exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from agents.llm.base import CallContext, LLMError, Message, StructuredOutputError, TruncatedOutputError
+from agents.routing import RouteOutcome, route_message
+from sessions.models import ChatSession, Checkpoint, Turn
+
+if TYPE_CHECKING:
+    from agents.models import Agent
+
+logger = logging.getLogger(__name__)
+
+# Advisory-lock namespace: the high bits of every key we take, so our locks never collide with other users
+# of pg_advisory_lock on the same database.
+_LOCK_NAMESPACE = 0x5A17 << 48
+HANDOFF_NOTICE = "I've passed this conversation to a person on our team; they will reply here."
+
+
+class MessageRejected(Exception):
+    """The message cannot be accepted as it is. ``status`` is the HTTP status the doors answer with."""
+
+    def __init__(self, code: str, message: str, *, status: int = 400) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+
+
+class SessionBusyError(Exception):
+    """Another turn is running on this session and did not finish within the wait."""
+
+    code = "session_busy"
+
+
+class SessionClosedError(Exception):
+    code = "session_closed"
+
+
+@dataclass
+class TurnResult:
+    turn: Turn
+    reply: str
+    replayed: bool = False
+    is_demo: bool = False
+    recovered: list[Turn] = field(default_factory=list)
+
+
+@dataclass
+class TurnHandle:
+    """A turn that has been accepted: its message is saved and the session lock is held."""
+
+    session: ChatSession
+    turn: Turn | None
+    lock: SessionTurnLock | None
+    replay: Turn | None = None
+    orphans: list[Turn] = field(default_factory=list)
+    resumed: bool = False  # the turn was saved by an earlier request that died mid-turn
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation and locking
+# --------------------------------------------------------------------------------------------------
+
+
+def validate_message(message: object) -> str:
+    """Reject what cannot be a chat message; return the text to store (unchanged otherwise)."""
+    if not isinstance(message, str):
+        raise MessageRejected("invalid_message", "The message must be a string.")
+    if "\x00" in message:
+        raise MessageRejected("nul_bytes", "The message contains NUL (\\x00) characters, which cannot be stored.")
+    if not message.strip():
+        raise MessageRejected("empty_message", "The message is empty.")
+    limit = int(getattr(settings, "MAX_MESSAGE_CHARS", 32000))
+    if len(message) > limit:
+        raise MessageRejected(
+            "message_too_long",
+            f"The message has {len(message):,} characters; the limit is {limit:,}. Nothing was saved.",
+            status=413,
+        )
+    return message
+
+
+def _lock_key(session_id: uuid.UUID | str) -> int:
+    raw = uuid.UUID(str(session_id)).int & ((1 << 48) - 1)
+    key = _LOCK_NAMESPACE | raw
+    return key - (1 << 64) if key >= 1 << 63 else key
+
+
+class SessionTurnLock:
+    """A PostgreSQL advisory lock for one session's turns, held by this thread's connection."""
+
+    def __init__(self, session_id: uuid.UUID | str) -> None:
+        self.key = _lock_key(session_id)
+        self.held = False
+
+    def try_acquire(self) -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_lock(%s)", [self.key])
+            row = cursor.fetchone()
+        self.held = bool(row and row[0])
+        return self.held
+
+    def acquire(self, *, wait_seconds: float) -> bool:
+        deadline = time.monotonic() + max(0.0, wait_seconds)
+        delay = 0.02
+        while True:
+            if self.try_acquire():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.25)
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [self.key])
+        except Exception:  # a dead connection has released the lock already
+            logger.warning("could not release the turn lock explicitly; the connection is gone", exc_info=True)
+
+
+def session_is_locked(session_id: uuid.UUID | str) -> bool:
+    """True when some connection holds this session's turn lock (a turn is running somewhere)."""
+    lock = SessionTurnLock(session_id)
+    if lock.try_acquire():
+        lock.release()
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------------
+# Public entry points
+# --------------------------------------------------------------------------------------------------
+
+
+def turn_begin(
+    *,
+    session: ChatSession,
+    message: str,
+    idempotency_key: str | None = None,
+    wait_seconds: float | None = None,
+) -> TurnHandle:
+    """Accept a message: validate, lock, save it with a checkpoint. Raises MessageRejected / SessionBusyError."""
+    from sessions.services import checkpoint_before_call
+
+    text = validate_message(message)
+    key = (idempotency_key or "").strip()[:200] or None
+    if key:
+        done = Turn.objects.filter(session=session, idempotency_key=key, status=Turn.Status.COMPLETED).first()
+        if done is not None:
+            return TurnHandle(session=session, turn=None, lock=None, replay=done)
+
+    lock = SessionTurnLock(session.pk)
+    wait = float(getattr(settings, "TURN_LOCK_WAIT_SECONDS", 30.0) if wait_seconds is None else wait_seconds)
+    if not lock.acquire(wait_seconds=wait):
+        raise SessionBusyError(
+            "Another message on this session is still being answered; try again when it has finished."
+        )
+    try:
+        session.refresh_from_db()
+        if session.status == ChatSession.Status.CLOSED:
+            raise SessionClosedError("This session is closed.")
+        if key:
+            same = Turn.objects.filter(session=session, idempotency_key=key).first()
+            if same is not None and same.status == Turn.Status.COMPLETED:
+                lock.release()
+                return TurnHandle(session=session, turn=None, lock=None, replay=same)
+            if same is not None:
+                # The first request with this key crashed mid-turn: finish that turn instead of starting another.
+                orphans = [t for t in _orphaned_turns(session) if t.pk != same.pk]
+                return TurnHandle(session=session, turn=same, lock=lock, orphans=orphans, resumed=True)
+        orphans = _orphaned_turns(session)
+        with transaction.atomic():
+            last = Turn.objects.filter(session=session).order_by("-seq").values_list("seq", flat=True).first()
+            turn = Turn.objects.create(
+                session=session,
+                seq=(last or 0) + 1,
+                user_message=text,
+                idempotency_key=key,
+                status=Turn.Status.RUNNING,
+                started_at=timezone.now(),
+                state_before=session.state,
+            )
+            checkpoint_before_call(session=session, turn=turn)
+            if not session.title:
+                ChatSession.objects.filter(pk=session.pk).update(title=text.strip().splitlines()[0][:80])
+        return TurnHandle(session=session, turn=turn, lock=lock, orphans=orphans)
+    except IntegrityError as exc:
+        lock.release()
+        raise SessionBusyError("A message with this Idempotency-Key is already being answered.") from exc
+    except BaseException:
+        lock.release()
+        raise
+
+
+def turn_events(handle: TurnHandle) -> Iterator[dict[str, Any]]:
+    """Run an accepted turn, yielding events; always releases the session lock at the end."""
+    if handle.replay is not None:
+        yield from _replay_events(handle.replay)
+        return
+    assert handle.turn is not None and handle.lock is not None
+    try:
+        for orphan in handle.orphans:
+            recovered = _drain(_execute(handle.session, orphan, resumed=True))
+            yield {"type": "recovered", "turn_id": orphan.pk, "seq": orphan.seq, "reply": recovered.get("reply", "")}
+        yield from _execute(handle.session, handle.turn, resumed=handle.resumed)
+    finally:
+        handle.lock.release()
+
+
+def turn_stream(
+    *, session: ChatSession, message: str, idempotency_key: str | None = None, wait_seconds: float | None = None
+) -> Iterator[dict[str, Any]]:
+    """``turn_begin`` then ``turn_events``: validation and busy errors raise before the first event."""
+    handle = turn_begin(session=session, message=message, idempotency_key=idempotency_key, wait_seconds=wait_seconds)
+    return turn_events(handle)
+
+
+def turn_run(
+    *, session: ChatSession, message: str, idempotency_key: str | None = None, wait_seconds: float | None = None
+) -> TurnResult:
+    """Run one turn to the end and return its saved result."""
+    handle = turn_begin(session=session, message=message, idempotency_key=idempotency_key, wait_seconds=wait_seconds)
+    if handle.replay is not None:
+        return TurnResult(
+            turn=handle.replay, reply=handle.replay.assistant_message, replayed=True, is_demo=handle.replay.is_demo
+        )
+    recovered: list[Turn] = []
+    final: dict[str, Any] = {}
+    for event in turn_events(handle):
+        if event["type"] == "recovered":
+            recovered.append(Turn.objects.get(pk=event["turn_id"]))
+        elif event["type"] in ("done", "error"):
+            final = event
+    assert handle.turn is not None
+    turn = Turn.objects.get(pk=handle.turn.pk)
+    return (
+        TurnResult(turn=turn, reply=turn.assistant_message, is_demo=turn.is_demo, recovered=recovered)
+        if final
+        else TurnResult(turn=turn, reply=turn.assistant_message)
+    )
+
+
+def turn_recover(*, turn_id: int) -> bool:
+    """Finish a turn whose process died mid-call. Returns False when it is running elsewhere or already done."""
+    turn = Turn.objects.select_related("session").filter(pk=turn_id).first()
+    if turn is None or turn.status not in (Turn.Status.RUNNING, Turn.Status.PENDING):
+        return False
+    lock = SessionTurnLock(turn.session_id)
+    if not lock.try_acquire():
+        return False  # alive: its owner still holds the lock
+    try:
+        turn.refresh_from_db()
+        if turn.status not in (Turn.Status.RUNNING, Turn.Status.PENDING):
+            return False
+        _drain(_execute(turn.session, turn, resumed=True))
+        return True
+    finally:
+        lock.release()
+
+
+def stuck_turns_recover(*, older_than: timedelta | None = None) -> int:
+    """The periodic sweep: resume every orphaned turn older than ``older_than``. Returns how many."""
+    from sessions.services import stuck_turns_find
+
+    age = older_than or timedelta(seconds=int(getattr(settings, "STUCK_TURN_SECONDS", 120)))
+    count = 0
+    for turn in stuck_turns_find(older_than=age):
+        try:
+            if turn_recover(turn_id=turn.pk):
+                count += 1
+        except Exception:  # one broken session must not stop the sweep
+            logger.exception("could not recover turn %s", turn.pk)
+    return count
+
+
+def handoff_reply(*, session: ChatSession, text: str, author: Any) -> Turn:
+    """A person answers a session that was handed to a human; the reply is added to the latest turn."""
+    text = validate_message(text)
+    turn = session.turns.order_by("-seq").first()
+    if turn is None:
+        raise MessageRejected("no_turn", "This session has no message to answer yet.")
+    signed = f"[{author.get_username()} (staff)] {text}"
+    turn.assistant_message = f"{turn.assistant_message}\n\n{signed}".strip() if turn.assistant_message else signed
+    turn.save(update_fields=["assistant_message"])
+    return turn
+
+
+def handoff_resume(*, session: ChatSession, actor: Any = None) -> ChatSession:
+    """Give a handed-off session back to the agent."""
+    from sessions.services import checkpoint_record
+
+    ChatSession.objects.filter(pk=session.pk).update(
+        status=ChatSession.Status.ACTIVE, retry_count=0, version=F("version") + 1, updated_at=timezone.now()
+    )
+    session.refresh_from_db()
+    checkpoint_record(session=session, reason=Checkpoint.Reason.RESUME, detail=f"handoff resumed by {actor or 'staff'}")
+    return session
+
+
+# --------------------------------------------------------------------------------------------------
+# The engine
+# --------------------------------------------------------------------------------------------------
+
+
+def _orphaned_turns(session: ChatSession) -> list[Turn]:
+    # We hold the session lock, so a turn still marked running/pending has no live owner.
+    return list(session.turns.filter(status__in=[Turn.Status.RUNNING, Turn.Status.PENDING]).order_by("seq"))
+
+
+def _drain(events: Iterator[dict[str, Any]]) -> dict[str, Any]:
+    final: dict[str, Any] = {}
+    for event in events:
+        if event["type"] in ("done", "error"):
+            final = event
+    return final
+
+
+def _replay_events(turn: Turn) -> Iterator[dict[str, Any]]:
+    yield {"type": "turn", "turn_id": turn.pk, "seq": turn.seq, "replayed": True}
+    if turn.assistant_message:
+        yield {"type": "delta", "text": turn.assistant_message}
+    session = turn.session
+    yield {"type": "state", "state": session.state, "data": session.data, "status": session.status}
+    yield _done_event(turn, session, replayed=True)
+
+
+def _done_event(turn: Turn, session: ChatSession, *, replayed: bool = False) -> dict[str, Any]:
+    return {
+        "type": "done",
+        "turn_id": turn.pk,
+        "seq": turn.seq,
+        "reply": turn.assistant_message,
+        "state": session.state,
+        "data": session.data,
+        "status": session.status,
+        "turn_status": turn.status,
+        "is_demo": turn.is_demo,
+        "replayed": replayed,
+    }
+
+
+@contextlib.contextmanager
+def _span(name: str, /, **attributes: Any) -> Iterator[None]:
+    try:
+        from observability.tracing import span
+    except ImportError:  # observability is optional at import time (tests of parts)
+        yield
+        return
+    with span(name, **attributes):
+        yield
+
+
+@contextlib.contextmanager
+def _log_context(**ids: Any) -> Iterator[None]:
+    try:
+        from observability.logging import log_context
+    except ImportError:
+        yield
+        return
+    with log_context(**ids):
+        yield
+
+
+def _execute(session: ChatSession, turn: Turn, *, resumed: bool) -> Iterator[dict[str, Any]]:
+    """Run a saved turn to completion. Every failure is caught, recorded on the turn, and reported as an event."""
+    with (
+        _log_context(session_id=str(session.pk), turn_id=turn.pk),
+        _span("turn", session_id=str(session.pk), turn_id=turn.pk),
+    ):
+        yield {"type": "turn", "turn_id": turn.pk, "seq": turn.seq, "resumed": resumed}
+        try:
+            yield from _execute_inner(session, turn, resumed=resumed)
+        except Exception as exc:  # the turn fails cleanly; the message stays saved
+            logger.exception("turn %s failed", turn.pk)
+            message = _user_facing_error(exc)
+            _fail_turn(session, turn, reason=f"{type(exc).__name__}: {exc}", reply=message)
+            session.refresh_from_db()
+            yield {
+                "type": "error",
+                "code": getattr(exc, "code", None) or _error_code(exc),
+                "message": message,
+                "turn_id": turn.pk,
+            }
+
+
+def _error_code(exc: Exception) -> str:
+    if isinstance(exc, LLMError):
+        return f"llm_{exc.outcome}"
+    name = type(exc).__name__
+    return "context_overflow" if name == "ContextOverflowError" else "turn_failed"
+
+
+def _user_facing_error(exc: Exception) -> str:
+    if isinstance(exc, TruncatedOutputError):
+        return "The model's reply was cut off before it finished, so it was not used. Your message is saved; please try again."
+    if isinstance(exc, LLMError):
+        return f"The model could not answer ({exc.outcome.replace('_', ' ')}). Your message is saved; please try again."
+    if type(exc).__name__ == "ContextOverflowError":
+        return "This message does not fit in the model's context window even after trimming. Please shorten it."
+    return "Something went wrong while answering. Your message is saved; please try again."
+
+
+def _fail_turn(session: ChatSession, turn: Turn, *, reason: str, reply: str) -> None:
+    from sessions.services import turn_failure_record
+
+    Turn.objects.filter(pk=turn.pk).update(
+        status=Turn.Status.FAILED, error=reason[:4000], assistant_message=reply, completed_at=timezone.now()
+    )
+    turn.refresh_from_db()
+    try:
+        turn_failure_record(session=session, turn=turn, reason=reason[:500])
+    except Exception:
+        logger.exception("could not record the failure of turn %s", turn.pk)
+
+
+def _execute_inner(session: ChatSession, turn: Turn, *, resumed: bool) -> Iterator[dict[str, Any]]:
+    from agents.llm.providers import get_provider
+    from agents.llm.tokens import counter_for
+    from agents.workflows import get_workflow
+    from sessions.services import checkpoint_before_call
+
+    session.refresh_from_db()
+    agent: Agent = session.agent
+    provider = get_provider(agent=agent)
+    workflow = get_workflow(session.workflow)
+    counter = counter_for(provider.model)
+    message = turn.user_message
+    composition_extra: dict[str, Any] = {}
+
+    if session.status == ChatSession.Status.NEEDS_HUMAN:
+        Turn.objects.filter(pk=turn.pk).update(
+            status=Turn.Status.COMPLETED, assistant_message="", completed_at=timezone.now(), state_after=session.state
+        )
+        turn.refresh_from_db()
+        yield {"type": "state", "state": session.state, "data": session.data, "status": session.status}
+        yield _done_event(turn, session)
+        return
+
+    # 2. Memories.
+    with _span("retrieval"):
+        retrieved, retrieval_report = _retrieve(session, agent, workflow.name, message)
+
+    # 3. Workflow decision (slots + next state) — structured output only.
+    if not workflow.is_free_chat and workflow.decides_in(session.state):
+        already = session.checkpoints.filter(turn=turn, reason=Checkpoint.Reason.TRANSITION).exists()
+        if not already:
+            yield from _decide(session, turn, agent, provider, workflow, message)
+            session.refresh_from_db()
+
+    # Routing for agents with tools (the booking workflow's action states call their tool directly).
+    tool_names = [t for t in (agent.tools or []) if isinstance(t, str)]
+    route: RouteOutcome | None = None
+    if tool_names and workflow.is_free_chat:
+        checkpoint_before_call(session=session, turn=turn)
+        route = route_message(
+            provider=provider,
+            message=message,
+            tool_names=tool_names,
+            ctx=CallContext(purpose="route", agent_id=agent.pk, session_id=session.pk, turn_id=turn.pk),
+            confidence_threshold=agent.routing_confidence_threshold,
+        )
+        composition_extra["route"] = route.as_dict()
+        if route.action == "handoff":
+            yield from _handoff(session, turn, reason=f"routing: {route.reasoning or 'handoff'}")
+            return
+        if route.action == "answer":
+            tool_names = []
+
+    # 4–5. Prompt and reply with tools, under the step limit.
+    yield from _reply_loop(
+        session, turn, agent, provider, workflow, counter, retrieved, retrieval_report, tool_names, composition_extra
+    )
+
+
+def _retrieve(session: ChatSession, agent: Agent, workflow_name: str, message: str) -> tuple[Any, dict[str, Any]]:
+    try:
+        from memory.selectors import memories_for_prompt
+
+        retrieved = memories_for_prompt(
+            user=session.user,
+            query=message,
+            agent=agent,
+            workflow=workflow_name,
+            budget_tokens=agent.memory_budget_tokens,
+            relevance_threshold=agent.relevance_threshold,
+        )
+        return retrieved, retrieved.as_report()
+    except Exception as exc:  # memory is an aid; its failure must not fail the turn
+        logger.exception("memory retrieval failed; answering without memories")
+        return None, {"error": f"retrieval failed: {type(exc).__name__}: {exc}", "items": [], "candidates": []}
+
+
+def _decide(
+    session: ChatSession, turn: Turn, agent: Agent, provider: Any, workflow: Any, message: str
+) -> Iterator[dict[str, Any]]:
+    from sessions.services import checkpoint_before_call, transition_apply, turn_failure_record
+
+    recent = [
+        (t.user_message, t.assistant_message)
+        for t in session.turns.filter(status=Turn.Status.COMPLETED).order_by("-seq")[:3]
+    ][::-1]
+    messages = workflow.decision_messages(
+        state=session.state, data=session.data, user_message=message, recent_turns=recent
+    )
+    checkpoint_before_call(session=session, turn=turn)
+    try:
+        with _span("llm.call", purpose="slots"):
+            decision = provider.structured(
+                messages,
+                schema=workflow.decision_schema,
+                ctx=CallContext(purpose="slots", agent_id=agent.pk, session_id=session.pk, turn_id=turn.pk),
+            )
+    except (StructuredOutputError, LLMError) as exc:
+        # No valid decision: nothing changes, the failure is counted, and the reply asks again.
+        turn_failure_record(session=session, turn=turn, reason=f"no valid workflow decision: {exc}")
+        session.refresh_from_db()
+        yield {
+            "type": "state",
+            "state": session.state,
+            "data": session.data,
+            "status": session.status,
+            "error": str(exc),
+        }
+        return
+    if getattr(decision, "confidence", 1.0) < agent.routing_confidence_threshold:
+        # Below the threshold the safe default is to stay where we are (and keep what we have).
+        from sessions.services import checkpoint_record
+
+        checkpoint_record(
+            session=session,
+            reason=Checkpoint.Reason.INVALID_TRANSITION,
+            turn=turn,
+            detail=f"decision confidence {decision.confidence:.2f} below {agent.routing_confidence_threshold:.2f}: not applied",
+        )
+        yield {"type": "state", "state": session.state, "data": session.data, "status": session.status}
+        return
+    outcome = transition_apply(session=session, turn=turn, decision=decision)
+    session.refresh_from_db()
+    event: dict[str, Any] = {"type": "state", "state": session.state, "data": session.data, "status": session.status}
+    if not outcome.applied:
+        event["rejected"] = list(outcome.errors)
+    yield event
+
+
+def _handoff(session: ChatSession, turn: Turn, *, reason: str) -> Iterator[dict[str, Any]]:
+    from sessions.services import checkpoint_record
+
+    ChatSession.objects.filter(pk=session.pk).update(
+        status=ChatSession.Status.NEEDS_HUMAN, version=F("version") + 1, updated_at=timezone.now()
+    )
+    session.refresh_from_db()
+    checkpoint_record(session=session, reason=Checkpoint.Reason.HANDOFF, turn=turn, detail=reason[:500])
+    Turn.objects.filter(pk=turn.pk).update(
+        status=Turn.Status.COMPLETED,
+        assistant_message=HANDOFF_NOTICE,
+        completed_at=timezone.now(),
+        state_after=session.state,
+    )
+    turn.refresh_from_db()
+    yield {"type": "delta", "text": HANDOFF_NOTICE}
+    yield {"type": "state", "state": session.state, "data": session.data, "status": session.status}
+    yield _done_event(turn, session)
+
+
+def _prompt_inputs(
+    session: ChatSession,
+    turn: Turn,
+    agent: Agent,
+    workflow: Any,
+    retrieved: Any,
+    tool_specs: list[Any],
+    tool_messages: list[Message],
+) -> Any:
+    from agents.tools import TOOL_ERROR_POLICY
+    from sessions.context import MemoryItem, PromptInputs, recent_turns_for
+
+    # The window plus any turns that left it but are not in the summary yet: the builder keeps those
+    # when they fit and degrades them (visibly) when they do not.
+    recent = recent_turns_for(session=session, before_seq=turn.seq)
+    memories = []
+    procedural: list[str] = []
+    if retrieved is not None:
+        memories = [
+            MemoryItem(id=item.memory.pk, text=item.text, score=float(item.score), kind=item.memory.kind)
+            for item in retrieved.items
+        ]
+        procedural = [m.text for m in retrieved.procedural]
+    return PromptInputs(
+        system_prompt=agent.system_prompt,
+        fixed_instructions=TOOL_ERROR_POLICY if tool_specs else "",
+        workflow_text=workflow.resume_instruction(session.state, session.data),
+        procedural=procedural,
+        memories=memories,
+        summary=session.summary,
+        recent_turns=recent,
+        summary_through_seq=session.summary_through_seq,
+        message=turn.user_message,
+        tool_messages=list(tool_messages),
+        tools=[spec.as_openai() for spec in tool_specs],
+    )
+
+
+def _reply_loop(
+    session: ChatSession,
+    turn: Turn,
+    agent: Agent,
+    provider: Any,
+    workflow: Any,
+    counter: Any,
+    retrieved: Any,
+    retrieval_report: dict[str, Any],
+    tool_names: list[str],
+    composition_extra: dict[str, Any],
+) -> Iterator[dict[str, Any]]:
+    from agents.tools import ToolContext, run_tool_call, tool_specs
+    from sessions.context import ContextBudget, build_prompt
+    from sessions.services import checkpoint_before_call, transition_apply
+
+    budget = ContextBudget.from_agent(agent)
+    action_tool = workflow.action_states.get(session.state) if hasattr(workflow, "action_states") else None
+    names = list(dict.fromkeys([*tool_names, *([action_tool] if action_tool else [])]))
+    specs = tool_specs(names) if names else []
+    tool_messages: list[Message] = []
+    context = ToolContext(user=session.user, session=session, turn=turn, agent=agent)
+    reply_parts: list[str] = []
+    built = None
+    steps = 0
+    limit_hit = False
+    reply = ""
+    while True:
+        if steps >= agent.step_limit:
+            limit_hit = True
+            break
+        steps += 1
+        with _span("context.build"):
+            built = build_prompt(
+                inputs=_prompt_inputs(session, turn, agent, workflow, retrieved, specs, tool_messages),
+                budget=budget,
+                counter=counter,
+            )
+        checkpoint_before_call(session=session, turn=turn)
+        step_text: list[str] = []
+        with _span("llm.call", purpose="reply", step=steps):
+            stream = provider.stream(
+                built.messages,
+                ctx=CallContext(
+                    purpose="reply",
+                    agent_id=agent.pk,
+                    session_id=session.pk,
+                    turn_id=turn.pk,
+                    prompt_sections=dict(built.sections),
+                ),
+                temperature=agent.temperature,
+                max_tokens=agent.max_tokens,
+                tools=specs or None,
+            )
+            for delta in stream:
+                if delta:
+                    step_text.append(delta)
+                    yield {"type": "delta", "text": delta}
+        completion = stream.completion
+        text = "".join(step_text) if step_text else (completion.text if completion else "")
+        calls = list(completion.tool_calls) if completion else []
+        if not calls:
+            reply = text
+            break
+        if text:
+            reply_parts.append(text)
+        tool_messages.append(
+            {
+                "role": "assistant",
+                "content": text or None,
+                "tool_calls": [
+                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in calls
+                ],
+            }
+        )
+        for call in calls:
+            with _span("tool", name=call.name):
+                result = run_tool_call(call=call, context=context, enabled=names)
+            tool_messages.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
+            yield {"type": "tool", "name": call.name, "ok": result.ok, "error_kind": result.error_kind}
+            if action_tool and call.name == action_tool and session.state in workflow.action_outcomes:
+                success_state, failure_state = workflow.action_outcomes[session.state]
+                decision = _action_decision(workflow, session, result, success_state, failure_state)
+                if decision is not None:
+                    transition_apply(session=session, turn=turn, decision=decision)
+                    session.refresh_from_db()
+                    yield {"type": "state", "state": session.state, "data": session.data, "status": session.status}
+
+    if limit_hit:
+        yield from _at_step_limit(session, turn, agent, reply_parts)
+        return
+
+    composition = dict(built.composition) if built is not None else {}
+    composition.update(composition_extra)
+    composition["steps"] = steps
+    _complete_turn(
+        session,
+        turn,
+        reply=reply if not reply_parts else "\n\n".join([*reply_parts, reply]).strip(),
+        steps=steps,
+        composition=composition,
+        retrieval=retrieval_report,
+        prompt_tokens=built.total_tokens if built is not None else 0,
+        is_demo=provider.is_demo,
+    )
+    session.refresh_from_db()
+    turn.refresh_from_db()
+    yield {"type": "state", "state": session.state, "data": session.data, "status": session.status}
+    yield _done_event(turn, session)
+
+
+def _action_decision(workflow: Any, session: ChatSession, result: Any, success: str, failure: str) -> Any:
+    """The decision for an action state, built from the tool's structured outcome (ok / not ok)."""
+    from sessions.services import turn_failure_record
+
+    if result.ok:
+        # The tool's structured output (ToolOutput.data), never its text, feeds the transition.
+        slots: dict[str, Any] = {}
+        if result.data.get("reference"):
+            slots["booking_reference"] = str(result.data["reference"])
+        return workflow.decision_schema.model_validate(
+            {"next_state": success, "slots": slots, "confidence": 1.0, "reasoning": f"{result.name} succeeded"}
+        )
+    # A failed action counts as a failed attempt; after the retry limit the session moves to FAILED.
+    turn_failure_record(session=session, turn=None, reason=f"{result.name}: {result.content[:300]}")
+    session.refresh_from_db()
+    return None
+
+
+def _at_step_limit(session: ChatSession, turn: Turn, agent: Agent, reply_parts: list[str]) -> Iterator[dict[str, Any]]:
+    behaviour = agent.step_limit_behaviour
+    note = f"I stopped after {agent.step_limit} steps without finishing."
+    Turn.objects.filter(pk=turn.pk).update(step_limit_hit=True, steps=agent.step_limit)
+    if behaviour == "handoff":
+        yield from _handoff(session, turn, reason=f"step limit {agent.step_limit} reached")
+        return
+    if behaviour == "partial":
+        partial = "\n\n".join(reply_parts).strip()
+        reply = (
+            f"{partial}\n\n({note} This is a partial answer.)"
+            if partial
+            else f"{note} Here is what I have: nothing conclusive yet."
+        )
+        _complete_turn(
+            session,
+            turn,
+            reply=reply,
+            steps=agent.step_limit,
+            composition={"step_limit_hit": True},
+            retrieval={},
+            prompt_tokens=0,
+            is_demo=False,
+        )
+        session.refresh_from_db()
+        turn.refresh_from_db()
+        yield {"type": "delta", "text": f"\n\n({note})"}
+        yield _done_event(turn, session)
+        return
+    _fail_turn(
+        session, turn, reason=f"step limit {agent.step_limit} reached", reply=f"{note} Please rephrase or try again."
+    )
+    session.refresh_from_db()
+    yield {
+        "type": "error",
+        "code": "step_limit",
+        "message": f"{note} Please rephrase or try again.",
+        "turn_id": turn.pk,
+    }
+
+
+def _complete_turn(
+    session: ChatSession,
+    turn: Turn,
+    *,
+    reply: str,
+    steps: int,
+    composition: dict[str, Any],
+    retrieval: dict[str, Any],
+    prompt_tokens: int,
+    is_demo: bool,
+) -> None:
+    with transaction.atomic():
+        fields: dict[str, Any] = {
+            "status": Turn.Status.COMPLETED,
+            "assistant_message": reply,
+            "steps": steps,
+            "retrieval": retrieval,
+            "prompt_tokens": prompt_tokens,
+            "completed_at": timezone.now(),
+            "state_after": ChatSession.objects.values_list("state", flat=True).get(pk=session.pk),
+            "error": "",
+        }
+        if composition:
+            fields["composition"] = composition
+        if is_demo:
+            fields["is_demo"] = True
+        Turn.objects.filter(pk=turn.pk).update(**fields)
+        ChatSession.objects.filter(pk=session.pk).update(updated_at=timezone.now())
+        if session.workflow == "free_chat":
+            # No transitions in free chat: a turn that succeeds is what resets the failure count.
+            ChatSession.objects.filter(pk=session.pk, retry_count__gt=0).update(retry_count=0, version=F("version") + 1)
+        transaction.on_commit(lambda: _after_turn(turn.pk))
+
+
+def _after_turn(turn_id: int) -> None:
+    """Enqueue the background work of a finished turn. A broker outage is logged; the turn is already saved."""
+    turn = Turn.objects.select_related("session").get(pk=turn_id)
+    try:
+        from memory.services import memory_writes_enqueue
+
+        memory_writes_enqueue(turn=turn)
+    except Exception:
+        logger.exception("could not enqueue memory writes for turn %s", turn_id)
+    try:
+        from sessions.summaries import summary_request_if_due
+
+        summary_request_if_due(session=turn.session)
+    except Exception:
+        logger.exception("could not request a summary for session %s", turn.session_id)

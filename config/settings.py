@@ -217,6 +217,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "SessionStatusEnum": "sessions.models.ChatSession.Status",
+        "TurnStatusEnum": "sessions.models.Turn.Status",
+    },
 }
 
 # --- LLM and embeddings (used by the agents and memory apps) ----------------------------

@@ -17,6 +17,7 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
+from rest_framework.exceptions import ValidationError
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -35,6 +36,7 @@ from sessions.serializers import (
     TurnCompositionSerializer,
     TurnOutputSerializer,
 )
+from sessions.streaming import idempotency_key_from
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
     name="Idempotency-Key",
@@ -56,8 +58,10 @@ def _own_session(request: Request, session_id: UUID) -> ChatSession:
 
 
 def _idempotency_key(request: Request) -> str | None:
-    key = request.headers.get("Idempotency-Key", "").strip()
-    return key or None
+    try:
+        return idempotency_key_from(request.headers)
+    except ValueError as exc:
+        raise ValidationError({"Idempotency-Key": str(exc)}) from exc
 
 
 class SessionListApi(generics.GenericAPIView[ChatSession]):

@@ -12,8 +12,17 @@ from agents.models import Agent
 from sessions.models import ChatSession, Checkpoint, Turn
 
 
+class AgentSlugField(serializers.SlugRelatedField[Agent]):
+    """An agent by slug. PostgreSQL cannot compare text with NUL bytes, so such input is refused up front."""
+
+    def to_internal_value(self, data: Any) -> Agent:
+        if isinstance(data, str) and "\x00" in data:
+            raise serializers.ValidationError("Null characters are not allowed.")
+        return super().to_internal_value(data)
+
+
 class SessionInputSerializer(serializers.Serializer[Any]):
-    agent = serializers.SlugRelatedField(
+    agent = AgentSlugField(
         slug_field="slug",
         queryset=Agent.objects.filter(is_active=True),
         required=False,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from django.http import StreamingHttpResponse
@@ -19,6 +19,19 @@ from sessions.models import ChatSession
 from sessions.rendering import markdown_to_safe_html
 
 logger = logging.getLogger(__name__)
+
+# Turn.idempotency_key is 200 characters; a longer key would be cut and could collide with another.
+IDEMPOTENCY_KEY_MAX = 200
+
+
+def idempotency_key_from(headers: Mapping[str, str]) -> str | None:
+    """The request's ``Idempotency-Key`` (None when absent); ``ValueError`` when it cannot be stored."""
+    key = (headers.get("Idempotency-Key") or "").strip()
+    if not key:
+        return None
+    if len(key) > IDEMPOTENCY_KEY_MAX or not key.isprintable():
+        raise ValueError(f"The Idempotency-Key header must be 1 to {IDEMPOTENCY_KEY_MAX} printable characters.")
+    return key
 
 
 def sse_encode(event: dict[str, Any]) -> bytes:

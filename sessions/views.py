@@ -20,6 +20,7 @@ from django.views.decorators.http import require_GET, require_POST
 from agents.models import Agent
 from config.api_errors import error_body, runtime_error_status
 from sessions.models import ChatSession, Turn
+from sessions.streaming import idempotency_key_from, turn_event_response
 
 
 def _own_session(request: HttpRequest, session_id: UUID) -> ChatSession:
@@ -143,8 +144,6 @@ def chat_panels(request: HttpRequest, session_id: UUID) -> HttpResponse:
 @require_POST
 def chat_stream(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
     """POST a message; the reply comes back as ``text/event-stream``. CSRF token in the X-CSRFToken header."""
-    from sessions.streaming import turn_event_response
-
     session = _own_session(request, session_id)
     if request.content_type == "application/json":
         try:
@@ -157,9 +156,11 @@ def chat_stream(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
     if not isinstance(message, str):
         return JsonResponse(error_body("invalid", "Send a message."), status=400)
     try:
-        return turn_event_response(
-            session=session, message=message, idempotency_key=request.headers.get("Idempotency-Key") or None
-        )
+        key = idempotency_key_from(request.headers)
+    except ValueError as exc:
+        return JsonResponse(error_body("invalid", str(exc)), status=400)
+    try:
+        return turn_event_response(session=session, message=message, idempotency_key=key)
     except Exception as exc:
         refusal = runtime_error_status(exc)
         if refusal is None:

@@ -59,7 +59,12 @@ CASES: list[tuple[str, str, dict[str, Any] | None, dict[str, int]]] = [
     ("post", "/api/sessions/{session}/messages/stream/", {"message": "hello"}, OWNER_ONLY),
     ("get", "/api/turns/{turn}/composition/", None, {ANON: 401, ALICE: 200, BOB: 404, STAFF: 200}),
     ("get", "/api/memories/", None, ANY_USER),
-    ("post", "/api/memories/", {"kind": "semantic", "text": "Likes tea."}, {ANON: 401, ALICE: 201, BOB: 201, STAFF: 201}),
+    (
+        "post",
+        "/api/memories/",
+        {"kind": "semantic", "text": "Likes tea."},
+        {ANON: 401, ALICE: 201, BOB: 201, STAFF: 201},
+    ),
     ("get", "/api/memories/search/?q=aisle", None, ANY_USER),
     ("get", "/api/memories/{memory}/", None, OWNER_ONLY),
     ("patch", "/api/memories/{memory}/", {"pinned": True}, OWNER_ONLY),

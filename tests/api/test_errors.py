@@ -1,0 +1,207 @@
+"""Every error, in one format: {"error": {"code", "message", "details"}} — 400/401/403/404/405/409/413/415/429/500."""
+
+from __future__ import annotations
+
+from io import BytesIO
+from typing import Any
+
+import pytest
+from django.db import connection
+from rest_framework.exceptions import ParseError
+from rest_framework.test import APIClient
+from rest_framework.throttling import SimpleRateThrottle
+
+from agents.models import Agent
+from agents.runtime import SessionTurnLock
+from config.api_errors import api_exception_handler
+from config.parsers import PayloadTooLarge, SizeLimitedJSONParser
+from sessions.models import Turn
+from sessions.services import session_create
+from tests.api.conftest import assert_error, token_client
+
+
+@pytest.mark.django_db
+def test_anonymous_is_401_with_a_challenge(anon_client: APIClient) -> None:
+    response = anon_client.get("/api/sessions/")
+    assert_error(response, 401, "not_authenticated")
+    assert response["WWW-Authenticate"].startswith("Token")
+
+
+@pytest.mark.django_db
+def test_a_wrong_token_is_401(anon_client: APIClient) -> None:
+    anon_client.credentials(HTTP_AUTHORIZATION="Token not-a-real-token")
+    assert_error(anon_client.get("/api/me/"), 401, "authentication_failed")
+
+
+@pytest.mark.django_db
+def test_session_auth_without_csrf_token_is_403(alice: Any, chat_agent: Agent) -> None:
+    client = APIClient(enforce_csrf_checks=True)
+    client.force_login(alice)
+    assert client.get("/api/me/").json()["username"] == "alice"
+    error = assert_error(client.post("/api/sessions/", {"agent": "chatty"}, format="json"), 403, "permission_denied")
+    assert "CSRF" in error["message"]
+
+
+@pytest.mark.django_db
+def test_unknown_api_path_is_a_json_404(alice_client: APIClient) -> None:
+    error = assert_error(alice_client.get("/api/no-such-thing/"), 404, "not_found")
+    assert error["details"]["path"] == "/api/no-such-thing/"
+    assert_error(alice_client.get("/api/sessions/not-a-uuid/"), 404, "not_found")
+    assert_error(alice_client.get("/api/agents/999999/"), 404, "not_found")
+
+
+@pytest.mark.django_db
+def test_out_of_range_page_is_404(alice_client: APIClient) -> None:
+    assert_error(alice_client.get("/api/sessions/", {"page": 99}), 404, "not_found")
+
+
+@pytest.mark.django_db
+def test_wrong_method_is_405(alice_client: APIClient) -> None:
+    error = assert_error(alice_client.put("/api/agents/", {}, format="json"), 405, "method_not_allowed")
+    assert "PUT" in error["message"]
+
+
+@pytest.mark.django_db
+def test_wrong_media_type_is_415(alice_client: APIClient, chat_agent: Agent) -> None:
+    response = alice_client.post("/api/sessions/", data="agent=chatty", content_type="text/plain")
+    assert_error(response, 415, "unsupported_media_type")
+
+
+@pytest.mark.django_db
+def test_malformed_json_is_400_parse_error(alice_client: APIClient, chat_agent: Agent) -> None:
+    response = alice_client.post("/api/sessions/", data='{"agent": "chatty"', content_type="application/json")
+    error = assert_error(response, 400, "parse_error")
+    assert "JSON" in error["message"]
+
+
+@pytest.mark.django_db
+def test_validation_errors_name_the_field(alice_client: APIClient) -> None:
+    error = assert_error(
+        alice_client.post("/api/memories/", {"kind": "dream", "text": ""}, format="json"), 400, "invalid"
+    )
+    assert set(error["details"]["fields"]) == {"kind", "text"}
+
+
+@pytest.mark.django_db
+def test_body_over_the_limit_is_413(alice_client: APIClient, settings: Any) -> None:
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 2048
+    body = '{"kind": "semantic", "text": "' + "x" * 4000 + '"}'
+    error = assert_error(alice_client.post("/api/memories/", data=body, content_type="application/json"), 413)
+    assert error["code"] == "payload_too_large"
+    assert error["details"]["limit_bytes"] == 2048
+
+
+def test_parser_refuses_an_oversize_stream_without_content_length(settings: Any) -> None:
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1024
+    parser = SizeLimitedJSONParser()
+    assert parser.parse(BytesIO(b'{"a": 1}'), "application/json", {}) == {"a": 1}
+    with pytest.raises(PayloadTooLarge):
+        parser.parse(BytesIO(b'{"a": "' + b"y" * 2000 + b'"}'), "application/json", {})
+    with pytest.raises(ParseError):
+        parser.parse(BytesIO(b"{nope"), "application/json", {})
+
+
+@pytest.mark.django_db
+def test_message_over_max_chars_is_413_and_saves_nothing(
+    alice: Any, alice_client: APIClient, chat_agent: Agent, settings: Any
+) -> None:
+    settings.MAX_MESSAGE_CHARS = 100
+    session = session_create(user=alice, agent=chat_agent)
+    for path in (f"/api/sessions/{session.pk}/messages/", f"/api/sessions/{session.pk}/messages/stream/"):
+        error = assert_error(alice_client.post(path, {"message": "z" * 101}, format="json"), 413)
+        assert "100" in error["message"]
+    assert not Turn.objects.filter(session=session).exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("message", "code"), [("", "empty_message"), ("   \n", "empty_message"), ("a\x00b", "nul_bytes")]
+)
+def test_empty_or_nul_message_is_400(
+    alice: Any, alice_client: APIClient, chat_agent: Agent, message: str, code: str
+) -> None:
+    session = session_create(user=alice, agent=chat_agent)
+    assert_error(
+        alice_client.post(f"/api/sessions/{session.pk}/messages/", {"message": message}, format="json"), 400, code
+    )
+    assert not Turn.objects.filter(session=session).exists()
+
+
+@pytest.mark.django_db
+def test_missing_message_is_400(alice: Any, alice_client: APIClient, chat_agent: Agent) -> None:
+    session = session_create(user=alice, agent=chat_agent)
+    error = assert_error(alice_client.post(f"/api/sessions/{session.pk}/messages/", {}, format="json"), 400, "invalid")
+    assert "message" in error["details"]["fields"]
+
+
+@pytest.mark.django_db
+def test_busy_session_is_409(alice: Any, alice_client: APIClient, chat_agent: Agent, settings: Any) -> None:
+    settings.TURN_LOCK_WAIT_SECONDS = 0.0
+    session = session_create(user=alice, agent=chat_agent)
+    # Another connection (another web worker, in production) holds the session's turn lock.
+    other = connection.copy()
+    other.connect()
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s)", [SessionTurnLock(session.pk).key])
+        for path in (f"/api/sessions/{session.pk}/messages/", f"/api/sessions/{session.pk}/messages/stream/"):
+            assert_error(alice_client.post(path, {"message": "hello"}, format="json"), 409, "session_busy")
+        assert_error(alice_client.delete(f"/api/sessions/{session.pk}/"), 409, "session_busy")
+    finally:
+        other.close()
+    # Once the other turn is over, the same message goes through.
+    assert (
+        alice_client.post(f"/api/sessions/{session.pk}/messages/", {"message": "hello"}, format="json").status_code
+        == 201
+    )
+
+
+@pytest.mark.django_db
+def test_throttled_is_429_with_retry_after(alice_client: APIClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(SimpleRateThrottle.THROTTLE_RATES, "user", "3/min")
+    for _ in range(3):
+        assert alice_client.get("/api/me/").status_code == 200
+    response = alice_client.get("/api/me/")
+    error = assert_error(response, 429, "throttled")
+    assert 0 < error["details"]["retry_after_seconds"] <= 60
+    assert int(response["Retry-After"]) == error["details"]["retry_after_seconds"]
+
+
+@pytest.mark.django_db
+def test_posting_messages_has_its_own_tighter_rate(
+    alice: Any, alice_client: APIClient, chat_agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(SimpleRateThrottle.THROTTLE_RATES, "messages", "2/min")
+    session = session_create(user=alice, agent=chat_agent)
+    path = f"/api/sessions/{session.pk}/messages/"
+    assert [alice_client.post(path, {"message": f"m{i}"}, format="json").status_code for i in range(2)] == [201, 201]
+    assert_error(alice_client.post(path, {"message": "m3"}, format="json"), 429, "throttled")
+    # Reading is not a model call: the history stays readable.
+    assert alice_client.get(path).status_code == 200
+    assert Turn.objects.filter(session=session).count() == 2
+
+
+def test_unexpected_exception_is_a_500_in_the_same_format() -> None:
+    response = api_exception_handler(RuntimeError("database password is hunter2"), {"view": None})
+    assert response is not None and response.status_code == 500
+    assert response.data["error"]["code"] == "server_error"
+    assert "hunter2" not in str(response.data)
+
+
+@pytest.mark.django_db
+def test_staff_token_does_not_open_other_peoples_sessions(staff: Any, alice: Any, chat_agent: Agent) -> None:
+    session = session_create(user=alice, agent=chat_agent)
+    assert_error(token_client(staff).get(f"/api/sessions/{session.pk}/state/"), 404, "not_found")
+
+
+@pytest.mark.django_db
+def test_nul_bytes_in_lookups_are_400_not_500(alice: Any, alice_client: APIClient, chat_agent: Agent) -> None:
+    # Found by the schemathesis run: PostgreSQL refuses NUL in text, which used to surface as a 500.
+    assert_error(alice_client.post("/api/sessions/", {"agent": "chat\x00ty"}, format="json"), 400, "invalid")
+    session = session_create(user=alice, agent=chat_agent)
+    path = f"/api/sessions/{session.pk}/messages/"
+    error = assert_error(
+        alice_client.post(path, {"message": "hi"}, format="json", HTTP_IDEMPOTENCY_KEY="k" * 201), 400, "invalid"
+    )
+    assert "Idempotency-Key" in error["details"]["fields"]
+    assert not Turn.objects.filter(session=session).exists()

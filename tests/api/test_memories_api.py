@@ -1,0 +1,87 @@
+"""Memories through the API: create, list, retrieve, update (re-embedding), delete, search."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from memory.models import Memory
+from tests.api.conftest import assert_error
+
+
+@pytest.mark.django_db
+def test_memory_lifecycle(alice: Any, alice_client: APIClient) -> None:
+    created = alice_client.post(
+        "/api/memories/",
+        {"kind": "semantic", "text": "Home airport is Oslo Gardermoen.", "fact_key": "home_airport"},
+        format="json",
+    )
+    assert created.status_code == 201
+    memory_id = created.json()["id"]
+    stored = Memory.objects.get(pk=memory_id)
+    assert stored.user == alice and stored.embedding is not None and stored.fact_key == "home_airport"
+    assert "embedding" not in created.json() and "content_hash" not in created.json()
+
+    assert alice_client.get(f"/api/memories/{memory_id}/").json()["text"] == "Home airport is Oslo Gardermoen."
+    assert [m["id"] for m in alice_client.get("/api/memories/").json()["results"]] == [memory_id]
+
+    old_vector = list(stored.embedding)
+    patched = alice_client.patch(
+        f"/api/memories/{memory_id}/", {"text": "Home airport is Bergen.", "pinned": True}, format="json"
+    )
+    assert patched.status_code == 200 and patched.json()["pinned"] is True
+    stored.refresh_from_db()
+    assert stored.text == "Home airport is Bergen." and list(stored.embedding) != old_vector
+
+    assert alice_client.delete(f"/api/memories/{memory_id}/").status_code == 204
+    assert not Memory.objects.filter(pk=memory_id).exists()
+    assert_error(alice_client.get(f"/api/memories/{memory_id}/"), 404, "not_found")
+
+
+@pytest.mark.django_db
+def test_list_filters_by_kind_and_hides_archived(alice_client: APIClient) -> None:
+    ids = {}
+    for kind, text in [
+        ("semantic", "Vegetarian meals."),
+        ("episodic", "Booked Paris in May."),
+        ("procedural", "Ask before booking."),
+    ]:
+        ids[kind] = alice_client.post("/api/memories/", {"kind": kind, "text": text}, format="json").json()["id"]
+    assert [m["id"] for m in alice_client.get("/api/memories/", {"kind": "episodic"}).json()["results"]] == [
+        ids["episodic"]
+    ]
+    assert_error(alice_client.get("/api/memories/", {"kind": "dream"}), 400, "invalid")
+    alice_client.patch(f"/api/memories/{ids['semantic']}/", {"archived": True}, format="json")
+    visible = {m["id"] for m in alice_client.get("/api/memories/").json()["results"]}
+    assert visible == {ids["episodic"], ids["procedural"]}
+    everything = {m["id"] for m in alice_client.get("/api/memories/", {"archived": "true"}).json()["results"]}
+    assert everything == set(ids.values())
+
+
+@pytest.mark.django_db
+def test_search_uses_the_retriever_and_explains_itself(alice_client: APIClient) -> None:
+    wanted = alice_client.post(
+        "/api/memories/", {"kind": "semantic", "text": "Prefers window seats on flights."}, format="json"
+    ).json()["id"]
+    alice_client.post("/api/memories/", {"kind": "semantic", "text": "Allergic to peanuts."}, format="json")
+    body = alice_client.get("/api/memories/search/", {"q": "window seats on flights", "budget_tokens": 500}).json()
+    assert body["query"] == "window seats on flights"
+    assert body["items"] and body["items"][0]["memory"]["id"] == wanted
+    assert body["total_tokens"] == sum(item["tokens"] for item in body["items"]) <= 500
+    reported = {c["id"]: c for c in body["report"]["candidates"]}
+    assert reported[wanted]["kept"] is True and reported[wanted]["reason"]
+    assert_error(alice_client.get("/api/memories/search/"), 400, "invalid")
+
+
+@pytest.mark.django_db
+def test_patch_validates(alice_client: APIClient) -> None:
+    memory_id = alice_client.post("/api/memories/", {"kind": "semantic", "text": "Likes tea."}, format="json").json()[
+        "id"
+    ]
+    error = assert_error(
+        alice_client.patch(f"/api/memories/{memory_id}/", {"importance": 7}, format="json"), 400, "invalid"
+    )
+    assert "importance" in error["details"]["fields"]
+    assert Memory.objects.get(pk=memory_id).importance == 0.5

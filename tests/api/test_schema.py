@@ -1,0 +1,62 @@
+"""The OpenAPI 3 schema covers every endpoint, and the docs UI loads nothing from the internet."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from django.test import Client
+from drf_spectacular.validation import validate_schema
+from rest_framework.test import APIClient
+
+EXPECTED_PATHS = {
+    "/api/me/": {"get"},
+    "/api/metrics/": {"get"},
+    "/api/agents/": {"get"},
+    "/api/agents/{id}/": {"get"},
+    "/api/sessions/": {"get", "post"},
+    "/api/sessions/{session_id}/": {"get", "delete"},
+    "/api/sessions/{session_id}/state/": {"get"},
+    "/api/sessions/{session_id}/checkpoints/": {"get"},
+    "/api/sessions/{session_id}/messages/": {"get", "post"},
+    "/api/sessions/{session_id}/messages/stream/": {"post"},
+    "/api/turns/{turn_id}/composition/": {"get"},
+    "/api/memories/": {"get", "post"},
+    "/api/memories/{memory_id}/": {"get", "patch", "delete"},
+    "/api/memories/search/": {"get"},
+}
+
+
+@pytest.mark.django_db
+def test_schema_is_valid_openapi_3_with_every_endpoint(alice_client: APIClient) -> None:
+    response = alice_client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    assert response.status_code == 200
+    schema: dict[str, Any] = response.json()
+    assert schema["openapi"].startswith("3.")
+    validate_schema(schema)
+    paths = {path: set(ops) - {"parameters"} for path, ops in schema["paths"].items()}
+    assert paths == EXPECTED_PATHS
+    schemes = schema["components"]["securitySchemes"]
+    assert {"tokenAuth", "cookieAuth"} <= set(schemes)
+    stream = schema["paths"]["/api/sessions/{session_id}/messages/stream/"]["post"]
+    assert "text/event-stream" in stream["responses"]["200"]["content"]
+    idempotency = [
+        p for p in schema["paths"]["/api/sessions/{session_id}/messages/"]["post"]["parameters"] if p["in"] == "header"
+    ]
+    assert [p["name"] for p in idempotency] == ["Idempotency-Key"]
+
+
+@pytest.mark.django_db
+def test_docs_ui_assets_are_served_locally(client: Client) -> None:
+    page = client.get("/api/docs/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    urls = re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)["']""", html) + re.findall(
+        r"""["'](https?://[^"']+)["']""", html
+    )
+    assert any("swagger-ui" in u for u in urls)
+    external = [u for u in urls if re.match(r"^(https?:)?//", u)]
+    assert external == [], f"the docs page would load from the internet: {external}"
+    for asset in {u for u in urls if u.startswith("/static/")}:
+        assert client.get(asset).status_code == 200, asset

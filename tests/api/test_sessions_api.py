@@ -1,0 +1,150 @@
+"""Sessions, messages (plain, idempotent, streamed), state, checkpoints and a turn's composition."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from agents.llm.providers import DEMO_LABEL
+from agents.models import Agent
+from sessions.models import ChatSession, Checkpoint, Turn
+from tests.api.conftest import assert_error
+
+
+def _events(response: Any) -> list[tuple[str, dict[str, Any]]]:
+    """Parse a text/event-stream body into (event, data) pairs."""
+    raw = b"".join(response.streaming_content).decode()
+    events = []
+    for block in raw.split("\n\n"):
+        kind, data = "message", None
+        for line in block.splitlines():
+            if line.startswith("event:"):
+                kind = line[6:].strip()
+            elif line.startswith("data:"):
+                data = json.loads(line[5:])
+        if data is not None:
+            events.append((kind, data))
+    return events
+
+
+@pytest.fixture
+def session_id(alice_client: APIClient, booking_agent: Agent) -> str:
+    response = alice_client.post("/api/sessions/", {"agent": "flight-booker", "title": "Trip"}, format="json")
+    assert response.status_code == 201
+    return str(response.json()["id"])
+
+
+@pytest.mark.django_db
+def test_create_by_slug_or_id_and_list_newest_first(
+    alice_client: APIClient, alice: Any, booking_agent: Agent, chat_agent: Agent
+) -> None:
+    first = alice_client.post("/api/sessions/", {"agent": "flight-booker"}, format="json").json()
+    second = alice_client.post("/api/sessions/", {"agent_id": chat_agent.pk, "title": "Chat"}, format="json").json()
+    assert first["workflow"] == "flight_booking" and first["state"] == "IDLE" and first["agent"] == "flight-booker"
+    assert second["workflow"] == "free_chat" and second["title"] == "Chat"
+    assert ChatSession.objects.filter(user=alice).count() == 2
+    page = alice_client.get("/api/sessions/", {"page_size": 1}).json()
+    assert page["count"] == 2 and len(page["results"]) == 1 and page["next"]
+    assert page["results"][0]["id"] == second["id"]
+
+
+@pytest.mark.django_db
+def test_create_needs_an_active_agent(alice_client: APIClient, retired_agent: Agent) -> None:
+    assert (
+        "agent"
+        in assert_error(alice_client.post("/api/sessions/", {}, format="json"), 400, "invalid")["details"]["fields"]
+    )
+    assert_error(alice_client.post("/api/sessions/", {"agent": "retired"}, format="json"), 400, "invalid")
+    assert_error(alice_client.post("/api/sessions/", {"agent_id": retired_agent.pk}, format="json"), 400, "invalid")
+
+
+@pytest.mark.django_db
+def test_post_a_message_then_read_history_state_and_checkpoints(alice_client: APIClient, session_id: str) -> None:
+    response = alice_client.post(f"/api/sessions/{session_id}/messages/", {"message": "I need a flight"}, format="json")
+    assert response.status_code == 201
+    body = response.json()
+    assert body["replayed"] is False
+    assert body["is_demo"] is True and body["model_label"] == DEMO_LABEL
+    assert body["reply"] and body["reply"] == body["turn"]["assistant_message"]
+    assert body["turn"]["status"] == "completed" and body["turn"]["seq"] == 1
+    assert body["session"]["id"] == session_id
+
+    history = alice_client.get(f"/api/sessions/{session_id}/messages/").json()
+    assert [t["user_message"] for t in history["results"]] == ["I need a flight"]
+
+    state = alice_client.get(f"/api/sessions/{session_id}/state/").json()
+    assert state["workflow"] == "flight_booking"
+    assert state["states"][0] == "IDLE" and "COMPLETED" in state["terminal_states"]
+    assert state["state"] == ChatSession.objects.get(pk=session_id).state
+
+    checkpoints = alice_client.get(f"/api/sessions/{session_id}/checkpoints/").json()
+    reasons = [c["reason"] for c in checkpoints["results"]]
+    assert Checkpoint.Reason.BEFORE_CALL in reasons
+    assert checkpoints["count"] == Checkpoint.objects.filter(session_id=session_id).count()
+    assert [c["seq"] for c in checkpoints["results"]] == sorted(c["seq"] for c in checkpoints["results"])
+
+
+@pytest.mark.django_db
+def test_idempotency_key_replays_instead_of_running_twice(alice_client: APIClient, session_id: str) -> None:
+    path = f"/api/sessions/{session_id}/messages/"
+    first = alice_client.post(path, {"message": "From Oslo"}, format="json", HTTP_IDEMPOTENCY_KEY="key-1")
+    again = alice_client.post(path, {"message": "From Oslo"}, format="json", HTTP_IDEMPOTENCY_KEY="key-1")
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json()["replayed"] is True
+    assert again.json()["turn"]["id"] == first.json()["turn"]["id"]
+    assert again.json()["reply"] == first.json()["reply"]
+    assert Turn.objects.filter(session_id=session_id).count() == 1
+    other = alice_client.post(path, {"message": "From Oslo"}, format="json", HTTP_IDEMPOTENCY_KEY="key-2")
+    assert other.status_code == 201 and Turn.objects.filter(session_id=session_id).count() == 2
+
+
+@pytest.mark.django_db
+def test_streamed_reply_arrives_as_server_sent_events(alice_client: APIClient, session_id: str) -> None:
+    response = alice_client.post(
+        f"/api/sessions/{session_id}/messages/stream/",
+        {"message": "Hello <script>alert(1)</script> **there**"},
+        format="json",
+        HTTP_ACCEPT="text/event-stream",
+    )
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/event-stream")
+    assert response["Cache-Control"] == "no-cache"
+    events = _events(response)
+    kinds = [kind for kind, _ in events]
+    assert kinds[0] == "turn" and kinds[-1] == "done"
+    assert kinds.count("delta") >= 2, "the reply should arrive in pieces"
+    done = events[-1][1]
+    assert "".join(data["text"] for kind, data in events if kind == "delta") == done["reply"]
+    turn = Turn.objects.get(pk=done["turn_id"])
+    assert turn.assistant_message == done["reply"] and turn.status == Turn.Status.COMPLETED
+    assert done["is_demo"] is True
+    # The HTML version is sanitized: whatever the model echoed, no script survives.
+    assert "<script" not in done["html"].lower()
+
+
+@pytest.mark.django_db
+def test_delete_removes_the_session_and_its_turns(alice_client: APIClient, session_id: str) -> None:
+    alice_client.post(f"/api/sessions/{session_id}/messages/", {"message": "hi"}, format="json")
+    assert alice_client.delete(f"/api/sessions/{session_id}/").status_code == 204
+    assert not ChatSession.objects.filter(pk=session_id).exists()
+    assert not Turn.objects.filter(session_id=session_id).exists()
+    assert_error(alice_client.get(f"/api/sessions/{session_id}/"), 404, "not_found")
+
+
+@pytest.mark.django_db
+def test_composition_shows_sections_and_retrieval(
+    alice_client: APIClient, staff_client: APIClient, session_id: str
+) -> None:
+    turn_id = alice_client.post(f"/api/sessions/{session_id}/messages/", {"message": "hi"}, format="json").json()[
+        "turn"
+    ]["id"]
+    for client in (alice_client, staff_client):
+        body = client.get(f"/api/turns/{turn_id}/composition/").json()
+        assert body["id"] == turn_id and body["session"] == session_id
+        turn = Turn.objects.get(pk=turn_id)
+        assert body["composition"] == turn.composition and body["retrieval"] == turn.retrieval
+        assert body["composition"]["sections"]["system"] > 0
+        assert body["prompt_tokens"] == turn.prompt_tokens > 0

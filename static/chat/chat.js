@@ -46,6 +46,8 @@
       reply.dataset.turn = data.turn_id;
     } else if (event === "delta") {
       body.textContent += data.text;
+      // How many pieces the reply arrived in (shown to nobody; lets tests and curious people check streaming).
+      reply.dataset.deltas = String(Number(reply.dataset.deltas || 0) + 1);
       reply.scrollIntoView({ block: "end" });
     } else if (event === "tool") {
       const note = document.createElement("span");

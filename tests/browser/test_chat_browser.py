@@ -1,0 +1,175 @@
+"""The web chat in a real browser: headless Chromium from Debian's packages, driven by Playwright.
+
+Alice signs in, starts a chat with the booking agent (the offline demo model), and books a flight:
+each reply streams in piece by piece and the workflow panel advances to COMPLETED. Then staff open
+the context inspector. Screenshots go to test-artifacts/screenshots/ (git-ignored).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.llm.providers import DEMO_LABEL
+from agents.models import Agent
+
+# Playwright's sync API runs an event loop in this thread; Django would otherwise refuse the ORM calls
+# that the fixtures make around it.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = Path("/usr/bin/chromium")
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+BOOKING = ["I want to book a flight", "from London to Paris", "March 10 to March 15", "2 passengers", "yes"]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{CHROMIUM} is missing: .ci/run installs Debian's chromium package")
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def booking_agent(db: Any) -> Agent:
+    return Agent.objects.create(
+        name="Flight booker",
+        slug="flight-booker",
+        system_prompt="You book flights.",
+        workflow="flight_booking",
+        tools=["book_flight"],
+    )
+
+
+def _sign_in(page: Any, base_url: str, username: str, password: str) -> None:
+    page.goto(f"{base_url}/")
+    assert "/accounts/login/" in page.url
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base_url}/")
+
+
+def _start_chat(page: Any, agent_name: str) -> None:
+    page.select_option("select#agent", label=agent_name)
+    page.click("form.new-chat button[type=submit]")
+    page.wait_for_selector("#composer")
+
+
+def _send(page: Any, message: str) -> Any:
+    """Send a message and wait for its reply to finish; return the reply's list item."""
+    done_before = page.locator("li.msg.assistant[data-done='1']").count()
+    page.fill("#message", message)
+    page.click("#send")
+    page.wait_for_function(
+        "n => document.querySelectorAll(\"li.msg.assistant[data-done='1']\").length > n",
+        arg=done_before,
+        timeout=30_000,
+    )
+    # The panels are re-fetched after "done": wait until the send button is usable again.
+    page.wait_for_selector("#send:not([disabled])")
+    return page.locator("li.msg.assistant[data-done='1']").last
+
+
+def test_alice_books_a_flight_with_the_demo_model(
+    browser: Any, live_server: Any, alice: Any, booking_agent: Agent
+) -> None:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    external: list[str] = []
+    page.on("request", lambda r: None if r.url.startswith(live_server.url) else external.append(r.url))
+
+    _sign_in(page, live_server.url, "alice", "alice-pass-123")
+    page.screenshot(path=str(SCREENSHOTS / "01-home.png"), full_page=True)
+    _start_chat(page, "Flight booker")
+    assert page.locator("#demo-label").is_visible()
+    assert page.locator("#demo-label").inner_text() == DEMO_LABEL
+    assert page.locator("#workflow-state").inner_text() == "IDLE"
+
+    # Record every text the streaming bubble shows, to see the reply grow rather than appear at once.
+    page.evaluate(
+        """() => {
+        window.__partials = [];
+        new MutationObserver(() => {
+          const b = document.querySelector('li.msg.assistant.streaming .bubble');
+          if (b) window.__partials.push(b.textContent.length);
+        }).observe(document.getElementById('turns'), {subtree: true, childList: true, characterData: true});
+      }"""
+    )
+
+    states = []
+    for i, message in enumerate(BOOKING, start=1):
+        reply = _send(page, message)
+        assert int(reply.get_attribute("data-deltas") or 0) > 1, "the reply should arrive in several pieces"
+        assert reply.locator(".bubble").inner_text().strip()
+        states.append(page.locator("#workflow-state").inner_text())
+        page.screenshot(path=str(SCREENSHOTS / f"02-booking-{i}-{states[-1].lower()}.png"), full_page=True)
+
+    partials = page.evaluate("window.__partials")
+    assert len(set(partials)) > 2, partials
+    assert states[0] != "IDLE" and states[-1] == "COMPLETED"
+    assert states.index("CONFIRMING") > states.index("GATHERING_PASSENGERS")
+    collected = page.locator("#collected").inner_text()
+    for value in ("London", "Paris", "2", "booking_reference"):
+        assert value in collected
+    assert "Booking reference" in page.locator("li.msg.assistant").last.inner_text()
+    assert page.locator("#workflow-panel .steps li.current").inner_text() == "COMPLETED"
+    # No context inspector for a non-staff user.
+    assert page.locator("#inspector").count() == 0
+
+    # A phone-sized screen: everything fits without sideways scrolling.
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.reload()
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    assert page.locator("#demo-label").is_visible()
+    page.screenshot(path=str(SCREENSHOTS / "03-phone.png"), full_page=True)
+
+    page.click("header button:has-text('Sign out')")
+    page.wait_for_url("**/accounts/login/")
+    assert external == [], f"the page loaded from outside: {external}"
+    context.close()
+
+
+def test_staff_open_the_context_inspector(browser: Any, live_server: Any, staff: Any, booking_agent: Agent) -> None:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    _sign_in(page, live_server.url, "staff", "staff-pass-123")
+    _start_chat(page, "Flight booker")
+    assert page.locator("#inspector").count() == 0  # nothing to inspect before the first turn
+    _send(page, "I want to fly from Oslo to Rome")
+    inspector = page.locator("#inspector")
+    inspector.wait_for()
+    assert "prompt tokens" in inspector.inner_text()
+    segments = inspector.locator(".bar .seg")
+    assert segments.count() >= 3
+    names = [segments.nth(i).get_attribute("title") or "" for i in range(segments.count())]
+    assert any(n.startswith("system:") for n in names) and any(n.startswith("workflow:") for n in names)
+    widths = [segments.nth(i).bounding_box()["width"] for i in range(segments.count())]
+    assert all(w > 0 for w in widths)
+    inspector.locator("summary").click()
+    assert '"sections"' in inspector.locator("pre").inner_text()
+    inspector.screenshot(path=str(SCREENSHOTS / "04-context-inspector.png"))
+    page.screenshot(path=str(SCREENSHOTS / "05-staff-chat.png"), full_page=True)
+    context.close()

@@ -1,0 +1,205 @@
+"""The web chat through Django's test client: sign in/out, the session list, a new chat, streaming
+with CSRF, the panels (workflow, memory, staff-only context inspector), safe rendering, and 404s for
+other people's chats."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils.html import escape
+
+from agents.llm.providers import DEMO_LABEL
+from agents.models import Agent
+from agents.runtime import turn_run
+from memory.services import memory_create
+from sessions.models import ChatSession, Turn
+from sessions.services import session_create
+
+BOOKING = ["I want to book a flight", "from London to Paris", "March 10 to March 15", "2 passengers", "yes"]
+
+
+def _signed_in(user: Any) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _stream(client: Client, session: ChatSession, message: str, **headers: Any) -> list[tuple[str, dict[str, Any]]]:
+    response = client.post(
+        f"/chats/{session.pk}/stream/",
+        data=json.dumps({"message": message}),
+        content_type="application/json",
+        **headers,
+    )
+    assert response.status_code == 200, response.content[:300]
+    assert response["Content-Type"].startswith("text/event-stream")
+    events = []
+    for block in b"".join(response.streaming_content).decode().split("\n\n"):
+        lines = dict(line.split(":", 1) for line in block.splitlines() if not line.startswith(":"))
+        if "data" in lines:
+            events.append((lines["event"].strip(), json.loads(lines["data"])))
+    return events
+
+
+@pytest.mark.django_db
+def test_anonymous_is_sent_to_sign_in(client: Client, alice: Any, chat_agent: Agent) -> None:
+    session = session_create(user=alice, agent=chat_agent)
+    for path in ("/", f"/chats/{session.pk}/", f"/chats/{session.pk}/panels/"):
+        response = client.get(path)
+        assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
+    assert client.post(f"/chats/{session.pk}/stream/", {"message": "hi"}).status_code == 302
+    assert not Turn.objects.exists()
+
+
+@pytest.mark.django_db
+def test_sign_in_and_out(client: Client, alice: Any) -> None:
+    page = client.get("/accounts/login/")
+    assert page.status_code == 200 and b'name="username"' in page.content
+    assert client.post("/accounts/login/", {"username": "alice", "password": "wrong"}).status_code == 200
+    response = client.post("/accounts/login/", {"username": "alice", "password": "alice-pass-123"})
+    assert response.status_code == 302 and response["Location"] == "/"
+    assert b"Sign out" in client.get("/").content
+    assert client.post("/accounts/logout/").status_code == 302
+    assert client.get("/").status_code == 302
+
+
+@pytest.mark.django_db
+def test_session_list_shows_only_my_chats_and_a_new_chat_starts_one(
+    alice: Any, bob: Any, chat_agent: Agent, booking_agent: Agent
+) -> None:
+    session_create(user=alice, agent=chat_agent, title="Alice private chat")
+    bob_client = _signed_in(bob)
+    home = bob_client.get("/").content.decode()
+    assert "Alice private chat" not in home
+    assert "Flight booker" in home and "Chatty" in home  # the agent choice
+    response = bob_client.post("/chats/new/", {"agent": booking_agent.pk})
+    session = ChatSession.objects.get(user=bob)
+    assert response.status_code == 302 and response["Location"] == f"/chats/{session.pk}/"
+    assert session.agent == booking_agent and session.workflow == "flight_booking"
+    assert bob_client.post("/chats/new/", {"agent": 999999}).status_code == 302
+    assert ChatSession.objects.filter(user=bob).count() == 1
+
+
+@pytest.mark.django_db
+def test_other_peoples_chats_are_404(alice: Any, bob: Any, staff: Any, chat_agent: Agent) -> None:
+    session = session_create(user=alice, agent=chat_agent)
+    for user in (bob, staff):
+        client = _signed_in(user)
+        assert client.get(f"/chats/{session.pk}/").status_code == 404
+        assert client.get(f"/chats/{session.pk}/panels/").status_code == 404
+        response = client.post(
+            f"/chats/{session.pk}/stream/", data=json.dumps({"message": "hi"}), content_type="application/json"
+        )
+        assert response.status_code == 404
+        assert client.post(f"/chats/{session.pk}/delete/").status_code == 404
+    assert ChatSession.objects.filter(pk=session.pk).exists() and not Turn.objects.exists()
+
+
+@pytest.mark.django_db
+def test_streaming_needs_the_csrf_token(alice: Any, chat_agent: Agent) -> None:
+    session = session_create(user=alice, agent=chat_agent)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(alice)
+    page = client.get(f"/chats/{session.pk}/")
+    refused = client.post(
+        f"/chats/{session.pk}/stream/", data=json.dumps({"message": "hi"}), content_type="application/json"
+    )
+    assert refused.status_code == 403 and not Turn.objects.exists()
+    token = page.context["csrf_token"]
+    events = _stream(client, session, "hi", HTTP_X_CSRFTOKEN=str(token))
+    assert events[-1][0] == "done"
+
+
+@pytest.mark.django_db
+def test_the_booking_conversation_streams_and_the_workflow_panel_follows(alice: Any, booking_agent: Agent) -> None:
+    client = _signed_in(alice)
+    session = session_create(user=alice, agent=booking_agent)
+    page = client.get(f"/chats/{session.pk}/").content.decode()
+    assert DEMO_LABEL in page
+    states = []
+    for message in BOOKING:
+        events = _stream(client, session, message)
+        kinds = [kind for kind, _ in events]
+        assert kinds[0] == "turn" and kinds[-1] == "done" and "delta" in kinds
+        done = events[-1][1]
+        assert "".join(d["text"] for k, d in events if k == "delta") == done["reply"]
+        states.append(done["state"])
+        panels = client.get(f"/chats/{session.pk}/panels/").content.decode()
+        assert f'data-state="{done["state"]}"' in panels
+    assert states[-1] == "COMPLETED"
+    assert states.index("GATHERING_DATES") < states.index("CONFIRMING")
+    panels = client.get(f"/chats/{session.pk}/panels/").content.decode()
+    for value in ("London", "Paris", "-03-10", "-03-15", "booking_reference"):
+        assert value in panels
+    chat = client.get(f"/chats/{session.pk}/").content.decode()
+    assert "Booking reference" in chat
+
+
+@pytest.mark.django_db
+def test_memory_panel_shows_what_was_retrieved_and_why(alice: Any, chat_agent: Agent) -> None:
+    memory_create(user=alice, kind="semantic", text="Alice's home airport is Oslo Gardermoen.")
+    session = session_create(user=alice, agent=chat_agent)
+    turn_run(session=session, message="Which airport is my home airport?")
+    turn = Turn.objects.get(session=session)
+    kept = [c for c in turn.retrieval["candidates"] if c["kept"]]
+    assert kept, turn.retrieval
+    panels = _signed_in(alice).get(f"/chats/{session.pk}/panels/").content.decode()
+    assert "Oslo Gardermoen" in panels
+    assert escape(kept[0]["reason"]) in panels
+
+
+@pytest.mark.django_db
+def test_context_inspector_is_for_staff_only(alice: Any, staff: Any, chat_agent: Agent) -> None:
+    for user in (alice, staff):
+        session = session_create(user=user, agent=chat_agent)
+        turn_run(session=session, message="hello there")
+        page = _signed_in(user).get(f"/chats/{session.pk}/").content.decode()
+        turn = Turn.objects.get(session=session)
+        if user.is_staff:
+            assert 'id="inspector"' in page
+            assert f"{turn.composition['total']} of {turn.composition['limit']} prompt tokens" in page
+            for name, tokens in turn.composition["sections"].items():
+                if tokens:
+                    assert f"seg-{name}" in page
+        else:
+            assert 'id="inspector"' not in page and "Context inspector" not in page
+
+
+@pytest.mark.django_db
+def test_model_output_and_messages_are_rendered_safely(alice: Any, chat_agent: Agent) -> None:
+    session = session_create(user=alice, agent=chat_agent)
+    evil = 'Hi <script>alert("x")</script> <img src=x onerror=alert(1)> **bold**'
+    events = _stream(_signed_in(alice), session, evil)
+    assert "<script" not in events[-1][1]["html"] and "onerror" not in events[-1][1]["html"]
+    memory_create(user=alice, kind="semantic", text="<script>steal()</script> likes **tea**")
+    turn_run(session=session, message="what do I like? tea")
+    page = _signed_in(alice).get(f"/chats/{session.pk}/").content.decode()
+    assert "<script>alert" not in page and "<script>steal" not in page
+    assert "&lt;script&gt;alert" in page  # the user's own words are shown, as text
+    assert "<img src=x" not in page
+
+
+@pytest.mark.django_db
+def test_stream_refusals_are_json_errors(alice: Any, chat_agent: Agent, settings: Any) -> None:
+    settings.MAX_MESSAGE_CHARS = 100
+    session = session_create(user=alice, agent=chat_agent)
+    client = _signed_in(alice)
+    url = f"/chats/{session.pk}/stream/"
+    too_long = client.post(url, data=json.dumps({"message": "x" * 101}), content_type="application/json")
+    assert too_long.status_code == 413 and too_long.json()["error"]["code"] == "message_too_long"
+    empty = client.post(url, data=json.dumps({"message": " "}), content_type="application/json")
+    assert empty.status_code == 400 and empty.json()["error"]["code"] == "empty_message"
+    broken = client.post(url, data="{", content_type="application/json")
+    assert broken.status_code == 400 and broken.json()["error"]["code"] == "parse_error"
+    assert not Turn.objects.exists()
+
+
+@pytest.mark.django_db
+def test_delete_a_chat(alice: Any, chat_agent: Agent) -> None:
+    session = session_create(user=alice, agent=chat_agent)
+    response = _signed_in(alice).post(f"/chats/{session.pk}/delete/")
+    assert response.status_code == 302 and response["Location"] == "/"
+    assert not ChatSession.objects.filter(pk=session.pk).exists()

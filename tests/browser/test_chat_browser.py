@@ -155,6 +155,8 @@ def test_alice_books_a_flight_with_the_demo_model(
 def test_staff_open_the_context_inspector(browser: Any, live_server: Any, staff: Any, booking_agent: Agent) -> None:
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
+    external: list[str] = []
+    page.on("request", lambda r: None if r.url.startswith(live_server.url) else external.append(r.url))
     _sign_in(page, live_server.url, "staff", "staff-pass-123")
     _start_chat(page, "Flight booker")
     assert page.locator("#inspector").count() == 0  # nothing to inspect before the first turn
@@ -172,4 +174,15 @@ def test_staff_open_the_context_inspector(browser: Any, live_server: Any, staff:
     assert '"sections"' in inspector.locator("pre").inner_text()
     inspector.screenshot(path=str(SCREENSHOTS / "04-context-inspector.png"))
     page.screenshot(path=str(SCREENSHOTS / "05-staff-chat.png"), full_page=True)
+
+    # From the inspector to the operators' views of the same session.
+    session_id = page.url.rstrip("/").rsplit("/", 1)[-1]
+    inspector.locator("a:has-text('Session health')").click()
+    page.wait_for_url(f"{live_server.url}/ops/sessions/{session_id}/")
+    assert "GATHERING_DATES" in page.locator("body").inner_text()
+    page.screenshot(path=str(SCREENSHOTS / "06-session-health.png"), full_page=True)
+    response = page.goto(f"{live_server.url}/ops/")
+    assert response is not None and response.status == 200
+    page.screenshot(path=str(SCREENSHOTS / "07-ops-dashboard.png"), full_page=True)
+    assert external == [], f"the pages loaded from outside: {external}"
     context.close()

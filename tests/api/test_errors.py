@@ -205,3 +205,22 @@ def test_nul_bytes_in_lookups_are_400_not_500(alice: Any, alice_client: APIClien
     )
     assert "Idempotency-Key" in error["details"]["fields"]
     assert not Turn.objects.filter(session=session).exists()
+
+
+def test_request_data_too_big_maps_to_413() -> None:
+    from django.core.exceptions import RequestDataTooBig
+
+    response = api_exception_handler(RequestDataTooBig("too big"), {"view": None})
+    assert response is not None and response.status_code == 413
+    assert response.data["error"]["code"] == "payload_too_large"
+
+
+@pytest.mark.django_db
+def test_oversize_body_outside_the_api_is_a_plain_413(alice: Any, chat_agent: Agent, settings: Any) -> None:
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 2048
+    session = session_create(user=alice, agent=chat_agent)
+    client = APIClient()
+    client.force_login(alice)
+    response = client.post(f"/chats/{session.pk}/stream/", data="x" * 5000, content_type="application/json")
+    assert response.status_code == 413 and response["Content-Type"].startswith("text/plain")
+    assert not Turn.objects.filter(session=session).exists()

@@ -83,6 +83,7 @@ def celery_worker(
     env["EMBEDDING_BACKEND"] = os.environ.get("TEST_WORKER_EMBEDDING_BACKEND", "hashing")
     env.update({"CELERY_BROKER_URL": broker_url, "CELERY_QUEUE": queue, "DJANGO_SETTINGS_MODULE": "config.settings"})
     app.conf.update(broker_url=broker_url, broker_transport_options=transport_options, task_default_queue=queue)
+    _drop_broker_connections(app)
     log = tmp_path_factory.mktemp("worker") / "worker.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -140,6 +141,42 @@ def wait_for(predicate: Any, *, timeout: float = 20.0, interval: float = 0.1, me
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_broker(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Tasks enqueued by tests never reach the developer's own broker and worker.
+
+    Without a ``celery_worker`` they land in a throwaway filesystem queue nobody consumes; the
+    ``celery_worker`` fixture later points the app at its own broker and queue.
+    """
+    from config.celery import app
+
+    folder = tmp_path_factory.mktemp("idle-broker")
+    (folder / "out").mkdir()
+    (folder / "processed").mkdir()
+    app.conf.update(
+        broker_url="filesystem://",
+        broker_transport_options={
+            "data_folder_in": str(folder / "out"),
+            "data_folder_out": str(folder / "out"),
+            "processed_folder": str(folder / "processed"),
+            "store_processed": False,
+        },
+        task_default_queue=f"idle-{uuid.uuid4().hex[:8]}",
+    )
+    _drop_broker_connections(app)
+
+
+def _drop_broker_connections(app: Any) -> None:
+    """Forget pooled connections to the previous broker after changing ``broker_url``.
+
+    (Not ``app.close()``: that also deregisters the app, and tasks imported later would not register.)
+    """
+    if app._pool is not None:
+        app._pool.force_close_all()
+        app._pool = None
+    app.amqp._producer_pool = None
 
 
 @pytest.fixture(autouse=True)

@@ -301,7 +301,7 @@ def stuck_turns_recover(*, older_than: timedelta | None = None) -> int:
     """The periodic sweep: resume every orphaned turn older than ``older_than``. Returns how many."""
     from sessions.services import stuck_turns_find
 
-    age = older_than or timedelta(seconds=int(getattr(settings, "STUCK_TURN_SECONDS", 120)))
+    age = older_than if older_than is not None else timedelta(seconds=int(getattr(settings, "STUCK_TURN_SECONDS", 120)))
     count = 0
     for turn in stuck_turns_find(older_than=age):
         try:

@@ -67,7 +67,7 @@ class TestPublicPages:
         assert response["Location"].startswith("/accounts/login/")
 
     def test_api_requires_auth(self, client: Client, alice: object) -> None:
-        assert client.get("/api/me/").status_code == 403
+        assert client.get("/api/me/").status_code == 401
         client.login(username="alice", password="alice-pass-123")
         assert client.get("/api/me/").json()["username"] == "alice"
 

@@ -1,0 +1,303 @@
+"""The turn loop: a full booking on the demo model, idempotency, serialisation, bad input, tools,
+routing, the step limit, handoff and model failures."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import date, timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from agents.llm.base import LLMServerError, ToolCallRequest
+from agents.llm.scripted import ScriptedProvider, ScriptedReply
+from agents.models import Agent, Booking, LLMCall, ToolInvocation
+from agents.routing import RouteDecision, route_message
+from agents.runtime import MessageRejected, SessionBusyError, SessionTurnLock, turn_run, turn_stream
+from agents.services import default_agents_ensure
+from agents.tools.faults import ALWAYS, inject_fault
+from conftest import wait_for
+from sessions.models import ChatSession, Checkpoint, Turn
+from sessions.services import session_create
+
+
+def _future(days: int) -> date:
+    return date.today() + timedelta(days=days)
+
+
+def _say(d: date) -> str:
+    return d.strftime("%B %d %Y")
+
+
+@pytest.fixture
+def booking_agent(db: Any) -> Agent:
+    default_agents_ensure()
+    return Agent.objects.get(slug="flight-booking")
+
+
+@pytest.fixture
+def chat_agent(db: Any) -> Agent:
+    return Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.", workflow="free_chat", tools=[])
+
+
+@pytest.fixture
+def scripted(monkeypatch: pytest.MonkeyPatch) -> ScriptedProvider:
+    """The remote model, scripted: every runtime call goes to it (the edge of the world)."""
+    provider = ScriptedProvider()
+    monkeypatch.setattr("agents.llm.providers.get_provider", lambda **kwargs: provider)
+    return provider
+
+
+BOOKING_SCRIPT = [
+    "Hi, I'd like to book a flight",
+    "From London",
+    "to Paris",
+    f"{_say(_future(100))} to {_say(_future(105))}",
+    "2 passengers",
+    "yes, book it",
+]
+
+
+@pytest.mark.django_db
+def test_full_booking_on_the_demo_model(alice: Any, booking_agent: Agent) -> None:
+    session = session_create(user=alice, agent=booking_agent)
+    assert session.state == "IDLE"
+    for message in BOOKING_SCRIPT:
+        result = turn_run(session=session, message=message)
+        assert result.turn.status == Turn.Status.COMPLETED, result.turn.error
+        assert result.is_demo
+    session.refresh_from_db()
+    assert session.state == "COMPLETED"
+    assert session.status == ChatSession.Status.COMPLETED
+    booking = Booking.objects.get(session=session)
+    assert (booking.origin, booking.destination, booking.passengers) == ("London", "Paris", 2)
+    assert booking.depart_date == _future(100)
+    assert session.data["booking_reference"] == booking.reference
+    assert booking.reference in Turn.objects.filter(session=session).order_by("-seq").first().assistant_message  # type: ignore[union-attr]
+    # A checkpoint before every model call of the turn loop.
+    calls = LLMCall.objects.filter(session=session).count()
+    before = Checkpoint.objects.filter(session=session, reason=Checkpoint.Reason.BEFORE_CALL).count()
+    assert calls > 0 and before >= calls
+    # Every turn's prompt composition is stored for the inspector.
+    last = Turn.objects.filter(session=session).order_by("-seq").first()
+    assert last is not None and last.composition["total"] <= last.composition["limit"]
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_dates_are_never_asked_again_after_early_turns_leave_the_prompt(
+    alice: Any, booking_agent: Agent, celery_worker: Any
+) -> None:
+    """The seed's death spiral: lost context makes the agent ask for the dates again. Not here.
+
+    A real worker folds the turns that leave the 3-turn window into the summary, as in production.
+    """
+    booking_agent.window_turns = 3
+    booking_agent.save()
+    session = session_create(user=alice, agent=booking_agent)
+    for message in BOOKING_SCRIPT[:4]:
+        turn_run(session=session, message=message)
+    dates_turn = Turn.objects.get(session=session, seq=4)
+    for i in range(10):
+        result = turn_run(session=session, message=f"By the way, chatting about the weather, remark number {i}.")
+        assert "date" not in result.reply.lower(), result.reply
+        wait_for(
+            lambda: (
+                ChatSession.objects.filter(pk=session.pk)
+                .values_list("summary_through_seq", "summary_requested_seq")
+                .get()[0]
+                >= ChatSession.objects.filter(pk=session.pk).values_list("summary_requested_seq", flat=True).get()
+            ),
+            timeout=30,
+            message=f"the summary task; worker log:\n{celery_worker.log_text()[-6000:]}",
+        )
+    session.refresh_from_db()
+    assert session.state == "GATHERING_PASSENGERS"
+    assert session.data["depart_date"] == _future(100).isoformat()
+    assert session.summary_through_seq >= dates_turn.seq
+    last = Turn.objects.get(pk=result.turn.pk)
+    assert dates_turn.seq not in last.composition["turns"]["included"]  # the early turn left the prompt…
+    assert last.composition["sections"]["workflow"] > 0  # …the collected data did not.
+
+
+@pytest.mark.django_db
+def test_idempotency_key_returns_the_first_reply(alice: Any, chat_agent: Agent) -> None:
+    session = session_create(user=alice, agent=chat_agent)
+    first = turn_run(session=session, message="hello there", idempotency_key="key-1")
+    again = turn_run(session=session, message="hello there", idempotency_key="key-1")
+    assert again.replayed and not first.replayed
+    assert again.turn.pk == first.turn.pk and again.reply == first.reply
+    assert Turn.objects.filter(session=session).count() == 1
+
+
+@pytest.mark.parametrize(
+    ("message", "code", "status"),
+    [
+        ("", "empty_message", 400),
+        ("   \n", "empty_message", 400),
+        ("a\x00b", "nul_bytes", 400),
+        ("x" * 40000, "message_too_long", 413),
+    ],
+)
+@pytest.mark.django_db
+def test_bad_messages_are_rejected_and_nothing_is_saved(
+    alice: Any, chat_agent: Agent, message: str, code: str, status: int
+) -> None:
+    session = session_create(user=alice, agent=chat_agent)
+    with pytest.raises(MessageRejected) as info:
+        turn_run(session=session, message=message)
+    assert (info.value.code, info.value.status) == (code, status)
+    assert not Turn.objects.filter(session=session).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_concurrent_turn_gets_busy_not_a_second_run(alice: Any, chat_agent: Agent) -> None:
+    session = session_create(user=alice, agent=chat_agent)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_lock() -> None:
+        lock = SessionTurnLock(session.pk)
+        assert lock.try_acquire()
+        holding.set()
+        release.wait(10)
+        lock.release()
+        connection.close()
+
+    thread = threading.Thread(target=hold_lock)
+    thread.start()
+    assert holding.wait(10)
+    try:
+        with pytest.raises(SessionBusyError):
+            turn_run(session=session, message="am I first?", wait_seconds=0.2)
+        assert not Turn.objects.filter(session=session).exists()
+    finally:
+        release.set()
+        thread.join()
+    assert turn_run(session=session, message="now?").turn.status == Turn.Status.COMPLETED
+
+
+@pytest.mark.django_db
+def test_stream_yields_deltas_then_done(alice: Any, chat_agent: Agent) -> None:
+    session = session_create(user=alice, agent=chat_agent)
+    events = list(turn_stream(session=session, message="tell me something"))
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "turn" and kinds[-1] == "done"
+    deltas = "".join(e["text"] for e in events if e["type"] == "delta")
+    assert len([k for k in kinds if k == "delta"]) > 1
+    assert deltas == events[-1]["reply"]
+
+
+@pytest.mark.django_db
+def test_tool_failure_reaches_the_model_as_text_and_the_turn_completes(alice: Any, scripted: ScriptedProvider) -> None:
+    agent = Agent.objects.create(name="T", slug="t", system_prompt="x", workflow="free_chat", tools=["search_flights"])
+    session = session_create(user=alice, agent=agent)
+    args = json.dumps({"origin": "Lisbon", "destination": "Oslo", "date": _future(30).isoformat()})
+    scripted.add(
+        RouteDecision(action="use_tools", reasoning="needs flights", confidence=0.9),
+        ScriptedReply(tool_calls=[ToolCallRequest(id="c1", name="search_flights", arguments=args)]),
+        "The flight search is unavailable right now; please try later.",
+    )
+    with inject_fault("search_flights", "http_400", times=ALWAYS):
+        result = turn_run(session=session, message="flights Lisbon to Oslo?")
+    assert result.turn.status == Turn.Status.COMPLETED
+    tool_message = scripted.requests[-1].messages[-1]
+    assert tool_message["role"] == "tool" and tool_message["content"].startswith("TOOL_ERROR:")
+    assert ToolInvocation.objects.get(turn=result.turn).attempts == 1  # a 400 is not retried
+
+
+@pytest.mark.parametrize("free_text", ["Search", "search for more information", "検索する"])
+@pytest.mark.django_db
+def test_free_text_routing_output_never_misroutes(alice: Any, scripted: ScriptedProvider, free_text: str) -> None:
+    agent = Agent.objects.create(name="T", slug="t", system_prompt="x", workflow="free_chat", tools=["search_flights"])
+    session = session_create(user=alice, agent=agent)
+    scripted.add(free_text, free_text, "Here is my answer.")  # invalid, invalid after repair, then the reply
+    result = turn_run(session=session, message="find me something")
+    assert result.turn.composition["route"] == {
+        "action": "answer",
+        "confidence": 0.0,
+        "reasoning": "no valid decision (invalid_output)",
+        "source": "invalid_output",
+    }
+    assert scripted.requests[-1].tools is None  # the safe default offers no tools
+    assert not ToolInvocation.objects.filter(session=session).exists()
+
+
+@pytest.mark.django_db
+def test_low_confidence_routing_takes_the_safe_default() -> None:
+    from agents.llm.base import CallContext
+
+    provider = ScriptedProvider([RouteDecision(action="use_tools", reasoning="maybe", confidence=0.2)])
+    outcome = route_message(
+        provider=provider, message="hm", tool_names=["search_flights"], ctx=CallContext(purpose="route")
+    )
+    assert (outcome.action, outcome.source) == ("answer", "low_confidence")
+
+
+@pytest.mark.parametrize("behaviour", ["error", "partial", "handoff"])
+@pytest.mark.django_db
+def test_step_limit_gives_the_configured_behaviour(alice: Any, scripted: ScriptedProvider, behaviour: str) -> None:
+    agent = Agent.objects.create(
+        name="T",
+        slug="t",
+        system_prompt="x",
+        workflow="free_chat",
+        tools=["search_flights"],
+        step_limit=3,
+        step_limit_behaviour=behaviour,
+    )
+    session = session_create(user=alice, agent=agent)
+    args = json.dumps({"origin": "Lisbon", "destination": "Oslo", "date": _future(30).isoformat()})
+    scripted.add(RouteDecision(action="use_tools", reasoning="loop", confidence=0.9))
+    scripted._default = ScriptedReply(
+        text="still looking", tool_calls=[ToolCallRequest(id="c", name="search_flights", arguments=args)]
+    )
+    result = turn_run(session=session, message="loop forever please")
+    turn = result.turn
+    session.refresh_from_db()
+    assert turn.step_limit_hit
+    assert len([r for r in scripted.requests if r.purpose == "reply"]) == 3
+    if behaviour == "error":
+        assert turn.status == Turn.Status.FAILED and "3 steps" in turn.assistant_message
+        assert session.retry_count == 1
+    elif behaviour == "partial":
+        assert turn.status == Turn.Status.COMPLETED and "partial answer" in turn.assistant_message
+        assert "still looking" in turn.assistant_message
+    else:
+        assert session.status == ChatSession.Status.NEEDS_HUMAN
+        assert Checkpoint.objects.filter(session=session, reason=Checkpoint.Reason.HANDOFF).exists()
+
+
+@pytest.mark.django_db
+def test_model_failure_keeps_the_message_and_counts_a_retry(
+    alice: Any, chat_agent: Agent, scripted: ScriptedProvider
+) -> None:
+    session = session_create(user=alice, agent=chat_agent)
+    scripted.add(LLMServerError("upstream 503"))
+    events = list(turn_stream(session=session, message="are you there?"))
+    assert events[-1]["type"] == "error" and events[-1]["code"] == "llm_server_error"
+    turn = Turn.objects.get(session=session)
+    assert turn.user_message == "are you there?" and turn.status == Turn.Status.FAILED
+    session.refresh_from_db()
+    assert session.retry_count == 1
+    scripted.add("Yes, I'm here.")
+    assert turn_run(session=session, message="again?").reply == "Yes, I'm here."
+    session.refresh_from_db()
+    assert session.retry_count == 0
+
+
+@pytest.mark.django_db
+def test_handoff_session_waits_for_a_person(alice: Any, staff: Any, chat_agent: Agent) -> None:
+    from agents.runtime import handoff_reply, handoff_resume
+
+    session = session_create(user=alice, agent=chat_agent)
+    ChatSession.objects.filter(pk=session.pk).update(status=ChatSession.Status.NEEDS_HUMAN)
+    result = turn_run(session=session, message="I want a human")
+    assert result.reply == "" and not LLMCall.objects.filter(session=session).exists()
+    handoff_reply(session=session, text="Hello, I'm Sam from support.", author=staff)
+    result.turn.refresh_from_db()
+    assert "Sam from support" in result.turn.assistant_message
+    handoff_resume(session=session, actor=staff)
+    session.refresh_from_db()
+    assert session.status == ChatSession.Status.ACTIVE

@@ -70,10 +70,12 @@ def celery_worker(
         folder = tmp_path_factory.mktemp("broker")
         (folder / "out").mkdir()
         (folder / "processed").mkdir()
+        (folder / "control").mkdir()
         transport_options = {
             "data_folder_in": str(folder / "out"),
             "data_folder_out": str(folder / "out"),
             "processed_folder": str(folder / "processed"),
+            "control_folder": str(folder / "control"),
             "store_processed": False,
         }
         env["CELERY_FILESYSTEM_BROKER_DIR"] = str(folder)
@@ -155,12 +157,14 @@ def _isolated_broker(tmp_path_factory: pytest.TempPathFactory) -> None:
     folder = tmp_path_factory.mktemp("idle-broker")
     (folder / "out").mkdir()
     (folder / "processed").mkdir()
+    (folder / "control").mkdir()
     app.conf.update(
         broker_url="filesystem://",
         broker_transport_options={
             "data_folder_in": str(folder / "out"),
             "data_folder_out": str(folder / "out"),
             "processed_folder": str(folder / "processed"),
+            "control_folder": str(folder / "control"),
             "store_processed": False,
         },
         task_default_queue=f"idle-{uuid.uuid4().hex[:8]}",

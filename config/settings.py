@@ -146,12 +146,13 @@ CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or REDIS_URL or "filesystem://"
 BROKER_DIR = Path(env_str("CELERY_FILESYSTEM_BROKER_DIR", str(DATA_DIR / "broker")) or DATA_DIR / "broker")
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 if CELERY_BROKER_URL == "filesystem://":
-    for sub in ("out", "processed"):
+    for sub in ("out", "processed", "control"):
         (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(BROKER_DIR / "out"),
         "data_folder_out": str(BROKER_DIR / "out"),
         "processed_folder": str(BROKER_DIR / "processed"),
+        "control_folder": str(BROKER_DIR / "control"),
         "store_processed": False,
     }
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "agents") or "agents"

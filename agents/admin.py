@@ -6,7 +6,7 @@ from django.conf import settings
 from django.contrib import admin
 from django.http import HttpRequest
 
-from agents.models import Agent, LLMCall
+from agents.models import Agent, LLMCall, ToolInvocation
 
 
 @admin.register(Agent)
@@ -109,4 +109,36 @@ class LLMCallAdmin(admin.ModelAdmin):
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: LLMCall | None = None) -> bool:
+        return False
+
+
+@admin.register(ToolInvocation)
+class ToolInvocationAdmin(admin.ModelAdmin):
+    """Every tool run, read-only: what the model asked for and the string it got back (TOOL_ERROR or not)."""
+
+    list_display = ["name", "ok", "error_kind", "attempts", "latency_ms", "session", "turn", "created_at"]
+    list_filter = ["ok", "name", "error_kind"]
+    search_fields = ["name", "result", "session__id"]
+    list_select_related = ["session", "turn"]
+    date_hierarchy = "created_at"
+    readonly_fields = [
+        "session",
+        "turn",
+        "name",
+        "arguments",
+        "result",
+        "ok",
+        "error_kind",
+        "attempts",
+        "latency_ms",
+        "created_at",
+    ]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

@@ -104,7 +104,7 @@ class ChatSessionAdmin(admin.ModelAdmin):
     search_fields = ("title", "user__username", "user__email", "state", "id")
     list_select_related = ("user", "agent")
     date_hierarchy = "updated_at"
-    actions = ("reset_sessions", "resume_last_good")
+    actions = ("reset_sessions", "resume_last_good", "hand_back_to_agent")
     inlines = (CheckpointInline, TurnInline)
     fields = (
         "id",
@@ -122,6 +122,8 @@ class ChatSessionAdmin(admin.ModelAdmin):
         "summary",
         "summary_through_seq",
         "llm_calls_link",
+        "related_links",
+        "handoff_reply_form",
         "created_at",
         "updated_at",
     )
@@ -139,6 +141,27 @@ class ChatSessionAdmin(admin.ModelAdmin):
             return "—"
         return format_html('<a href="{}?session__id__exact={}">model calls of this session</a>', url, obj.pk)
 
+    @admin.display(description="related")
+    def related_links(self, obj: ChatSession) -> str:
+        links = []
+        for label, name, query in (
+            ("turns", "admin:chat_sessions_turn_changelist", "session__id__exact"),
+            ("memories from this session", "admin:memory_memory_changelist", "source_session__id__exact"),
+            ("tool calls", "admin:agents_toolinvocation_changelist", "session__id__exact"),
+        ):
+            try:
+                links.append(format_html('<a href="{}?{}={}">{}</a>', reverse(name), query, obj.pk, label))
+            except NoReverseMatch:
+                continue
+        return format_html(" · ".join(["{}"] * len(links)), *links) if links else "—"
+
+    @admin.display(description="reply as staff")
+    def handoff_reply_form(self, obj: ChatSession) -> str:
+        if obj.status != ChatSession.Status.NEEDS_HUMAN:
+            return "Only for sessions handed to a human."
+        url = reverse("admin:chat_sessions_chatsession_handoff_reply", args=[obj.pk])
+        return format_html('<a class="button" href="{}">Reply to the user as staff</a>', url)
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         # Sessions start in the chat or the API (``session_create`` puts them in their workflow's first state).
         return False
@@ -149,7 +172,12 @@ class ChatSessionAdmin(admin.ModelAdmin):
                 "<uuid:session_id>/resume/<int:checkpoint_id>/",
                 self.admin_site.admin_view(self.resume_view),
                 name="chat_sessions_chatsession_resume",
-            )
+            ),
+            path(
+                "<uuid:session_id>/handoff-reply/",
+                self.admin_site.admin_view(self.handoff_reply_view),
+                name="chat_sessions_chatsession_handoff_reply",
+            ),
         ]
         return custom + super().get_urls()
 
@@ -167,6 +195,40 @@ class ChatSessionAdmin(admin.ModelAdmin):
         else:
             self.message_user(request, f"Resumed from checkpoint #{checkpoint.seq} ({checkpoint.state}).")
         return HttpResponseRedirect(reverse("admin:chat_sessions_chatsession_change", args=[session.pk]))
+
+    def handoff_reply_view(self, request: HttpRequest, session_id: Any) -> HttpResponse:
+        from django.template.response import TemplateResponse
+
+        from agents.runtime import MessageRejected, handoff_reply
+
+        session = get_object_or_404(ChatSession, pk=session_id)
+        if not self.has_change_permission(request, session):
+            return HttpResponse(status=403)
+        if request.method != "POST":
+            context = {
+                **self.admin_site.each_context(request),
+                "title": f"Reply as staff: {session}",
+                "session": session,
+                "turns": session.turns.order_by("-seq")[:10][::-1],
+                "opts": self.model._meta,
+            }
+            return TemplateResponse(request, "admin/chat_sessions/handoff_reply.html", context)
+        try:
+            handoff_reply(session=session, text=request.POST.get("staff_reply", ""), author=request.user)
+        except MessageRejected as exc:
+            self.message_user(request, f"Not sent: {exc.message}", level=messages.ERROR)
+        else:
+            self.message_user(request, "Reply sent; it shows in the user's chat.")
+        return HttpResponseRedirect(reverse("admin:chat_sessions_chatsession_change", args=[session.pk]))
+
+    @admin.action(description="Hand back to the agent (sessions waiting for a human)", permissions=["change"])
+    def hand_back_to_agent(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> None:
+        from agents.runtime import handoff_resume
+
+        sessions = list(queryset.filter(status=ChatSession.Status.NEEDS_HUMAN))
+        for session in sessions:
+            handoff_resume(session=session, actor=request.user)
+        self.message_user(request, f"Handed {len(sessions)} session(s) back to the agent.")
 
     @admin.action(description="Reset: start over (initial state, no data)", permissions=["change"])
     def reset_sessions(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> None:
@@ -240,3 +302,83 @@ class CheckpointAdmin(admin.ModelAdmin):
             self.message_user(request, f"Not resumed: {exc}", level=messages.ERROR)
             return
         self.message_user(request, f"Resumed {checkpoint.session} from checkpoint #{checkpoint.seq}.")
+
+
+@admin.register(Turn)
+class TurnAdmin(admin.ModelAdmin):
+    """Turns are records: read-only, linked to their session, model calls, tool calls and memories."""
+
+    list_display = (
+        "__str__",
+        "session_link",
+        "status",
+        "state_before",
+        "state_after",
+        "steps",
+        "prompt_tokens",
+        "is_demo",
+        "created_at",
+    )
+    list_filter = ("status", "step_limit_hit", "is_demo")
+    search_fields = ("user_message", "assistant_message", "session__id", "session__user__username")
+    list_select_related = ("session",)
+    date_hierarchy = "created_at"
+    readonly_fields = (
+        "session_link",
+        "seq",
+        "user_message",
+        "assistant_message",
+        "status",
+        "error",
+        "state_before",
+        "state_after",
+        "steps",
+        "step_limit_hit",
+        "is_demo",
+        "prompt_tokens",
+        "composition_pretty",
+        "retrieval_pretty",
+        "related_links",
+        "idempotency_key",
+        "started_at",
+        "created_at",
+        "completed_at",
+    )
+    fields = readonly_fields
+
+    @admin.display(description="session")
+    def session_link(self, obj: Turn) -> str:
+        url = reverse("admin:chat_sessions_chatsession_change", args=[obj.session_id])
+        return format_html('<a href="{}">{}</a>', url, obj.session)
+
+    @admin.display(description="context composition")
+    def composition_pretty(self, obj: Turn) -> str:
+        return format_html("<pre>{}</pre>", json.dumps(obj.composition, indent=2, sort_keys=True, default=str))
+
+    @admin.display(description="memory retrieval")
+    def retrieval_pretty(self, obj: Turn) -> str:
+        return format_html("<pre>{}</pre>", json.dumps(obj.retrieval, indent=2, sort_keys=True, default=str)[:20000])
+
+    @admin.display(description="related")
+    def related_links(self, obj: Turn) -> str:
+        links = []
+        for label, name, query in (
+            ("model calls", "admin:agents_llmcall_changelist", "turn__id__exact"),
+            ("tool calls", "admin:agents_toolinvocation_changelist", "turn__id__exact"),
+            ("memories written from it", "admin:memory_memory_changelist", "source_turn__id__exact"),
+            ("checkpoints", "admin:chat_sessions_checkpoint_changelist", "turn__id__exact"),
+        ):
+            try:
+                links.append(format_html('<a href="{}?{}={}">{}</a>', reverse(name), query, obj.pk, label))
+            except NoReverseMatch:
+                continue
+        return format_html(" · ".join(["{}"] * len(links)), *links) if links else "—"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -1,0 +1,61 @@
+"""The admin links a session to its turns, memories, model calls and tool calls, and lets staff answer handoffs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from agents.models import Agent, ToolInvocation
+from agents.runtime import turn_run
+from sessions.models import ChatSession, Checkpoint, Turn
+from sessions.services import session_create
+
+
+@pytest.fixture
+def session(alice: Any, db: Any) -> ChatSession:
+    agent = Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.", workflow="free_chat")
+    session = session_create(user=alice, agent=agent)
+    turn_run(session=session, message="hello <script>alert(1)</script>")
+    ToolInvocation.objects.create(
+        session=session, turn=session.turns.first(), name="search_flights", result="TOOL_ERROR: x", ok=False
+    )
+    return session
+
+
+def test_staff_see_linked_pages(client: Client, staff: Any, session: ChatSession) -> None:
+    client.force_login(staff)
+    page = client.get(f"/admin/chat_sessions/chatsession/{session.pk}/change/").content.decode()
+    assert f"/admin/memory/memory/?source_session__id__exact={session.pk}" in page
+    assert f"/admin/agents/toolinvocation/?session__id__exact={session.pk}" in page
+    turn = session.turns.get()
+    turn_page = client.get(f"/admin/chat_sessions/turn/{turn.pk}/change/")
+    assert turn_page.status_code == 200
+    body = turn_page.content.decode()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body and "<script>alert(1)" not in body
+    assert f"/admin/agents/llmcall/?turn__id__exact={turn.pk}" in body
+    assert client.get("/admin/agents/toolinvocation/").status_code == 200
+
+
+def test_non_staff_cannot_open_the_admin(client: Client, alice: Any, session: ChatSession) -> None:
+    client.force_login(alice)
+    response = client.get(f"/admin/chat_sessions/turn/{session.turns.get().pk}/change/")
+    assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+def test_staff_answer_a_handed_off_session_and_hand_it_back(client: Client, staff: Any, session: ChatSession) -> None:
+    ChatSession.objects.filter(pk=session.pk).update(status=ChatSession.Status.NEEDS_HUMAN)
+    client.force_login(staff)
+    url = f"/admin/chat_sessions/chatsession/{session.pk}/handoff-reply/"
+    assert client.get(url).status_code == 200
+    response = client.post(url, {"staff_reply": "Hi, this is a person."})
+    assert response.status_code == 302
+    assert "Hi, this is a person." in Turn.objects.get(session=session).assistant_message
+    client.post(
+        "/admin/chat_sessions/chatsession/",
+        {"action": "hand_back_to_agent", "_selected_action": [str(session.pk)]},
+    )
+    session.refresh_from_db()
+    assert session.status == ChatSession.Status.ACTIVE
+    assert Checkpoint.objects.filter(session=session, reason=Checkpoint.Reason.RESUME).exists()

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -25,6 +26,8 @@ from config.parsers import PayloadTooLarge
 logger = logging.getLogger(__name__)
 
 API_PREFIX = "/api/"
+# What a 503 for an unreachable database tells clients to wait before retrying (a restart takes seconds).
+DATABASE_RETRY_AFTER_SECONDS = 5
 
 
 def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -76,6 +79,18 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         code, message, status_code = runtime
         set_rollback()
         return Response(error_body(code, message), status=status_code)
+
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        # The database is unreachable (restarting, failing over, out of connections): a temporary
+        # condition the client should retry, not a bug. A message being answered was saved before the
+        # model call; the next request finishes it (crash recovery in agents.runtime).
+        logger.error("database unavailable during an API request", exc_info=exc)
+        set_rollback()
+        return Response(
+            error_body("database_unavailable", "The database is unavailable right now; please retry shortly."),
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
+        )
 
     if not isinstance(exc, exceptions.APIException):
         # Unexpected: log with the traceback, answer in the same format without leaking internals.

@@ -14,6 +14,7 @@ import sys
 # name -> module. One line per part.
 PARTS: dict[str, str] = {
     "context": "bench.context_bench",
+    "gallery": "bench.gallery",
 }
 
 

@@ -80,6 +80,15 @@ class Memory(models.Model):
             models.Index(fields=["user", "kind", "archived"], name="memory_user_kind"),
             # Recent actions / recency ranking: WHERE user_id = ? ORDER BY created_at DESC.
             models.Index(fields=["user", "-created_at"], name="memory_user_recent"),
+            # Tier 1 pinned lookup: WHERE user_id = ? AND pinned AND NOT archived (few rows of a big history).
+            models.Index(fields=["user"], condition=models.Q(pinned=True, archived=False), name="memory_user_pinned"),
+            # Tier 1 profile facts: WHERE user_id = ? AND kind = 'semantic' AND fact_key <> '' AND valid_to IS NULL
+            # ORDER BY fact_key.
+            models.Index(
+                fields=["user", "fact_key"],
+                condition=models.Q(kind="semantic", valid_to__isnull=True) & ~models.Q(fact_key=""),
+                name="memory_user_profile",
+            ),
         ]
         constraints = [
             # Only procedural memories may be shared (no owner); episodes and facts always have one.

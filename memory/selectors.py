@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-RRF_K = 60  # the usual reciprocal-rank-fusion constant: damps the head so both arms count
+RRF_K = 10  # reciprocal-rank-fusion constant; lower than the usual 60 so top ranks dominate (LoCoMo: bench/)
+VECTOR_WEIGHT, TEXT_WEIGHT = 1.0, 2.0  # idf-weighted words beat MiniLM on conversational recall (bench/)
 TEXT_POOL = 1000  # full-text matches scored per query (bounds the work for users with huge histories)
 RECENCY_HALF_LIFE_DAYS = 30.0
 WEIGHT_RELEVANCE, WEIGHT_IMPORTANCE, WEIGHT_RECENCY = 0.8, 0.1, 0.1
@@ -231,12 +232,12 @@ def hybrid_candidates(
         cand = by_id.setdefault(memory_id, HybridCandidate(memory_id))
         cand.vector_rank = rank
         cand.similarity = 1.0 - distance
-        cand.fused += 1.0 / (RRF_K + rank)
+        cand.fused += VECTOR_WEIGHT / (RRF_K + rank)
     for rank, (memory_id, share, distance) in enumerate(text_rows, start=1):
         cand = by_id.setdefault(memory_id, HybridCandidate(memory_id, similarity=1.0 - distance))
         cand.text_rank = rank
         cand.text_share = share
-        cand.fused += 1.0 / (RRF_K + rank)
+        cand.fused += TEXT_WEIGHT / (RRF_K + rank)
     fused = sorted(by_id.values(), key=lambda c: (-c.fused, -c.similarity))
     return fused, timings
 
@@ -325,6 +326,31 @@ def _recency(memory: Memory, now: datetime) -> float:
     return 0.5 ** (age_days / RECENCY_HALF_LIFE_DAYS)
 
 
+def tier1_lookups(*, user: Any, now: datetime) -> list[tuple[Memory, str]]:
+    """Tier 1, exact lookups of one user: profile facts, pinned memories, the last few actions (with why)."""
+    base = _user_memories(user, now).defer("embedding", "search_vector")
+    tier1: list[tuple[Memory, str]] = []
+    seen: set[int] = set()
+    profile = (
+        base.filter(kind=Memory.Kind.SEMANTIC, valid_to__isnull=True)
+        .exclude(fact_key="")
+        .order_by("fact_key", "-valid_from")
+    )
+    for memory in profile[:PROFILE_LIMIT]:
+        tier1.append((memory, "profile fact"))
+        seen.add(memory.id)
+    for memory in base.filter(pinned=True).exclude(kind=Memory.Kind.PROCEDURAL).order_by("-importance")[:PINNED_LIMIT]:
+        if memory.id not in seen:
+            tier1.append((memory, "pinned"))
+            seen.add(memory.id)
+    if settings.MEMORY_RECENT_ACTIONS:
+        for memory in base.filter(kind=Memory.Kind.EPISODIC).order_by("-created_at")[: settings.MEMORY_RECENT_ACTIONS]:
+            if memory.id not in seen:
+                tier1.append((memory, "recent action"))
+                seen.add(memory.id)
+    return tier1
+
+
 def memories_for_prompt(
     *,
     user: Any,
@@ -335,12 +361,14 @@ def memories_for_prompt(
     relevance_threshold: float = 0.5,
     use_model_filter: bool = True,
     now: datetime | None = None,
+    query_vector: list[float] | None = None,
 ) -> RetrievedMemories:
     """The memories of ``user`` worth putting into a prompt about ``query``, ranked and cut to
     ``budget_tokens``, with a report of every candidate and why it was kept or dropped.
 
     Only ``user``'s own current memories are considered (plus shared procedures). Accessed memories get
-    their access count and last access time updated.
+    their access count and last access time updated. ``query_vector`` skips embedding the query (when the
+    caller has it already).
     """
     from agents.llm.tokens import counter_for
 
@@ -354,36 +382,24 @@ def memories_for_prompt(
 
     # Tier 1: exact lookups.
     started = time.perf_counter()
-    base = _user_memories(user, now)
-    tier1: list[tuple[Memory, str]] = []
-    seen: set[int] = set()
-    for memory in (
-        base.filter(kind=Memory.Kind.SEMANTIC).exclude(fact_key="").order_by("fact_key", "-valid_from")[:PROFILE_LIMIT]
-    ):
-        tier1.append((memory, "profile fact"))
-        seen.add(memory.id)
-    for memory in base.filter(pinned=True).exclude(kind=Memory.Kind.PROCEDURAL).order_by("-importance")[:PINNED_LIMIT]:
-        if memory.id not in seen:
-            tier1.append((memory, "pinned"))
-            seen.add(memory.id)
-    if settings.MEMORY_RECENT_ACTIONS:
-        for memory in base.filter(kind=Memory.Kind.EPISODIC).order_by("-created_at")[: settings.MEMORY_RECENT_ACTIONS]:
-            if memory.id not in seen:
-                tier1.append((memory, "recent action"))
-                seen.add(memory.id)
+    tier1 = tier1_lookups(user=user, now=now)
+    seen = {memory.id for memory, _ in tier1}
     result.procedural = procedural_for(user=user, query=query, agent=agent, workflow=workflow, now=now)
     timings["tier1"] = (time.perf_counter() - started) * 1000
 
     # Tier 2: hybrid candidates.
     started = time.perf_counter()
-    vector = get_embedder().embed_query(query) if query.strip() else None
+    vector = query_vector
+    if vector is None and query.strip():
+        vector = get_embedder().embed_query(query)
     timings["embed_query"] = (time.perf_counter() - started) * 1000
     started = time.perf_counter()
     fused: list[HybridCandidate] = []
     if vector is not None:
         fused, arm_timings = hybrid_candidates(user=user, query=query, vector=vector, now=now)
         timings.update(arm_timings)
-    loaded = Memory.objects.in_bulk([c.memory_id for c in fused])
+    # The vectors are not needed past the search (and parsing 384 floats per row is not free).
+    loaded = Memory.objects.defer("embedding", "search_vector").in_bulk([c.memory_id for c in fused])
     fused = [c for c in fused if c.memory_id in loaded and loaded[c.memory_id].user_id == user.pk]
     timings["tier2"] = (time.perf_counter() - started) * 1000
 

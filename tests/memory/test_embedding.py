@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import math
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from memory.embedding import Embedder, HashingEmbedder, get_embedder
+from memory.models import Memory
+from memory.services import memory_create
+
+
+def _cos(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True))
+
+
+def _conformance(embedder: Embedder) -> None:
+    texts = ["I live in Lisbon near the river", "Where do I live? Lisbon, by the river", "Quarterly tax forms"]
+    vectors = embedder.embed(texts)
+    assert len(vectors) == 3 and all(len(v) == embedder.dimensions for v in vectors)
+    assert all(math.isclose(math.sqrt(sum(x * x for x in v)), 1.0, rel_tol=1e-4) for v in vectors)
+    assert _cos(vectors[0], vectors[1]) > _cos(vectors[0], vectors[2])
+    assert embedder.embed_query(texts[0]) == pytest.approx(vectors[0], abs=1e-5)
+    assert embedder.embed([]) == []
+
+
+def test_hashing_embedder_conformance_and_determinism() -> None:
+    embedder = HashingEmbedder(384)
+    _conformance(embedder)
+    assert embedder.embed(["same text"]) == HashingEmbedder(384).embed(["same text"])
+    assert len(embedder.embed_query("the a of")) == 384  # stop words only: still a unit vector
+
+
+def test_tests_use_the_hashing_embedder() -> None:
+    assert get_embedder().name == "hashing-384"
+
+
+@pytest.mark.real_embedder
+def test_real_sentence_transformer_embedder() -> None:
+    embedder = get_embedder()
+    assert embedder.name == "all-MiniLM-L6-v2"
+    _conformance(embedder)
+    # Meaning, not just words: a paraphrase with no word in common is near.
+    a, b, c = embedder.embed(["The flight was cancelled", "My plane trip got called off", "Tomatoes need sun"])
+    assert _cos(a, b) > 0.4 > _cos(a, c)
+
+
+@pytest.mark.django_db
+def test_reembed_command_updates_stale_memories(alice: Any, settings: Any) -> None:
+    memory = memory_create(user=alice, kind="episodic", text="User: I like hiking")
+    Memory.objects.filter(pk=memory.pk).update(embedding_model="old-model", embedding=[0.0] * 383 + [1.0])
+    out = StringIO()
+    call_command("reembed_memories", stdout=out)
+    memory.refresh_from_db()
+    assert memory.embedding_model == "hashing-384"
+    assert list(memory.embedding) == pytest.approx(get_embedder().embed(["User: I like hiking"])[0], abs=1e-6)
+    assert "Re-embedded 1 memories" in out.getvalue()
+    out = StringIO()
+    call_command("reembed_memories", stdout=out)
+    assert "Nothing to re-embed" in out.getvalue()

@@ -15,6 +15,9 @@ import sys
 PARTS: dict[str, str] = {
     "context": "bench.context_bench",
     "gallery": "bench.gallery",
+    "soak": "bench.soak",
+    "memory_locomo": "bench.memory_locomo",
+    "memory_scale": "bench.memory_scale",
 }
 
 

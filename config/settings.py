@@ -170,6 +170,9 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "alerts-evaluate": {"task": "observability.tasks.evaluate_alerts", "schedule": 60.0},
     # Retention of the checkpoint log (sessions.services.checkpoints_prune), once a day.
     "checkpoints-prune": {"task": "sessions.tasks.prune_checkpoints", "schedule": 24 * 3600.0},
+    # The outbox sweeps: background work whose enqueue was lost while the broker was down is sent again.
+    "memory-writes-requeue": {"task": "memory.tasks.requeue_lost_memory_writes", "schedule": 120.0},
+    "summaries-requeue": {"task": "sessions.tasks.requeue_lost_summaries", "schedule": 120.0},
 }
 # Checkpoints kept per session by the pruning policy (state changes are always kept).
 CHECKPOINT_KEEP_LAST = env_int("CHECKPOINT_KEEP_LAST", 50, minimum=1)

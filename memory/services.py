@@ -11,11 +11,12 @@ import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from memory.embedding import get_embedder
@@ -262,6 +263,71 @@ def memory_writes_enqueue(*, turn: Turn) -> None:
 
     turn_id = turn.id
     transaction.on_commit(lambda: write_turn_memories.delay(turn_id))
+
+
+# The outbox sweep: a turn's write is enqueued after commit, straight to the broker. If the broker was
+# down at that moment the enqueue failed (logged, the turn is saved) and nothing would ever retry it.
+# The completed turn itself is the durable record of the pending write: the sweep finds turns whose
+# write never ran and enqueues them again. Give the normal path this long before calling a write lost.
+MEMORY_WRITES_LOST_AFTER = timedelta(minutes=5)
+# How far back the sweep looks (bounds its query; older losses are left alone).
+MEMORY_WRITES_LOOKBACK = timedelta(days=1)
+
+
+def turns_with_lost_memory_writes(
+    *, older_than: timedelta = MEMORY_WRITES_LOST_AFTER, lookback: timedelta = MEMORY_WRITES_LOOKBACK
+) -> QuerySet[Turn]:
+    """Completed turns whose memory write never ran: no episode, and no fact-extraction call either.
+
+    The extraction call (an ``LLMCall`` with purpose ``extract``, written whatever its outcome) is the
+    proof that the write task ran, so an episode a user deleted later is never written again. Handoff
+    turns and turns answered by a person (no agent reply) never get a write, so they are not lost ones.
+    """
+    from agents.models import LLMCall
+    from sessions.models import Checkpoint, Turn
+
+    now = timezone.now()
+    return (
+        Turn.objects.filter(
+            status=Turn.Status.COMPLETED,
+            completed_at__lte=now - older_than,
+            completed_at__gte=now - lookback,
+        )
+        .exclude(assistant_message="")
+        .exclude(Exists(Memory.objects.filter(source_turn=OuterRef("pk"), kind=Memory.Kind.EPISODIC)))
+        .exclude(Exists(LLMCall.objects.filter(turn=OuterRef("pk"), purpose="extract")))
+        .exclude(Exists(Checkpoint.objects.filter(turn=OuterRef("pk"), reason=Checkpoint.Reason.HANDOFF)))
+        .order_by("completed_at")
+    )
+
+
+def memory_writes_requeue(
+    *,
+    older_than: timedelta = MEMORY_WRITES_LOST_AFTER,
+    lookback: timedelta = MEMORY_WRITES_LOOKBACK,
+    limit: int = 500,
+) -> int:
+    """Enqueue again the memory writes that were lost (see ``turns_with_lost_memory_writes``).
+
+    Safe to run any number of times: the write is idempotent (one episode per turn). Returns how many
+    were enqueued; stops at the first enqueue that fails (the broker is still down: the next run retries).
+    """
+    from memory.tasks import write_turn_memories
+
+    turn_ids = list(
+        turns_with_lost_memory_writes(older_than=older_than, lookback=lookback).values_list("pk", flat=True)[:limit]
+    )
+    sent = 0
+    for turn_id in turn_ids:
+        try:
+            write_turn_memories.delay(turn_id)
+        except Exception:  # the broker is still unreachable; everything stays found for the next run
+            logger.warning("could not re-enqueue the memory write of turn %s; will retry", turn_id, exc_info=True)
+            break
+        sent += 1
+    if sent:
+        logger.info("re-enqueued %s lost memory writes", sent)
+    return sent
 
 
 EXTRACTION_SYSTEM_PROMPT = (

@@ -7,7 +7,7 @@ from typing import Any
 from celery import shared_task
 from django.db import OperationalError
 
-from memory.services import turn_memories_write
+from memory.services import memory_writes_requeue, turn_memories_write
 
 
 @shared_task(
@@ -33,3 +33,19 @@ def write_turn_memories(self: Any, turn_id: int) -> dict[str, Any]:
         "reviews": result.reviews,
         "extraction_error": result.extraction_error,
     }
+
+
+@shared_task(
+    name="memory.tasks.requeue_lost_memory_writes",
+    autoretry_for=(OperationalError,),
+    retry_backoff=5,
+    retry_backoff_max=120,
+    retry_jitter=True,
+    max_retries=3,
+    soft_time_limit=60,
+    time_limit=90,
+    ignore_result=True,
+)
+def requeue_lost_memory_writes() -> int:
+    # The outbox sweep (beat, every few minutes): writes whose enqueue was lost while the broker was down.
+    return memory_writes_requeue()

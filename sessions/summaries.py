@@ -16,10 +16,13 @@ import logging
 import re
 import uuid
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
 
 from agents.llm.base import CallContext, LLMError
 from agents.llm.tokens import TokenCounter, counter_for
@@ -113,6 +116,43 @@ def summary_request_if_due(*, session: ChatSession) -> bool:
 
     transaction.on_commit(enqueue)
     return True
+
+
+# A summary request is recorded (summary_requested_seq) before its task is sent. If the broker was down,
+# the task was lost; a later turn supersedes it, but a session that goes quiet would stay unsummarized.
+# The sweep sends requests that are still open after this long again (the task is idempotent).
+SUMMARY_LOST_AFTER = timedelta(minutes=5)
+SUMMARY_LOOKBACK = timedelta(days=1)
+
+
+def summaries_requeue(
+    *, older_than: timedelta = SUMMARY_LOST_AFTER, lookback: timedelta = SUMMARY_LOOKBACK, limit: int = 500
+) -> int:
+    """Enqueue again the summaries requested but not done after ``older_than`` (the outbox sweep).
+
+    Returns how many were sent; stops at the first failed enqueue (the broker is still down).
+    """
+    from sessions.tasks import summarize_session
+
+    now = timezone.now()
+    pending = (
+        ChatSession.objects.filter(
+            summary_requested_seq__gt=F("summary_through_seq"),
+            updated_at__lte=now - older_than,
+            updated_at__gte=now - lookback,
+        )
+        .order_by("updated_at")
+        .values_list("pk", "summary_requested_seq")[:limit]
+    )
+    sent = 0
+    for session_id, through_seq in pending:
+        try:
+            summarize_session.delay(str(session_id), through_seq)
+        except Exception:  # the broker is still unreachable; the next run retries
+            logger.warning("could not re-enqueue the summary of session %s; will retry", session_id, exc_info=True)
+            break
+        sent += 1
+    return sent
 
 
 def summarize_session_through(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import DatabaseError
 
-from sessions.summaries import summarize_session_through
+from sessions.summaries import summaries_requeue, summarize_session_through
 
 
 @shared_task(
@@ -43,3 +43,19 @@ def prune_checkpoints(keep_last: int | None = None) -> int:
     from sessions.services import checkpoints_prune
 
     return checkpoints_prune(keep_last=keep_last)
+
+
+@shared_task(
+    name="sessions.tasks.requeue_lost_summaries",
+    autoretry_for=(DatabaseError,),
+    retry_backoff=5,
+    retry_backoff_max=120,
+    retry_jitter=True,
+    max_retries=3,
+    soft_time_limit=60,
+    time_limit=90,
+    ignore_result=True,
+)
+def requeue_lost_summaries() -> int:
+    # The outbox sweep for summaries (beat): requests whose task was lost while the broker was down.
+    return summaries_requeue()

@@ -23,8 +23,16 @@ class SizeLimitedJSONParser(JSONParser):
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         if stream is None or not limit:
-            return super().parse(stream, media_type, parser_context)
+            return self._parse_bounded_depth(stream, media_type, parser_context)
         raw = stream.read(limit + 1)
         if len(raw) > limit:
             raise PayloadTooLarge(f"The request body is over the limit of {limit} bytes.")
-        return super().parse(BytesIO(raw), media_type, parser_context)
+        return self._parse_bounded_depth(BytesIO(raw), media_type, parser_context)
+
+    def _parse_bounded_depth(self, stream: Any, media_type: str | None, parser_context: Any) -> Any:
+        # Note: json.loads recurses once per nesting level; a small body like "[[[[…]]]]" 50,000 deep
+        # raises RecursionError, which is not a ValueError, so DRF would answer it with a 500.
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError as exc:
+            raise exceptions.ParseError("JSON parse error - the document is nested too deeply.") from exc

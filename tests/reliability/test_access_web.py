@@ -1,0 +1,91 @@
+"""The access matrix beyond /api/ (tests/api/test_access_matrix.py covers every API endpoint): the web
+chat, the staff dashboard, /metrics, the admin and the health check, for anonymous, Alice (the owner),
+Bob and staff. Someone else's chat is a 404, exactly like a missing one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from agents.models import Agent
+from agents.runtime import turn_run
+from memory.services import memory_create
+from sessions.services import session_create
+
+ANON, ALICE, BOB, STAFF = "anonymous", "alice", "bob", "staff"
+LOGIN = 302  # a redirect to the sign-in page
+STAFF_ONLY = {ANON: LOGIN, ALICE: 403, BOB: 403, STAFF: 200}
+ADMIN = {ANON: LOGIN, ALICE: LOGIN, BOB: LOGIN, STAFF: 200}
+OWNER = {ANON: LOGIN, ALICE: 200, BOB: 404, STAFF: 404}
+SIGNED_IN = {ANON: LOGIN, ALICE: 200, BOB: 200, STAFF: 200}
+CASES = [
+    ("/", SIGNED_IN),
+    ("/chats/{session}/", OWNER),
+    ("/chats/{session}/panels/", OWNER),
+    ("/ops/", STAFF_ONLY),
+    ("/ops/sessions/{session}/", STAFF_ONLY),
+    ("/admin/", ADMIN),
+    ("/admin/memory/memory/", ADMIN),
+    ("/admin/memory/memory/{memory}/change/", ADMIN),
+    ("/admin/chat_sessions/chatsession/{session}/change/", ADMIN),
+    ("/admin/chat_sessions/turn/{turn}/change/", ADMIN),
+    ("/admin/agents/llmcall/", ADMIN),
+]
+
+
+@pytest.fixture
+def world(alice: Any, chat_agent: Agent, settings: Any) -> dict[str, Any]:
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    session = session_create(user=alice, agent=chat_agent)
+    turn = turn_run(session=session, message="My favourite colour is teal.").turn
+    memory = memory_create(user=alice, kind="semantic", text="Alice prefers aisle seats.")
+    return {"session": session.pk, "turn": turn.pk, "memory": memory.pk}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("persona", [ANON, ALICE, BOB, STAFF])
+def test_web_access_matrix(persona: str, world: dict[str, Any], alice: Any, bob: Any, staff: Any) -> None:
+    client = Client()
+    if persona != ANON:
+        client.force_login({ALICE: alice, BOB: bob, STAFF: staff}[persona])
+    seen = {template: client.get(template.format(**world)) for template, _ in CASES}
+    assert {t: r.status_code for t, r in seen.items()} == {t: expected[persona] for t, expected in CASES}
+    for template, expected in CASES:
+        response = seen[template]
+        if expected[persona] == LOGIN:
+            assert "login" in response["Location"], template
+        if expected[persona] != 200:
+            body = response.content.decode(errors="replace")
+            assert "teal" not in body and "aisle" not in body, template  # nothing of Alice's leaks
+
+
+@pytest.mark.django_db
+def test_someone_elses_chat_looks_exactly_like_a_missing_one(world: dict[str, Any], bob: Any) -> None:
+    client = Client()
+    client.force_login(bob)
+    theirs = client.get(f"/chats/{world['session']}/")
+    missing = client.get("/chats/00000000-0000-4000-8000-000000000000/")
+    assert theirs.status_code == missing.status_code == 404
+
+
+@pytest.mark.django_db
+def test_metrics_need_the_token_from_outside_the_machine(world: dict[str, Any], settings: Any) -> None:
+    assert Client().get("/metrics").status_code == 200  # loopback (the test client's address), no token set
+    outside = Client(REMOTE_ADDR="203.0.113.9")
+    assert outside.get("/metrics").status_code == 401
+    settings.METRICS_TOKEN = "s3cret-token"
+    assert outside.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+    ok = outside.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret-token")
+    assert ok.status_code == 200
+    assert "teal" not in ok.content.decode()  # figures only, never conversation text
+
+
+@pytest.mark.django_db
+def test_health_check_is_public_and_says_nothing_private(world: dict[str, Any]) -> None:
+    response = Client().get("/healthz")
+    assert response.status_code in (200, 503)  # 503 here: no worker heartbeat in this test
+    body = response.json()
+    assert {"database", "broker", "worker"} <= set(body) or "checks" in body, body
+    assert "teal" not in response.content.decode()

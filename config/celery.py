@@ -1,11 +1,64 @@
 from __future__ import annotations
 
+import logging
 import os
+from typing import Any
 
-from celery import Celery
+from celery import Celery, bootsteps
+from celery.signals import worker_process_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
+logger = logging.getLogger(__name__)
+
 app = Celery("agents_runtime")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["config", "agents", "memory", "sessions"])
+app.autodiscover_tasks(["config", "agents", "memory", "sessions", "observability"])
+
+
+class HeartbeatStep(bootsteps.StartStopStep):
+    """Record a heartbeat from the worker's main process every WORKER_HEARTBEAT_SECONDS.
+
+    The beat-scheduled heartbeat task proves tasks flow end to end, but it waits in the queue behind
+    long tasks (a first memory write loads the embedding model). This one shows the worker itself is
+    alive even then; /healthz accepts either.
+    """
+
+    requires = {"celery.worker.components:Timer"}
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        self.tref: Any = None
+
+    def start(self, worker: Any) -> None:
+        from django.conf import settings
+
+        self.tref = worker.timer.call_repeatedly(
+            float(settings.WORKER_HEARTBEAT_SECONDS), self._beat, (worker,), priority=10
+        )
+        self._beat(worker)
+
+    def stop(self, worker: Any) -> None:
+        if self.tref is not None:
+            self.tref.cancel()
+            self.tref = None
+
+    def _beat(self, worker: Any) -> None:
+        from django.db import close_old_connections
+
+        from config.services import worker_heartbeat_record
+
+        try:
+            close_old_connections()
+            worker_heartbeat_record(hostname=worker.hostname)
+        except Exception:  # the database may be restarting; the next beat tries again
+            logger.warning("could not record the worker heartbeat", exc_info=True)
+
+
+app.steps["worker"].add(HeartbeatStep)
+
+
+@worker_process_init.connect
+def _warm_up_worker_process(**kwargs: Any) -> None:
+    from config.warmup import warm_up_in_background
+
+    warm_up_in_background()

@@ -67,6 +67,8 @@ class Command(BaseCommand):
                     "-m",
                     "gunicorn",
                     "config.wsgi:application",
+                    "--config",
+                    "python:config.gunicorn_conf",
                     "--bind",
                     bind,
                     "--worker-class",

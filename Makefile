@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PY := $(BIN)/python
 
-.PHONY: run test test-slow lint typecheck bench install install-dev clean-data
+.PHONY: run test test-slow test-reliability lint typecheck bench install install-dev clean-data
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ test: install-dev
 
 test-slow: install-dev
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+## The whole fault-injection and security suite, slow parts included (the default run has a subset).
+test-reliability: install-dev
+	$(PY) -m pytest tests/reliability $(PYTEST_ARGS)
 
 lint: install-dev
 	$(BIN)/ruff check .

@@ -71,6 +71,12 @@ class SessionClosedError(Exception):
     code = "session_closed"
 
 
+class TurnLockLost(Exception):
+    """The database connection holding the turn lock was lost and another process took the turn over."""
+
+    code = "turn_taken_over"
+
+
 @dataclass
 class TurnResult:
     turn: Turn
@@ -145,6 +151,24 @@ class SessionTurnLock:
                 return False
             time.sleep(delay)
             delay = min(delay * 1.5, 0.25)
+
+    def holds_or_retakes(self) -> bool:
+        """Before writing a turn's outcome: do we still own the lock?
+
+        Django reconnects quietly after a lost connection, and a session-level advisory lock dies with
+        the connection that took it. If ours is gone, take it again on the new connection; if someone
+        else holds it, they have taken the turn over as orphaned, and we must not write.
+        """
+        unsigned = self.key & 0xFFFFFFFFFFFFFFFF
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted "
+                "AND classid = %s AND objid = %s AND objsubid = 1",
+                [unsigned >> 32, unsigned & 0xFFFFFFFF],
+            )
+            if cursor.fetchone():
+                return True
+        return self.try_acquire()
 
     def release(self) -> None:
         if not self.held:
@@ -409,6 +433,10 @@ def _execute(session: ChatSession, turn: Turn, *, resumed: bool) -> Iterator[dic
         yield {"type": "turn", "turn_id": turn.pk, "seq": turn.seq, "resumed": resumed}
         try:
             yield from _execute_inner(session, turn, resumed=resumed)
+        except TurnLockLost as exc:
+            # Another process owns this turn now; writing anything would duplicate its reply.
+            logger.warning("turn %s: %s", turn.pk, exc)
+            yield {"type": "error", "code": exc.code, "message": str(exc), "turn_id": turn.pk}
         except Exception as exc:  # the turn fails cleanly; the message stays saved
             logger.exception("turn %s failed", turn.pk)
             message = _user_facing_error(exc)
@@ -821,6 +849,8 @@ def _complete_turn(
     prompt_tokens: int,
     is_demo: bool,
 ) -> None:
+    if not SessionTurnLock(session.pk).holds_or_retakes():
+        raise TurnLockLost("The database connection was lost mid-turn and another request is finishing this turn.")
     with transaction.atomic():
         fields: dict[str, Any] = {
             "status": Turn.Status.COMPLETED,

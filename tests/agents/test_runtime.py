@@ -301,3 +301,48 @@ def test_handoff_session_waits_for_a_person(alice: Any, staff: Any, chat_agent: 
     handoff_resume(session=session, actor=staff)
     session.refresh_from_db()
     assert session.status == ChatSession.Status.ACTIVE
+
+
+def _hold_in_another_connection(session_id: Any, holding: threading.Event, release: threading.Event) -> None:
+    lock = SessionTurnLock(session_id)
+    assert lock.try_acquire()
+    holding.set()
+    release.wait(10)
+    lock.release()
+    connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lost_turn_lock_is_retaken_or_the_turn_stops_without_writing(alice: Any, chat_agent: Agent) -> None:
+    """Django reconnects silently after a lost connection; the advisory lock dies with the old one."""
+    from agents.runtime import TurnLockLost, _complete_turn
+
+    session = session_create(user=alice, agent=chat_agent)
+    lock = SessionTurnLock(session.pk)
+    assert lock.try_acquire() and lock.holds_or_retakes()
+    lock.release()  # as if the connection that held it were gone
+    assert lock.holds_or_retakes()  # nobody else has it: taken again
+    lock.release()
+
+    handle = turn_stream(session=session, message="hello")  # saves the turn, holds the lock
+    events = iter(handle)
+    next(events)  # the "turn" event: the turn is running
+    turn = Turn.objects.get(session=session)
+    with connection.cursor() as cursor:  # lose our lock, as a reconnect would
+        cursor.execute("SELECT pg_advisory_unlock_all()")
+    holding, release = threading.Event(), threading.Event()
+    thief = threading.Thread(target=_hold_in_another_connection, args=(session.pk, holding, release))
+    thief.start()
+    assert holding.wait(10)
+    try:
+        with pytest.raises(TurnLockLost):
+            _complete_turn(
+                session, turn, reply="dup", steps=1, composition={}, retrieval={}, prompt_tokens=0, is_demo=True
+            )
+        rest = list(events)
+    finally:
+        release.set()
+        thief.join()
+    assert rest[-1]["type"] == "error" and rest[-1]["code"] == "turn_taken_over"
+    turn.refresh_from_db()
+    assert turn.assistant_message == "" and turn.status == Turn.Status.RUNNING  # left to the new owner

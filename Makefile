@@ -43,8 +43,16 @@ lint: install-dev
 typecheck: install-dev
 	$(BIN)/mypy .
 
-bench: install-dev
-	$(PY) -m bench $(BENCH_ARGS)
+# The peers (LangGraph, Mem0, locust) live in .venv-peers, layered over .venv: mem0ai needs protobuf<7.
+PEERS := .venv-peers
+$(PEERS)/.installed: $(VENV)/.installed-dev requirements-bench.txt
+	$(PYTHON) -m venv $(PEERS)
+	$(PY) -c "import site; print(site.getsitepackages()[0])" > $(PEERS)/lib/python3.11/site-packages/_app_venv.pth
+	$(PEERS)/bin/python -m pip install --progress-bar on -r requirements-bench.txt
+	touch $@
+
+bench: install-dev $(PEERS)/.installed
+	$(PEERS)/bin/python -m bench $(BENCH_ARGS)
 
 clean-data:
 	@echo "This deletes the embedded database and broker folders in .data/"; rm -rf .data

@@ -14,6 +14,9 @@ import sys
 # name -> module. One line per part.
 PARTS: dict[str, str] = {
     "context": "bench.context_bench",
+    "turn_overhead": "bench.turn_overhead",
+    "peer_mem0": "bench.peer_mem0",
+    "api_throughput": "bench.api_throughput",
     "gallery": "bench.gallery",
     "soak": "bench.soak",
     "memory_locomo": "bench.memory_locomo",

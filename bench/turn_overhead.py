@@ -1,0 +1,443 @@
+"""Turn overhead: the server-side cost of one turn without model time, this app against LangGraph.
+
+Both sides get the same instant fake model (``agents.llm.scripted.ScriptedProvider`` answering "ok"), the
+same deterministic hashing embedder (so embedding time is near zero on both sides), the same tiktoken
+counter and budgets, the same memories and the same user messages, on the same embedded PostgreSQL:
+
+- ours: ``agents.runtime.turn_run`` on a free-chat agent (no tools): advisory lock, idempotency, the
+  ``Turn`` row and checkpoints, tiered memory retrieval (vector + full text, threshold filter), the context
+  builder over the saved history, the model call with its ``LLMCall`` audit row, the saved reply and the
+  after-commit enqueue of memory writes and summaries (to Redis when it is reachable, else in memory);
+- LangGraph: a one-node ``StateGraph`` with ``PostgresSaver`` (durability "sync") and ``PostgresStore``
+  (pgvector index, same embedder) in its own database: the node reads the history from the checkpointed
+  state, searches the store (top 10), trims memories and history to the same budgets with the same counter,
+  calls the fake model, and the checkpointer saves the new state.
+
+The two run interleaved (one turn each, alternately) so machine noise hits both alike. LangGraph's fake
+model call skips our provider's bookkeeping (the ``LLMCall`` row is counted on our side only).
+
+Run alone: ``python -m bench turn_overhead [-- --turns 200 --warmup 20 --memories 300 --profile]``;
+needs ``requirements-bench.txt`` (``make bench`` installs it into ``.venv-peers``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import operator
+import random
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+RESULTS = Path(__file__).resolve().parent / "results"
+OUR_DATABASE = "bench_turn_overhead"
+LANGGRAPH_DATABASE = "bench_turn_overhead_langgraph"
+MEMORY_TOP_K = 10
+GOAL_RATIO = 0.5  # ours / LangGraph, p50
+
+
+@dataclass
+class Side:
+    name: str
+    samples_ms: list[float]
+
+    def summary(self) -> dict[str, float]:
+        xs = self.samples_ms
+        return {
+            "p50_ms": round(statistics.median(xs), 2),
+            "p95_ms": round(statistics.quantiles(xs, n=20)[18], 2),
+            "mean_ms": round(statistics.fmean(xs), 2),
+            "turns": len(xs),
+        }
+
+
+def user_messages(count: int, *, seed: int = 7) -> list[str]:
+    """Realistic, varied user messages (the context benchmark's topics and phrasings)."""
+    from bench.context_bench import DETAILS, QUESTIONS, TOPICS
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        text = rng.choice(QUESTIONS).format(topic=rng.choice(TOPICS))
+        if rng.random() < 0.4:
+            text += " " + rng.choice(DETAILS)
+        out.append(text)
+    return out
+
+
+def memory_texts(count: int) -> list[str]:
+    from bench.context_bench import MEMORY_POOL, TOPICS
+
+    return [
+        f"{MEMORY_POOL[i % len(MEMORY_POOL)]} Noted while discussing {TOPICS[(i // len(MEMORY_POOL)) % len(TOPICS)]} "
+        f"(note {i})."
+        for i in range(count)
+    ]
+
+
+def _percentile_ratio(ours: dict[str, float], theirs: dict[str, float], key: str) -> float:
+    return round(ours[key] / theirs[key], 3) if theirs[key] else float("nan")
+
+
+# --------------------------------------------------------------------------------------------------
+# Ours
+# --------------------------------------------------------------------------------------------------
+
+
+def _route_celery_to_a_throwaway_queue() -> Callable[[], None]:
+    """After-commit enqueues go to a private Redis queue (deleted afterwards), or memory without Redis."""
+    import redis
+
+    from config.celery import app
+
+    queue = f"bench-{uuid.uuid4().hex[:8]}"
+    url = "redis://127.0.0.1:6379/14"
+    try:
+        redis.Redis.from_url(url, socket_timeout=0.5).ping()
+    except Exception:  # noqa: BLE001 - no Redis: an in-process broker keeps the enqueue cheap and local
+        url = "memory://"
+    app.conf.update(broker_url=url, broker_transport_options={}, task_default_queue=queue)
+    # Producers made for the old broker must go: drop the pool so the next enqueue builds a new one.
+    if app._pool is not None:
+        app._pool.force_close_all()
+        app._pool = None
+
+    def cleanup() -> None:
+        if url.startswith("redis"):
+            redis.Redis.from_url(url).delete(queue)
+
+    return cleanup
+
+
+class OurSide:
+    def __init__(self, *, memories: list[str]) -> None:
+        from django.contrib.auth import get_user_model
+
+        from agents.llm.demo import DemoModel
+        from agents.llm.scripted import ScriptedProvider
+        from agents.models import Agent
+        from bench.context_bench import SYSTEM_PROMPT
+        from memory.models import Memory
+        from memory.services import memory_create
+        from sessions.services import session_create
+
+        User = get_user_model()
+        User.objects.filter(username="bench-turns").delete()
+        Agent.objects.filter(slug="bench-turns").delete()
+        self.user = User.objects.create(username="bench-turns")
+        self.agent = Agent.objects.create(
+            name="Bench", slug="bench-turns", system_prompt=SYSTEM_PROMPT, workflow="free_chat", tools=[]
+        )
+        for text in memories:
+            memory_create(user=self.user, kind=Memory.Kind.EPISODIC, text=text)
+        self.session = session_create(user=self.user, agent=self.agent)
+        self.model = ScriptedProvider(default="ok")
+        # The relevance filter asks the cheap model; the demo model there means "no filter model" (the
+        # threshold path), as LangGraph has no relevance model either.
+        self.no_filter = DemoModel()
+
+    def provider(self, **kwargs: Any) -> Any:
+        return self.no_filter if kwargs.get("cheap") else self.model
+
+    def turn(self, message: str) -> float:
+        from agents.runtime import turn_run
+
+        started = time.perf_counter()
+        result = turn_run(session=self.session, message=message)
+        elapsed = (time.perf_counter() - started) * 1000
+        if result.reply != "ok":
+            raise RuntimeError(f"our turn did not complete: {result.turn.status} {result.turn.error}")
+        return elapsed
+
+    def budgets(self) -> tuple[int, int, str]:
+        """(history budget, memory budget, counter model) for the LangGraph side to use too."""
+        from sessions.context import ContextBudget
+
+        budget = ContextBudget.from_agent(self.agent)
+        memories = min(int(self.agent.memory_budget_tokens), budget.section_limit("memories"))
+        return budget.section_limit("recent"), memories, self.model.model
+
+
+# --------------------------------------------------------------------------------------------------
+# LangGraph
+# --------------------------------------------------------------------------------------------------
+
+
+class LGState(TypedDict):
+    messages: Annotated[list[dict[str, str]], operator.add]
+
+
+def _conninfo(dbname: str) -> str:
+    from django.db import connections
+    from psycopg.conninfo import make_conninfo
+
+    s = connections["default"].settings_dict
+    parts = {"host": s["HOST"] or None, "port": s["PORT"] or None, "user": s["USER"], "password": s["PASSWORD"]}
+    return make_conninfo(dbname=dbname, **{k: v for k, v in parts.items() if v})
+
+
+def _recreate_database(name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(_conninfo("postgres"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+class LangGraphSide:
+    def __init__(
+        self, *, memories: list[str], system_prompt: str, history_budget: int, memory_budget: int, model: str
+    ) -> None:
+        from contextlib import ExitStack
+
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from langgraph.graph import END, START, StateGraph
+        from langgraph.store.postgres import PostgresStore
+
+        from agents.llm.scripted import ScriptedProvider
+        from agents.llm.tokens import counter_for
+        from memory.embedding import get_embedder
+
+        _recreate_database(LANGGRAPH_DATABASE)
+        self._stack = ExitStack()
+        conn = _conninfo(LANGGRAPH_DATABASE)
+        embedder = get_embedder("hashing")
+        self.saver = self._stack.enter_context(PostgresSaver.from_conn_string(conn))
+        self.saver.setup()
+        self.store = self._stack.enter_context(
+            PostgresStore.from_conn_string(
+                conn,
+                index={
+                    "dims": embedder.dimensions,
+                    "embed": embedder.embed,
+                    "fields": ["text"],
+                    "distance_type": "cosine",
+                },
+            )
+        )
+        self.store.setup()
+        self.namespace = ("memories", "bench-turns")
+        for i, text in enumerate(memories):
+            self.store.put(self.namespace, f"m{i}", {"text": text})
+        counter = counter_for(model)
+        fake = ScriptedProvider(default="ok", model=model)
+        store = self.store
+        namespace = self.namespace
+
+        def respond(state: LGState) -> dict[str, Any]:
+            history = state["messages"]
+            query = history[-1]["content"]
+            found = store.search(namespace, query=query, limit=MEMORY_TOP_K)
+            memory_lines: list[str] = []
+            used = 0
+            for item in found:
+                line = f"- {item.value['text']}"
+                tokens = counter.count(line)
+                if used + tokens > memory_budget:
+                    break
+                memory_lines.append(line)
+                used += tokens
+            kept: list[dict[str, str]] = []
+            used = 0
+            for message in reversed(history):  # newest first, until the budget is spent
+                tokens = counter.count_messages([message])
+                if kept and used + tokens > history_budget:
+                    break
+                kept.append(message)
+                used += tokens
+            prompt = [
+                {"role": "system", "content": system_prompt},
+                {"role": "system", "content": "What you remember about the user:\n" + "\n".join(memory_lines)},
+                *reversed(kept),
+            ]
+            raw = fake._request(prompt, temperature=None, max_tokens=None, tools=None, schema=None, purpose="reply")
+            return {"messages": [{"role": "assistant", "content": raw.text}]}
+
+        builder = StateGraph(LGState)
+        builder.add_node("respond", respond)
+        builder.add_edge(START, "respond")
+        builder.add_edge("respond", END)
+        self.graph = builder.compile(checkpointer=self.saver, store=self.store)
+        self.config = {"configurable": {"thread_id": f"bench-{uuid.uuid4().hex[:8]}"}}
+
+    def turn(self, message: str) -> float:
+        started = time.perf_counter()
+        out = self.graph.invoke({"messages": [{"role": "user", "content": message}]}, self.config, durability="sync")
+        elapsed = (time.perf_counter() - started) * 1000
+        if out["messages"][-1]["content"] != "ok":
+            raise RuntimeError("the LangGraph turn did not complete")
+        return elapsed
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def _query_breakdown(ours: OurSide, message: str) -> dict[str, Any]:
+    """The SQL one of our turns sends: how many statements, of which kind, and their share of the time."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    started = time.perf_counter()
+    with CaptureQueriesContext(connection) as ctx:
+        ours.turn(message)
+    total_ms = (time.perf_counter() - started) * 1000
+    kinds: dict[str, int] = {}
+    for query in ctx.captured_queries:
+        verb = query["sql"].lstrip().split(" ", 1)[0].upper()
+        kinds[verb] = kinds.get(verb, 0) + 1
+    sql_ms = sum(float(q["time"]) for q in ctx.captured_queries) * 1000
+    slowest = sorted(ctx.captured_queries, key=lambda q: -float(q["time"]))[:5]
+    return {
+        "statements": len(ctx.captured_queries),
+        "by_kind": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+        "sql_ms": round(sql_ms, 1),
+        "turn_ms": round(total_ms, 1),
+        "slowest": [{"ms": round(float(q["time"]) * 1000, 1), "sql": q["sql"][:120]} for q in slowest],
+    }
+
+
+def _profile_ours(ours: OurSide, messages: list[str]) -> str:
+    from pyinstrument import Profiler
+
+    profiler = Profiler(interval=0.0005)
+    profiler.start()
+    for message in messages:
+        ours.turn(message)
+    profiler.stop()
+    return profiler.output_text(unicode=False, color=False, show_all=False)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="bench turn_overhead", description=__doc__)
+    parser.add_argument("--turns", type=int, default=200, help="measured turns per side")
+    parser.add_argument("--warmup", type=int, default=20, help="unmeasured turns per side first")
+    parser.add_argument("--memories", type=int, default=300, help="memories of the user on each side")
+    parser.add_argument("--profile", action="store_true", help="then profile 50 more of our turns with pyinstrument")
+    parser.add_argument("--no-write", action="store_true")
+    args, _ = parser.parse_known_args(argv)
+
+    from unittest import mock
+
+    from django.conf import settings
+
+    from bench.context_bench import SYSTEM_PROMPT
+    from bench.memory_db import use_database
+
+    try:
+        import langgraph  # noqa: F401
+    except ImportError:
+        print(
+            "langgraph is not installed: `make bench` installs requirements-bench.txt into .venv-peers and runs "
+            "there (or: .venv-peers/bin/python -m bench turn_overhead)",
+            file=sys.stderr,
+        )
+        return 1
+
+    settings.EMBEDDING_BACKEND = "hashing"
+    # As in production: DEBUG's query log and debug cursor wrapper are not part of a turn's cost.
+    settings.DEBUG = False
+    cleanup = _route_celery_to_a_throwaway_queue()
+    use_database(OUR_DATABASE)
+    texts = memory_texts(args.memories)
+    messages = user_messages(args.warmup + args.turns + (50 if args.profile else 0))
+    ours = OurSide(memories=texts)
+    history_budget, memory_budget, model = ours.budgets()
+    theirs = LangGraphSide(
+        memories=texts,
+        system_prompt=SYSTEM_PROMPT,
+        history_budget=history_budget,
+        memory_budget=memory_budget,
+        model=model,
+    )
+    ours_ms: list[float] = []
+    theirs_ms: list[float] = []
+    profile = ""
+    queries: dict[str, Any] = {}
+    try:
+        with mock.patch("agents.llm.providers.get_provider", ours.provider):
+            for i, message in enumerate(messages[: args.warmup + args.turns]):
+                # Alternate which side goes first so neither always runs on a warmer cache.
+                first, second = (ours, theirs) if i % 2 == 0 else (theirs, ours)
+                a = first.turn(message)
+                b = second.turn(message)
+                if i < args.warmup:
+                    continue
+                (ours_ms if first is ours else theirs_ms).append(a)
+                (ours_ms if second is ours else theirs_ms).append(b)
+            queries = _query_breakdown(ours, messages[0])
+            if args.profile:
+                profile = _profile_ours(ours, messages[args.warmup + args.turns :])
+    finally:
+        theirs.close()
+        cleanup()
+
+    o, t = Side("ours", ours_ms).summary(), Side("langgraph", theirs_ms).summary()
+    ratio = {"p50": _percentile_ratio(o, t, "p50_ms"), "p95": _percentile_ratio(o, t, "p95_ms")}
+    report = {
+        "benchmark": "server-side cost of one turn without model time (instant fake model, hashing embedder)",
+        "ours": o,
+        "langgraph": t,
+        "ratio_ours_over_langgraph": ratio,
+        "goal": f"ours at most {GOAL_RATIO:.0%} of LangGraph's",
+        "goal_met": ratio["p50"] <= GOAL_RATIO and ratio["p95"] <= GOAL_RATIO,
+        "ours_sql_one_turn": queries,
+        "setup": {
+            "memories_per_side": args.memories,
+            "warmup_turns": args.warmup,
+            "history_budget_tokens": history_budget,
+            "memory_budget_tokens": memory_budget,
+            "memory_top_k_langgraph": MEMORY_TOP_K,
+            "celery_broker": _broker_label(),
+            "langgraph": _versions(),
+        },
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    print(f"{'turn overhead (ms)':<22}{'p50':>10}{'p95':>10}{'mean':>10}")
+    for name, s in (("this app", o), ("LangGraph", t)):
+        print(f"{name:<22}{s['p50_ms']:>10.2f}{s['p95_ms']:>10.2f}{s['mean_ms']:>10.2f}")
+    print(f"{'ratio ours/LangGraph':<22}{ratio['p50']:>10.3f}{ratio['p95']:>10.3f}")
+    print(f"goal (<= {GOAL_RATIO}): {'met' if report['goal_met'] else 'NOT met'}")
+    print(
+        f"one of our turns: {queries['statements']} SQL statements {queries['by_kind']}, "
+        f"{queries['sql_ms']:.0f} of {queries['turn_ms']:.0f} ms in the database"
+    )
+    if profile:
+        print("pyinstrument profile of 50 more turns: bench/results/turn_overhead_profile.txt")
+    if not args.no_write:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "turn_overhead.json").write_text(json.dumps(report, indent=2) + "\n")
+        if profile:
+            (RESULTS / "turn_overhead_profile.txt").write_text(profile)
+    return 0
+
+
+def _broker_label() -> str:
+    from config.celery import app
+
+    return str(app.conf.broker_url).split("://", 1)[0]
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import version
+
+    return {p: version(p) for p in ("langgraph", "langgraph-checkpoint-postgres")}
+
+
+if __name__ == "__main__":
+    import os
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    import django
+
+    django.setup()
+    raise SystemExit(main(sys.argv[1:]))

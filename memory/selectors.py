@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 RRF_K = 10  # reciprocal-rank-fusion constant; lower than the usual 60 so top ranks dominate (LoCoMo: bench/)
+NEIGHBOUR_WEIGHT = 0.3  # share of a candidate's score given to the episodes next to it (0 = off; LoCoMo: bench/)
+NEIGHBOUR_SOURCES = 20  # how many of the best candidates spread to their neighbours
 VECTOR_WEIGHT, TEXT_WEIGHT = 1.0, 2.0  # idf-weighted words beat MiniLM on conversational recall (bench/)
 TEXT_POOL = 1000  # full-text matches scored per query (bounds the work for users with huge histories)
 RECENCY_HALF_LIFE_DAYS = 30.0
@@ -222,7 +224,10 @@ def hybrid_candidates(
     limit = limit or settings.MEMORY_CANDIDATES
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    vector_rows = _vector_search(user_id=user.pk, vector=vector, now=now, limit=limit)
+    # The vector arm asks for fewer rows: with a filtered HNSW scan every extra row of a big user's
+    # history costs graph steps, while full-text candidates are cheap (bench/memory_scale.py).
+    vector_limit = min(limit, settings.MEMORY_VECTOR_CANDIDATES)
+    vector_rows = _vector_search(user_id=user.pk, vector=vector, now=now, limit=vector_limit)
     timings["vector_search"] = (time.perf_counter() - started) * 1000
     started = time.perf_counter()
     text_rows = _text_search(user_id=user.pk, query=query, vector=vector, now=now, limit=limit)
@@ -238,8 +243,42 @@ def hybrid_candidates(
         cand.text_rank = rank
         cand.text_share = share
         cand.fused += TEXT_WEIGHT / (RRF_K + rank)
+    if NEIGHBOUR_WEIGHT and by_id:
+        started = time.perf_counter()
+        _spread_to_neighbours(user_id=user.pk, by_id=by_id)
+        timings["neighbours"] = (time.perf_counter() - started) * 1000
     fused = sorted(by_id.values(), key=lambda c: (-c.fused, -c.similarity))
     return fused, timings
+
+
+def _spread_to_neighbours(*, user_id: int, by_id: dict[int, HybridCandidate]) -> None:
+    """Give the episodes just before and after a strong candidate part of its score.
+
+    A conversation's answer often sits in the turn next to the one that matches the words ("Yes, in
+    Paris!" after "Where did you go?"): neighbours of the best candidates become candidates themselves.
+    """
+    top = sorted(by_id.values(), key=lambda c: -c.fused)[:NEIGHBOUR_SOURCES]
+    sql = (
+        "SELECT c.id, "
+        "(SELECT p.id FROM memory_memory p WHERE p.user_id = c.user_id AND p.kind = 'episodic' AND NOT p.archived "
+        " AND p.created_at < c.created_at ORDER BY p.created_at DESC LIMIT 1), "
+        "(SELECT n.id FROM memory_memory n WHERE n.user_id = c.user_id AND n.kind = 'episodic' AND NOT n.archived "
+        " AND n.created_at > c.created_at ORDER BY n.created_at ASC LIMIT 1) "
+        "FROM memory_memory c WHERE c.id = ANY(%s) AND c.user_id = %s AND c.kind = 'episodic'"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [[c.memory_id for c in top], user_id])
+        rows = cursor.fetchall()
+    source = {c.memory_id: c for c in top}
+    for memory_id, before, after in rows:
+        parent = source[memory_id]
+        for neighbour in (before, after):
+            if neighbour is None:
+                continue
+            cand = by_id.setdefault(neighbour, HybridCandidate(neighbour))
+            cand.fused += NEIGHBOUR_WEIGHT * parent.fused
+            cand.similarity = max(cand.similarity, NEIGHBOUR_WEIGHT * parent.similarity)
+            cand.text_share = max(cand.text_share, NEIGHBOUR_WEIGHT * parent.text_share)
 
 
 # --- tier 3 ------------------------------------------------------------------------------------

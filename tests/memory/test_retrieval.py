@@ -63,7 +63,7 @@ def test_hybrid_finds_relevant_and_threshold_drops_unrelated(alice: Any, setting
     relevant = memory_create(user=alice, kind="episodic", text="User: my sister Maria lives in Berlin near the zoo")
     unrelated = memory_create(user=alice, kind="episodic", text="User: quarterly tax forms arrive by post")
 
-    result = _retrieve(alice, "where does my sister Maria live?", relevance_threshold=0.3)
+    result = _retrieve(alice, "where does my sister Maria live?", relevance_threshold=0.4)
 
     kept = [i.memory.id for i in result.items]
     assert kept[0] == relevant.id
@@ -176,3 +176,20 @@ def test_procedural_included_when_trigger_matches(alice: Any, bob: Any, agent: A
 )
 def test_trigger_matches(trigger: str, query: str, expected: bool) -> None:
     assert trigger_matches(trigger, query) is expected
+
+
+def test_neighbouring_episode_becomes_a_candidate(alice: Any, settings: Any) -> None:
+    settings.MEMORY_RECENT_ACTIONS = 0
+    settings.MEMORY_VECTOR_CANDIDATES = 1
+    question = memory_create(user=alice, kind="episodic", text="Assistant: where did you spend the honeymoon?")
+    answer = memory_create(user=alice, kind="episodic", text="User: Kyoto, in the cherry blossom season")
+    memory_create(user=alice, kind="episodic", text="User: the printer is out of toner")
+
+    result = _retrieve(alice, "honeymoon", relevance_threshold=0.0)
+
+    report = {c.id: c for c in result.candidates}
+    assert report[question.id].text_rank == 1
+    # The answer shares no word with the query; it is found as the matching turn's neighbour.
+    assert report[question.id].vector_rank == 1
+    assert answer.id in report and report[answer.id].kept
+    assert report[answer.id].text_rank is None and report[answer.id].vector_rank is None

@@ -214,3 +214,17 @@ def fake_openai() -> Iterator[Any]:
 
     with FakeOpenAIServer() as server:
         yield server
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop the embedded PostgreSQL if this test run started it (and only then)."""
+    from django.conf import settings
+
+    from config import embedded_db
+
+    if settings.DATABASE_URL or not embedded_db.started_by_this_process:
+        return
+    from django.db import connections
+
+    connections.close_all()
+    embedded_db.stop_embedded_postgres(settings.DATA_DIR / "pg")

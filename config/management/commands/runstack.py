@@ -149,8 +149,11 @@ class Command(BaseCommand):
         if not settings.DATABASE_URL:
             from django.db import connections
 
-            from config.embedded_db import stop_embedded_postgres
+            from config import embedded_db
 
             connections.close_all()
-            stop_embedded_postgres(settings.DATA_DIR / "pg")
+            if embedded_db.started_by_this_process:
+                embedded_db.stop_embedded_postgres(settings.DATA_DIR / "pg")
+            else:
+                self.stdout.write("The embedded PostgreSQL was already running before; left running.")
         self.stdout.write("Stopped.")

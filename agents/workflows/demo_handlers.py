@@ -129,9 +129,12 @@ def propose_decision(*, state: str, collected: Mapping[str, Any], user_message: 
             return decide("CONFIRMING", "the user changed details; confirm again")
         if _CONFIRM.search(user_message) and not _CHANGE.search(user_message):
             return decide("BOOKING", "the user confirmed")
-        for pattern, target in _CHANGE_TARGETS:
-            if pattern.search(user_message):
-                return decide(target, f"the user wants to change what {target} asks")
+        # Only an explicit change request goes back ("change the dates"); a question that merely
+        # mentions a day or a ticket does not.
+        if _CHANGE.search(user_message):
+            for pattern, target in _CHANGE_TARGETS:
+                if pattern.search(user_message):
+                    return decide(target, f"the user wants to change what {target} asks")
         return decide("CONFIRMING", "still waiting for a yes or a change")
     if state == "FAILED":
         return decide(workflow.first_missing_state(merged), "resume from what is already known")

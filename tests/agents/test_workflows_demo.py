@@ -192,3 +192,17 @@ def test_demo_reply_never_asks_for_an_already_collected_slot(state: str, data: d
     for slot, pattern in _QUESTION_FOR.items():
         if slot in data and slot not in own:
             assert not pattern.search(reply.text), (state, data, reply.text)
+
+
+def test_confirming_a_question_that_mentions_a_day_is_not_a_change_request() -> None:
+    from agents.workflows.demo_handlers import propose_decision
+
+    collected = {"origin": "London", "destination": "Paris", "depart_date": "2027-03-10", "passengers": 2}
+    decision = propose_decision(
+        state="CONFIRMING", collected=collected, user_message="Which day of the week is that?", today=date(2026, 12, 1)
+    )
+    assert decision.next_state == "CONFIRMING"
+    changed = propose_decision(
+        state="CONFIRMING", collected=collected, user_message="Please change the dates", today=date(2026, 12, 1)
+    )
+    assert changed.next_state == "GATHERING_DATES"

@@ -193,3 +193,19 @@ def test_neighbouring_episode_becomes_a_candidate(alice: Any, settings: Any) -> 
     assert report[question.id].vector_rank == 1
     assert answer.id in report and report[answer.id].kept
     assert report[answer.id].text_rank is None and report[answer.id].vector_rank is None
+
+
+def test_search_memory_tool_never_returns_another_users_memory(alice: Any, bob: Any) -> None:
+    from agents.llm.base import ToolCallRequest
+    from agents.tools.registry import ToolContext, run_tool_call
+
+    memory_create(user=alice, kind="semantic", text="Alice's door code is 8812", fact_key="door_code")
+    memory_create(user=bob, kind="episodic", text="User: my door is painted blue")
+    call = ToolCallRequest(id="c1", name="search_memory", arguments=json.dumps({"query": "door code 8812"}))
+
+    as_bob = run_tool_call(call=call, context=ToolContext(user=bob), enabled=["search_memory"])
+    as_alice = run_tool_call(call=call, context=ToolContext(user=alice), enabled=["search_memory"])
+
+    # (the tool echoes the query, so look for the memory text itself)
+    assert as_bob.ok and "door code is 8812" not in as_bob.content and "painted blue" in as_bob.content
+    assert as_alice.ok and "door code is 8812" in as_alice.content

@@ -212,6 +212,8 @@ _FILLER = re.compile(
     re.IGNORECASE,
 )
 _SPEAKER = re.compile(r"^(user|assistant|system|tool)\s*:\s*", re.IGNORECASE)
+_FIRST_PERSON = re.compile(r"\b(I|I'm|I am|I've|my|me|we|we're|our)\b")
+_NORMALISE = re.compile(r"[\d\W_]+")
 
 
 def split_sentences(text: str) -> list[str]:
@@ -222,11 +224,17 @@ def split_sentences(text: str) -> list[str]:
     return [p for p in pieces if p]
 
 
-def _sentence_score(sentence: str) -> int:
+def _sentence_score(sentence: str, speaker: str = "") -> int:
     body = _SPEAKER.sub("", sentence)
     if _FILLER.match(body) or len(_WORD.findall(body)) < 3:
         return 0
+    if speaker == "assistant" and body.rstrip().endswith(("?", "?)")):
+        # The assistant's questions are re-asked from the workflow step each turn; they are not facts.
+        return 0
     score = 0
+    if _FIRST_PERSON.search(body):
+        # What users say about themselves ("I'm allergic to peanuts") is what a summary must keep.
+        score += 2
     if re.search(r"\d", body):
         score += 3
     if _MONTHS_DAYS.search(body):
@@ -240,6 +248,17 @@ def _sentence_score(sentence: str) -> int:
     return score
 
 
+def _consider(sentence: str, speaker: str, seen: set[str], candidates: list[tuple[int, int, str]]) -> None:
+    # Near-duplicates (the same sentence with other numbers) are kept once.
+    key = _NORMALISE.sub(" ", _SPEAKER.sub("", sentence).lower()).strip()
+    if key in seen:
+        return
+    seen.add(key)
+    score = _sentence_score(sentence, speaker)
+    if score:
+        candidates.append((len(candidates), score, sentence))
+
+
 def extractive_summary(texts: list[str], *, max_tokens: int) -> str:
     """The sentences of ``texts`` that carry facts (numbers, dates, names, decisions), in order, within ``max_tokens``.
 
@@ -250,14 +269,13 @@ def extractive_summary(texts: list[str], *, max_tokens: int) -> str:
     seen: set[str] = set()
     candidates: list[tuple[int, int, str]] = []  # (position, score, sentence)
     for text in texts:
-        for sentence in split_sentences(text):
-            key = sentence.lower()
-            if key in seen:
-                continue
-            seen.add(key)
-            score = _sentence_score(sentence)
-            if score:
-                candidates.append((len(candidates), score, sentence))
+        speaker = ""
+        for line in text.splitlines():
+            found = _SPEAKER.match(line.strip())
+            if found:
+                speaker = found.group(1).lower()
+            for sentence in split_sentences(line):
+                _consider(sentence, speaker, seen, candidates)
     if not candidates:
         return ""
     kept = list(candidates)

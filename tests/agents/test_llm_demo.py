@@ -204,3 +204,16 @@ def test_summaries_keep_facts_drop_filler_and_fit_the_budget(clean_registry: Non
 
     tight = DemoModel().complete(conversation, ctx=CallContext(purpose="summarize"), max_tokens=12)
     assert 0 < counter_for("demo").count(tight.text) <= 12
+
+
+def test_extractive_summary_keeps_what_the_user_said_about_themselves_and_drops_repeated_questions() -> None:
+    from agents.llm.demo import extractive_summary
+
+    turns = [
+        "User: I'm allergic to peanuts, please note it.\nAssistant: Noted. How many passengers are travelling (1-9)?",
+        "User: let me think\nAssistant: Sure. How many passengers are travelling (1-9)?",
+        "User: still thinking about the weather today\nAssistant: Take your time. How many passengers are travelling (1-9)?",
+    ]
+    summary = extractive_summary(turns, max_tokens=60)
+    assert "allergic to peanuts" in summary
+    assert "How many passengers" not in summary

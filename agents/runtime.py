@@ -244,6 +244,9 @@ def turn_begin(
                 state_before=session.state,
             )
             checkpoint_before_call(session=session, turn=turn)
+            # That checkpoint stands before the turn's first model call: nothing changes the state
+            # in between (retrieval only reads), so the first call does not write another one.
+            turn._checkpoint_fresh = True  # type: ignore[attr-defined]
             if not session.title:
                 ChatSession.objects.filter(pk=session.pk).update(title=text.strip().splitlines()[0][:80])
         return TurnHandle(session=session, turn=turn, lock=lock, orphans=orphans)
@@ -370,6 +373,16 @@ def _orphaned_turns(session: ChatSession) -> list[Turn]:
     return list(session.turns.filter(status__in=[Turn.Status.RUNNING, Turn.Status.PENDING]).order_by("seq"))
 
 
+def _before_call(session: ChatSession, turn: Turn) -> None:
+    """Checkpoint the state before a model call (unless the turn's opening checkpoint still stands)."""
+    from sessions.services import checkpoint_before_call
+
+    if getattr(turn, "_checkpoint_fresh", False):
+        turn._checkpoint_fresh = False  # type: ignore[attr-defined]
+        return
+    checkpoint_before_call(session=session, turn=turn)
+
+
 def _drain(events: Iterator[dict[str, Any]]) -> dict[str, Any]:
     final: dict[str, Any] = {}
     for event in events:
@@ -484,7 +497,6 @@ def _execute_inner(session: ChatSession, turn: Turn, *, resumed: bool) -> Iterat
     from agents.llm.providers import get_provider
     from agents.llm.tokens import counter_for
     from agents.workflows import get_workflow
-    from sessions.services import checkpoint_before_call
 
     session.refresh_from_db()
     agent: Agent = session.agent
@@ -518,7 +530,7 @@ def _execute_inner(session: ChatSession, turn: Turn, *, resumed: bool) -> Iterat
     tool_names = [t for t in (agent.tools or []) if isinstance(t, str)]
     route: RouteOutcome | None = None
     if tool_names and workflow.is_free_chat:
-        checkpoint_before_call(session=session, turn=turn)
+        _before_call(session, turn)
         route = route_message(
             provider=provider,
             message=message,
@@ -560,7 +572,7 @@ def _retrieve(session: ChatSession, agent: Agent, workflow_name: str, message: s
 def _decide(
     session: ChatSession, turn: Turn, agent: Agent, provider: Any, workflow: Any, message: str
 ) -> Iterator[dict[str, Any]]:
-    from sessions.services import checkpoint_before_call, transition_apply, turn_failure_record
+    from sessions.services import transition_apply, turn_failure_record
 
     recent = [
         (t.user_message, t.assistant_message)
@@ -569,7 +581,7 @@ def _decide(
     messages = workflow.decision_messages(
         state=session.state, data=session.data, user_message=message, recent_turns=recent
     )
-    checkpoint_before_call(session=session, turn=turn)
+    _before_call(session, turn)
     try:
         with _span("llm.call", purpose="slots"):
             decision = provider.structured(
@@ -681,7 +693,7 @@ def _reply_loop(
 ) -> Iterator[dict[str, Any]]:
     from agents.tools import ToolContext, run_tool_call, tool_specs
     from sessions.context import ContextBudget, build_prompt
-    from sessions.services import checkpoint_before_call, transition_apply
+    from sessions.services import transition_apply
 
     budget = ContextBudget.from_agent(agent)
     action_tool = workflow.action_states.get(session.state) if hasattr(workflow, "action_states") else None
@@ -705,7 +717,7 @@ def _reply_loop(
                 budget=budget,
                 counter=counter,
             )
-        checkpoint_before_call(session=session, turn=turn)
+        _before_call(session, turn)
         step_text: list[str] = []
         with _span("llm.call", purpose="reply", step=steps):
             stream = provider.stream(
@@ -876,7 +888,7 @@ def _complete_turn(
 
 def _after_turn(turn_id: int) -> None:
     """Enqueue the background work of a finished turn. A broker outage is logged; the turn is already saved."""
-    turn = Turn.objects.select_related("session").get(pk=turn_id)
+    turn = Turn.objects.select_related("session", "session__agent").get(pk=turn_id)
     try:
         from memory.services import memory_writes_enqueue
 

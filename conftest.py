@@ -175,11 +175,11 @@ def _isolated_broker(tmp_path_factory: pytest.TempPathFactory) -> None:
 def _drop_broker_connections(app: Any) -> None:
     """Forget pooled connections to the previous broker after changing ``broker_url``.
 
-    (Not ``app.close()``: that also deregisters the app, and tasks imported later would not register.)
+    Not ``app.close()``: that also deregisters the app, and tasks imported later would not register.
+    Not ``force_close_all()`` either: kombu keeps producer pools per broker URL in a global registry,
+    and a test that switches back to a URL would get a pool whose connections were closed.
     """
-    if app._pool is not None:
-        app._pool.force_close_all()
-        app._pool = None
+    app._pool = None
     app.amqp._producer_pool = None
 
 

@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 from pgvector.django import CosineDistance
@@ -303,12 +303,25 @@ def _model_scores(*, agent: Agent | None, query: str, memories: list[Memory], ti
     ]
     ctx = CallContext(purpose="relevance", agent_id=agent.pk if agent else None)
 
+    # The call runs in a worker thread (so it can be abandoned past its time budget) and writes its
+    # LLMCall record there. Outside a transaction the thread uses (and closes) its own connection; inside
+    # one (a caller's atomic block, or a test) it borrows the caller's, so the record belongs to the same
+    # transaction instead of being committed on the side.
+    caller = connections[DEFAULT_DB_ALIAS]
+    shared = caller if caller.in_atomic_block else None
+    if shared is not None:
+        shared.inc_thread_sharing()
+
     def call() -> RelevanceScores:
         try:
+            if shared is not None:
+                connections[DEFAULT_DB_ALIAS] = shared
             return provider.structured(messages, schema=RelevanceScores, ctx=ctx, max_tokens=20 + 12 * len(memories))
         finally:
-            # The call runs in a worker thread with its own connection (the LLMCall record): close it.
-            connection.close()
+            if shared is not None:
+                shared.dec_thread_sharing()
+            else:
+                connection.close()
 
     executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="relevance")
     try:

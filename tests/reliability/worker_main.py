@@ -18,7 +18,11 @@ def main() -> None:
     django.setup()
     from config.celery import app
 
-    app.conf.broker_transport_options = {"visibility_timeout": float(os.environ.get("TEST_VISIBILITY_TIMEOUT", "3"))}
+    app.conf.broker_transport_options = {
+        "visibility_timeout": float(os.environ.get("TEST_VISIBILITY_TIMEOUT", "3")),
+        # kombu scans for expired unacknowledged messages only every 10th restore cycle (~100 s) by default.
+        "unacked_restore_throttle": 1,
+    }
     app.worker_main(["worker", *sys.argv[1:]])
 
 

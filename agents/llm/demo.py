@@ -214,6 +214,8 @@ _FILLER = re.compile(
 _SPEAKER = re.compile(r"^(user|assistant|system|tool)\s*:\s*", re.IGNORECASE)
 _FIRST_PERSON = re.compile(r"\b(I|I'm|I am|I've|my|me|we|we're|our)\b")
 _NORMALISE = re.compile(r"[\d\W_]+")
+# The demo's own echoes of tool output and memories: not facts of the conversation.
+_ECHO = re.compile(r"^\W*(\[demo model[^\]]*\]\s*)?(the tool answered|related to that, i was told)", re.IGNORECASE)
 
 
 def split_sentences(text: str) -> list[str]:
@@ -228,12 +230,15 @@ def _sentence_score(sentence: str, speaker: str = "") -> int:
     body = _SPEAKER.sub("", sentence)
     if _FILLER.match(body) or len(_WORD.findall(body)) < 3:
         return 0
-    if speaker == "assistant" and body.rstrip().endswith(("?", "?)")):
+    if speaker == "assistant" and (body.rstrip().endswith(("?", "?)")) or _ECHO.match(body)):
         # The assistant's questions are re-asked from the workflow step each turn; they are not facts.
         return 0
     score = 0
+    if speaker == "user":
+        # What users say ("I'm allergic to peanuts", "my number is QX-4471") is what a summary must keep;
+        # the assistant mostly repeats or quotes it.
+        score += 3
     if _FIRST_PERSON.search(body):
-        # What users say about themselves ("I'm allergic to peanuts") is what a summary must keep.
         score += 2
     if re.search(r"\d", body):
         score += 3
@@ -275,6 +280,10 @@ def extractive_summary(texts: list[str], *, max_tokens: int) -> str:
             if found:
                 speaker = found.group(1).lower()
             for sentence in split_sentences(line):
+                # A summary carried over puts several speakers on one line: each prefix switches.
+                prefixed = _SPEAKER.match(sentence)
+                if prefixed:
+                    speaker = prefixed.group(1).lower()
                 _consider(sentence, speaker, seen, candidates)
     if not candidates:
         return ""

@@ -120,6 +120,15 @@ def test_dates_are_never_asked_again_after_early_turns_leave_the_prompt(
     last = Turn.objects.get(pk=result.turn.pk)
     assert dates_turn.seq not in last.composition["turns"]["included"]  # the early turn left the prompt…
     assert last.composition["sections"]["workflow"] > 0  # …the collected data did not.
+    # Let the worker finish this session's memory writes before the test database is flushed.
+    from memory.models import Memory
+
+    turns = Turn.objects.filter(session=session, status=Turn.Status.COMPLETED).count()
+    wait_for(
+        lambda: Memory.objects.filter(source_turn__session=session, kind=Memory.Kind.EPISODIC).count() >= turns,
+        timeout=60,
+        message="the memory writes",
+    )
 
 
 @pytest.mark.django_db

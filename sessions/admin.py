@@ -25,6 +25,17 @@ def _compact_json(value: Any, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _related_links(pk: Any, specs: tuple[tuple[str, str, str], ...]) -> str:
+    """Links to admin change lists filtered on this object: (label, url name, filter field)."""
+    links = []
+    for label, name, query in specs:
+        try:
+            links.append(format_html('<a href="{}?{}={}">{}</a>', reverse(name), query, pk, label))
+        except NoReverseMatch:
+            continue
+    return format_html(" · ".join(["{}"] * len(links)), *links) if links else "—"
+
+
 class TurnInline(admin.TabularInline):
     model = Turn
     extra = 0
@@ -143,17 +154,14 @@ class ChatSessionAdmin(admin.ModelAdmin):
 
     @admin.display(description="related")
     def related_links(self, obj: ChatSession) -> str:
-        links = []
-        for label, name, query in (
-            ("turns", "admin:chat_sessions_turn_changelist", "session__id__exact"),
-            ("memories from this session", "admin:memory_memory_changelist", "source_session__id__exact"),
-            ("tool calls", "admin:agents_toolinvocation_changelist", "session__id__exact"),
-        ):
-            try:
-                links.append(format_html('<a href="{}?{}={}">{}</a>', reverse(name), query, obj.pk, label))
-            except NoReverseMatch:
-                continue
-        return format_html(" · ".join(["{}"] * len(links)), *links) if links else "—"
+        return _related_links(
+            obj.pk,
+            (
+                ("turns", "admin:chat_sessions_turn_changelist", "session__id__exact"),
+                ("memories from this session", "admin:memory_memory_changelist", "source_session__id__exact"),
+                ("tool calls", "admin:agents_toolinvocation_changelist", "session__id__exact"),
+            ),
+        )
 
     @admin.display(description="reply as staff")
     def handoff_reply_form(self, obj: ChatSession) -> str:
@@ -361,18 +369,15 @@ class TurnAdmin(admin.ModelAdmin):
 
     @admin.display(description="related")
     def related_links(self, obj: Turn) -> str:
-        links = []
-        for label, name, query in (
-            ("model calls", "admin:agents_llmcall_changelist", "turn__id__exact"),
-            ("tool calls", "admin:agents_toolinvocation_changelist", "turn__id__exact"),
-            ("memories written from it", "admin:memory_memory_changelist", "source_turn__id__exact"),
-            ("checkpoints", "admin:chat_sessions_checkpoint_changelist", "turn__id__exact"),
-        ):
-            try:
-                links.append(format_html('<a href="{}?{}={}">{}</a>', reverse(name), query, obj.pk, label))
-            except NoReverseMatch:
-                continue
-        return format_html(" · ".join(["{}"] * len(links)), *links) if links else "—"
+        return _related_links(
+            obj.pk,
+            (
+                ("model calls", "admin:agents_llmcall_changelist", "turn__id__exact"),
+                ("tool calls", "admin:agents_toolinvocation_changelist", "turn__id__exact"),
+                ("memories written from it", "admin:memory_memory_changelist", "source_turn__id__exact"),
+                ("checkpoints", "admin:chat_sessions_checkpoint_changelist", "turn__id__exact"),
+            ),
+        )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

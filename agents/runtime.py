@@ -290,20 +290,11 @@ def turn_run(
         return TurnResult(
             turn=handle.replay, reply=handle.replay.assistant_message, replayed=True, is_demo=handle.replay.is_demo
         )
-    recovered: list[Turn] = []
-    final: dict[str, Any] = {}
-    for event in turn_events(handle):
-        if event["type"] == "recovered":
-            recovered.append(Turn.objects.get(pk=event["turn_id"]))
-        elif event["type"] in ("done", "error"):
-            final = event
+    recovered = [Turn.objects.get(pk=event["turn_id"]) for event in turn_events(handle) if event["type"] == "recovered"]
     assert handle.turn is not None
+    # The saved row is the outcome (completed or failed); the events only mirror it.
     turn = Turn.objects.get(pk=handle.turn.pk)
-    return (
-        TurnResult(turn=turn, reply=turn.assistant_message, is_demo=turn.is_demo, recovered=recovered)
-        if final
-        else TurnResult(turn=turn, reply=turn.assistant_message)
-    )
+    return TurnResult(turn=turn, reply=turn.assistant_message, is_demo=turn.is_demo, recovered=recovered)
 
 
 def turn_recover(*, turn_id: int) -> bool:

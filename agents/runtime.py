@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F
+from django.db.models import Case, Count, F, Max, PositiveIntegerField, Q, Subquery, When
 from django.utils import timezone
 
 from agents.llm.base import CallContext, LLMError, Message, StructuredOutputError, TruncatedOutputError
@@ -219,7 +219,7 @@ def turn_begin(
             "Another message on this session is still being answered; try again when it has finished."
         )
     try:
-        session.refresh_from_db()
+        _reload(session)
         if session.status == ChatSession.Status.CLOSED:
             raise SessionClosedError("This session is closed.")
         if key:
@@ -231,12 +231,11 @@ def turn_begin(
                 # The first request with this key crashed mid-turn: finish that turn instead of starting another.
                 orphans = [t for t in _orphaned_turns(session) if t.pk != same.pk]
                 return TurnHandle(session=session, turn=same, lock=lock, orphans=orphans, resumed=True)
-        orphans = _orphaned_turns(session)
+        last, orphans = _last_seq_and_orphans(session)
         with transaction.atomic():
-            last = Turn.objects.filter(session=session).order_by("-seq").values_list("seq", flat=True).first()
             turn = Turn.objects.create(
                 session=session,
-                seq=(last or 0) + 1,
+                seq=last + 1,
                 user_message=text,
                 idempotency_key=key,
                 status=Turn.Status.RUNNING,
@@ -268,7 +267,8 @@ def turn_events(handle: TurnHandle) -> Iterator[dict[str, Any]]:
         for orphan in handle.orphans:
             recovered = _drain(_execute(handle.session, orphan, resumed=True))
             yield {"type": "recovered", "turn_id": orphan.pk, "seq": orphan.seq, "reply": recovered.get("reply", "")}
-        yield from _execute(handle.session, handle.turn, resumed=handle.resumed)
+        # turn_begin read the session under the lock; orphans run before this turn change it.
+        yield from _execute(handle.session, handle.turn, resumed=handle.resumed, fresh=not handle.orphans)
     finally:
         handle.lock.release()
 
@@ -291,9 +291,12 @@ def turn_run(
             turn=handle.replay, reply=handle.replay.assistant_message, replayed=True, is_demo=handle.replay.is_demo
         )
     recovered = [Turn.objects.get(pk=event["turn_id"]) for event in turn_events(handle) if event["type"] == "recovered"]
-    assert handle.turn is not None
-    # The saved row is the outcome (completed or failed); the events only mirror it.
-    turn = Turn.objects.get(pk=handle.turn.pk)
+    turn = handle.turn
+    assert turn is not None
+    # The saved row is the outcome (completed or failed); the events only mirror it. Every ending of
+    # the turn re-reads it; one that did not (the lock was lost to another process) is read here.
+    if turn.status not in (Turn.Status.COMPLETED, Turn.Status.FAILED):
+        turn = Turn.objects.get(pk=turn.pk)
     return TurnResult(turn=turn, reply=turn.assistant_message, is_demo=turn.is_demo, recovered=recovered)
 
 
@@ -349,7 +352,7 @@ def handoff_resume(*, session: ChatSession, actor: Any = None) -> ChatSession:
     ChatSession.objects.filter(pk=session.pk).update(
         status=ChatSession.Status.ACTIVE, retry_count=0, version=F("version") + 1, updated_at=timezone.now()
     )
-    session.refresh_from_db()
+    _reload(session)
     checkpoint_record(session=session, reason=Checkpoint.Reason.RESUME, detail=f"handoff resumed by {actor or 'staff'}")
     return session
 
@@ -362,6 +365,18 @@ def handoff_resume(*, session: ChatSession, actor: Any = None) -> ChatSession:
 def _orphaned_turns(session: ChatSession) -> list[Turn]:
     # We hold the session lock, so a turn still marked running/pending has no live owner.
     return list(session.turns.filter(status__in=[Turn.Status.RUNNING, Turn.Status.PENDING]).order_by("seq"))
+
+
+def _last_seq_and_orphans(session: ChatSession) -> tuple[int, list[Turn]]:
+    """The session's last turn number and its orphaned turns, in one query (orphans are rare)."""
+    unfinished = Q(status__in=[Turn.Status.RUNNING, Turn.Status.PENDING])
+    row = session.turns.aggregate(last=Max("seq"), unfinished=Count("pk", filter=unfinished))
+    return int(row["last"] or 0), (_orphaned_turns(session) if row["unfinished"] else [])
+
+
+def _reload(session: ChatSession) -> None:
+    """Read the session again, with its agent and user (one query; a plain refresh drops them)."""
+    session.refresh_from_db(from_queryset=ChatSession.objects.select_related("agent", "user"))
 
 
 def _before_call(session: ChatSession, turn: Turn) -> None:
@@ -428,7 +443,7 @@ def _log_context(**ids: Any) -> Iterator[None]:
         yield
 
 
-def _execute(session: ChatSession, turn: Turn, *, resumed: bool) -> Iterator[dict[str, Any]]:
+def _execute(session: ChatSession, turn: Turn, *, resumed: bool, fresh: bool = False) -> Iterator[dict[str, Any]]:
     """Run a saved turn to completion. Every failure is caught, recorded on the turn, and reported as an event."""
     with (
         _log_context(session_id=str(session.pk), turn_id=turn.pk),
@@ -436,7 +451,7 @@ def _execute(session: ChatSession, turn: Turn, *, resumed: bool) -> Iterator[dic
     ):
         yield {"type": "turn", "turn_id": turn.pk, "seq": turn.seq, "resumed": resumed}
         try:
-            yield from _execute_inner(session, turn, resumed=resumed)
+            yield from _execute_inner(session, turn, resumed=resumed, fresh=fresh)
         except TurnLockLost as exc:
             # Another process owns this turn now; writing anything would duplicate its reply.
             logger.warning("turn %s: %s", turn.pk, exc)
@@ -445,7 +460,7 @@ def _execute(session: ChatSession, turn: Turn, *, resumed: bool) -> Iterator[dic
             logger.exception("turn %s failed", turn.pk)
             message = _user_facing_error(exc)
             _fail_turn(session, turn, reason=f"{type(exc).__name__}: {exc}", reply=message)
-            session.refresh_from_db()
+            _reload(session)
             yield {
                 "type": "error",
                 "code": getattr(exc, "code", None) or _error_code(exc),
@@ -484,12 +499,13 @@ def _fail_turn(session: ChatSession, turn: Turn, *, reason: str, reply: str) -> 
         logger.exception("could not record the failure of turn %s", turn.pk)
 
 
-def _execute_inner(session: ChatSession, turn: Turn, *, resumed: bool) -> Iterator[dict[str, Any]]:
+def _execute_inner(session: ChatSession, turn: Turn, *, resumed: bool, fresh: bool) -> Iterator[dict[str, Any]]:
     from agents.llm.providers import get_provider
     from agents.llm.tokens import counter_for
     from agents.workflows import get_workflow
 
-    session.refresh_from_db()
+    if not fresh:
+        _reload(session)
     agent: Agent = session.agent
     provider = get_provider(agent=agent)
     workflow = get_workflow(session.workflow)
@@ -515,7 +531,7 @@ def _execute_inner(session: ChatSession, turn: Turn, *, resumed: bool) -> Iterat
         already = session.checkpoints.filter(turn=turn, reason=Checkpoint.Reason.TRANSITION).exists()
         if not already:
             yield from _decide(session, turn, agent, provider, workflow, message)
-            session.refresh_from_db()
+            _reload(session)
 
     # Routing for agents with tools (the booking workflow's action states call their tool directly).
     tool_names = [t for t in (agent.tools or []) if isinstance(t, str)]
@@ -553,6 +569,7 @@ def _retrieve(session: ChatSession, agent: Agent, workflow_name: str, message: s
             workflow=workflow_name,
             budget_tokens=agent.memory_budget_tokens,
             relevance_threshold=agent.relevance_threshold,
+            touch=False,  # counted by the turn's memory-write task, off the request path
         )
         return retrieved, retrieved.as_report()
     except Exception as exc:  # memory is an aid; its failure must not fail the turn
@@ -583,7 +600,7 @@ def _decide(
     except (StructuredOutputError, LLMError) as exc:
         # No valid decision: nothing changes, the failure is counted, and the reply asks again.
         turn_failure_record(session=session, turn=turn, reason=f"no valid workflow decision: {exc}")
-        session.refresh_from_db()
+        _reload(session)
         yield {
             "type": "state",
             "state": session.state,
@@ -605,7 +622,7 @@ def _decide(
         yield {"type": "state", "state": session.state, "data": session.data, "status": session.status}
         return
     outcome = transition_apply(session=session, turn=turn, decision=decision)
-    session.refresh_from_db()
+    _reload(session)
     event: dict[str, Any] = {"type": "state", "state": session.state, "data": session.data, "status": session.status}
     if not outcome.applied:
         event["rejected"] = list(outcome.errors)
@@ -618,7 +635,7 @@ def _handoff(session: ChatSession, turn: Turn, *, reason: str) -> Iterator[dict[
     ChatSession.objects.filter(pk=session.pk).update(
         status=ChatSession.Status.NEEDS_HUMAN, version=F("version") + 1, updated_at=timezone.now()
     )
-    session.refresh_from_db()
+    _reload(session)
     checkpoint_record(session=session, reason=Checkpoint.Reason.HANDOFF, turn=turn, detail=reason[:500])
     Turn.objects.filter(pk=turn.pk).update(
         status=Turn.Status.COMPLETED,
@@ -756,7 +773,7 @@ def _reply_loop(
                 decision = _action_decision(workflow, session, result, success_state, failure_state)
                 if decision is not None:
                     transition_apply(session=session, turn=turn, decision=decision)
-                    session.refresh_from_db()
+                    _reload(session)
                     yield {"type": "state", "state": session.state, "data": session.data, "status": session.status}
 
     if limit_hit:
@@ -776,7 +793,7 @@ def _reply_loop(
         prompt_tokens=built.total_tokens if built is not None else 0,
         is_demo=provider.is_demo,
     )
-    session.refresh_from_db()
+    _reload(session)
     turn.refresh_from_db()
     yield {"type": "state", "state": session.state, "data": session.data, "status": session.status}
     yield _done_event(turn, session)
@@ -796,7 +813,7 @@ def _action_decision(workflow: Any, session: ChatSession, result: Any, success: 
         )
     # A failed action counts as a failed attempt; after the retry limit the session moves to FAILED.
     turn_failure_record(session=session, turn=None, reason=f"{result.name}: {result.content[:300]}")
-    session.refresh_from_db()
+    _reload(session)
     return None
 
 
@@ -824,7 +841,7 @@ def _at_step_limit(session: ChatSession, turn: Turn, agent: Agent, reply_parts: 
             prompt_tokens=0,
             is_demo=False,
         )
-        session.refresh_from_db()
+        _reload(session)
         turn.refresh_from_db()
         yield {"type": "delta", "text": f"\n\n({note})"}
         yield _done_event(turn, session)
@@ -832,7 +849,7 @@ def _at_step_limit(session: ChatSession, turn: Turn, agent: Agent, reply_parts: 
     _fail_turn(
         session, turn, reason=f"step limit {agent.step_limit} reached", reply=f"{note} Please rephrase or try again."
     )
-    session.refresh_from_db()
+    _reload(session)
     yield {
         "type": "error",
         "code": "step_limit",
@@ -854,6 +871,7 @@ def _complete_turn(
 ) -> None:
     if not SessionTurnLock(session.pk).holds_or_retakes():
         raise TurnLockLost("The database connection was lost mid-turn and another request is finishing this turn.")
+    now = timezone.now()
     with transaction.atomic():
         fields: dict[str, Any] = {
             "status": Turn.Status.COMPLETED,
@@ -861,8 +879,9 @@ def _complete_turn(
             "steps": steps,
             "retrieval": retrieval,
             "prompt_tokens": prompt_tokens,
-            "completed_at": timezone.now(),
-            "state_after": ChatSession.objects.values_list("state", flat=True).get(pk=session.pk),
+            "completed_at": now,
+            # The state as stored, read by the same statement.
+            "state_after": Subquery(ChatSession.objects.filter(pk=session.pk).values("state")[:1]),
             "error": "",
         }
         if composition:
@@ -870,25 +889,35 @@ def _complete_turn(
         if is_demo:
             fields["is_demo"] = True
         Turn.objects.filter(pk=turn.pk).update(**fields)
-        ChatSession.objects.filter(pk=session.pk).update(updated_at=timezone.now())
+        session_fields: dict[str, Any] = {"updated_at": now}
         if session.workflow == "free_chat":
-            # No transitions in free chat: a turn that succeeds is what resets the failure count.
-            ChatSession.objects.filter(pk=session.pk, retry_count__gt=0).update(retry_count=0, version=F("version") + 1)
-        transaction.on_commit(lambda: _after_turn(turn.pk))
+            # No transitions in free chat: a turn that succeeds is what resets the failure count
+            # (a change of state, so the version moves when there was a count to reset).
+            session_fields["retry_count"] = 0
+            session_fields["version"] = Case(
+                When(retry_count__gt=0, then=F("version") + 1),
+                default=F("version"),
+                output_field=PositiveIntegerField(),
+            )
+        ChatSession.objects.filter(pk=session.pk).update(**session_fields)
+        transaction.on_commit(lambda: _after_turn(turn, session))
 
 
-def _after_turn(turn_id: int) -> None:
-    """Enqueue the background work of a finished turn. A broker outage is logged; the turn is already saved."""
-    turn = Turn.objects.select_related("session", "session__agent").get(pk=turn_id)
+def _after_turn(turn: Turn, session: ChatSession) -> None:
+    """Enqueue the background work of a finished turn. A broker outage is logged; the turn is already saved.
+
+    Runs right after the completing transaction commits, with the caller's objects: the session (and
+    its agent) as the runtime holds them; ``summary_request_if_due`` compares-and-sets in the database.
+    """
     try:
         from memory.services import memory_writes_enqueue
 
         memory_writes_enqueue(turn=turn)
     except Exception:
-        logger.exception("could not enqueue memory writes for turn %s", turn_id)
+        logger.exception("could not enqueue memory writes for turn %s", turn.pk)
     try:
         from sessions.summaries import summary_request_if_due
 
-        summary_request_if_due(session=turn.session)
+        summary_request_if_due(session=session)
     except Exception:
-        logger.exception("could not request a summary for session %s", turn.session_id)
+        logger.exception("could not request a summary for session %s", session.pk)

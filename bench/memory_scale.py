@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 DATABASE = "bench_scale"
 DIMS = 384
 VOCABULARY = 5000
+CHUNK = 20_000  # rows generated at a time
 COLUMNS = (
     "user_id, kind, text, fact_key, trigger, workflow, embedding, embedding_model, importance, pinned, archived, "
     "needs_review, valid_from, created_at, updated_at, content_hash, access_count"
@@ -84,7 +86,8 @@ def build(*, memories: int, users: int, big_user: int, seed: int = 7) -> dict[st
     raw = connection.connection  # the psycopg connection under Django's
     register_vector(raw)
     loaded = 0
-    with raw.cursor() as cur:
+    progress = tqdm(total=memories, unit=" memories", desc="loading", mininterval=2.0)
+    with progress, raw.cursor() as cur:
         with cur.copy(f"COPY memory_memory ({COLUMNS}) FROM STDIN WITH (FORMAT BINARY)") as copy:
             copy.set_types(
                 [
@@ -92,16 +95,27 @@ def build(*, memories: int, users: int, big_user: int, seed: int = 7) -> dict[st
                     "bool", "bool", "bool", "timestamptz", "timestamptz", "timestamptz", "varchar", "int4",
                 ]
             )  # fmt: skip
-            for user_id, count in zip(user_ids, plan, strict=True):
+            # Rows of all users interleave, as they do when memories are written over time (a per-user
+            # block would flatter every scan that follows the user index to the heap).
+            owners = np.repeat(np.arange(users), plan)
+            rng.shuffle(owners)
+            per_user = [0] * users
+            for chunk_start in range(0, len(owners), CHUNK):
+                chunk = owners[chunk_start : chunk_start + CHUNK]
+                count = len(chunk)
                 vectors = rng.standard_normal((count, DIMS), dtype=np.float32)
                 vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
                 words = _zipf_words(rng, vocab, count * 12)
                 kinds = rng.random(count)
                 ages = rng.random(count) * 365
-                for i in range(count):
-                    text = " ".join(words[i * 12 : (i + 1) * 12])
-                    semantic = kinds[i] < 0.08
-                    created_at = now - timedelta(days=float(ages[i]))
+                for j in range(count):
+                    owner = int(chunk[j])
+                    user_id = user_ids[owner]
+                    i = per_user[owner]
+                    per_user[owner] += 1
+                    text = " ".join(words[j * 12 : (j + 1) * 12])
+                    semantic = kinds[j] < 0.08
+                    created_at = now - timedelta(days=float(ages[j]))
                     copy.write_row(
                         (
                             user_id,
@@ -110,10 +124,10 @@ def build(*, memories: int, users: int, big_user: int, seed: int = 7) -> dict[st
                             f"attr_{i % 7}" if semantic and i % 50 == 0 else "",
                             "",
                             "",
-                            vectors[i],
+                            vectors[j],
                             "random-unit-vectors",
                             0.5,
-                            bool(kinds[i] > 0.995),
+                            bool(kinds[j] > 0.995),
                             False,
                             False,
                             created_at,
@@ -124,6 +138,7 @@ def build(*, memories: int, users: int, big_user: int, seed: int = 7) -> dict[st
                         )
                     )
                 loaded += count
+                progress.update(count)
     # The generated fact keys can repeat per user; a current fact per key is the app's invariant.
     load_s = time.perf_counter() - started
     started = time.perf_counter()

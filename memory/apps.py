@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.apps import AppConfig
 
 
@@ -15,3 +17,25 @@ class MemoryConfig(AppConfig):
         from memory.schemas import ExtractedFacts
 
         register_structured_handler(ExtractedFacts, extract_facts_demo)
+
+        from django.db.backends.signals import connection_created
+
+        connection_created.connect(hnsw_settings_apply, dispatch_uid="memory.hnsw_settings")
+
+
+def hnsw_settings_apply(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """Set pgvector's search options once per database connection (not once per query).
+
+    ``hnsw.iterative_scan = relaxed_order`` (pgvector 0.8): a filtered HNSW scan keeps walking the
+    graph until the LIMIT is met, so the user filter cannot starve the result. Set before the vector
+    library is loaded in this backend, they are placeholders that it adopts when it loads.
+    """
+    if connection.vendor != "postgresql":
+        return
+    from django.conf import settings
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', false), set_config('hnsw.ef_search', %s, false)",
+            [str(int(settings.MEMORY_HNSW_EF_SEARCH))],
+        )

@@ -23,8 +23,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
-from django.db.models import Q, QuerySet
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.models import F, Q, QuerySet, Value, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 from pgvector.django import CosineDistance
 
@@ -156,13 +157,9 @@ def _vector_search(*, user_id: int, vector: list[float], now: datetime, limit: i
         .order_by("distance")
         .values_list("id", "distance")[:limit]
     )
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            # pgvector 0.8: keep scanning the HNSW graph until `limit` rows pass the user filter, instead
-            # of returning whatever of the first ef_search neighbours happen to be this user's.
-            cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-            cursor.execute(f"SET LOCAL hnsw.ef_search = {int(settings.MEMORY_HNSW_EF_SEARCH)}")
-        rows = list(qs)
+    # pgvector's hnsw.iterative_scan (relaxed_order) and ef_search are set once per connection
+    # (memory.apps.hnsw_settings_apply), so the user filter cannot starve the result.
+    rows = list(qs)
     # relaxed_order may return neighbours slightly out of order: sort them by distance here.
     rows.sort(key=lambda r: r[1])
     return [(int(i), float(d)) for i, d in rows]
@@ -351,15 +348,20 @@ def trigger_matches(trigger: str, query: str) -> bool:
     return any(re.search(rf"\b{re.escape(' '.join(_WORD.findall(p)))}\b", text) for p in phrases if _WORD.search(p))
 
 
-def procedural_for(*, user: Any, query: str, agent: Agent | None, workflow: str, now: datetime) -> list[Memory]:
-    """Procedures of this user or shared ones (no user), for this agent and workflow, whose trigger matches."""
-    qs = Memory.objects.filter(
+def _procedural_qs(*, user: Any, agent: Agent | None, workflow: str, now: datetime) -> QuerySet[Memory]:
+    """Procedures of this user or shared ones (no user), for this agent and workflow (trigger not checked)."""
+    return Memory.objects.filter(
         current_q(now),
         Q(user_id=user.pk) | Q(user__isnull=True),
         Q(agent__isnull=True) | Q(agent_id=agent.pk if agent else None),
         Q(workflow="") | Q(workflow=workflow),
         kind=Memory.Kind.PROCEDURAL,
     ).order_by("-pinned", "-importance", "id")[:50]
+
+
+def procedural_for(*, user: Any, query: str, agent: Agent | None, workflow: str, now: datetime) -> list[Memory]:
+    """Procedures of this user or shared ones (no user), for this agent and workflow, whose trigger matches."""
+    qs = _procedural_qs(user=user, agent=agent, workflow=workflow, now=now)
     return [m for m in qs if trigger_matches(m.trigger, query)]
 
 
@@ -378,29 +380,77 @@ def _recency(memory: Memory, now: datetime) -> float:
     return 0.5 ** (age_days / RECENCY_HALF_LIFE_DAYS)
 
 
-def tier1_lookups(*, user: Any, now: datetime) -> list[tuple[Memory, str]]:
-    """Tier 1, exact lookups of one user: profile facts, pinned memories, the last few actions (with why)."""
-    base = _user_memories(user, now).defer("embedding", "search_vector")
+PROCEDURE = "procedure"  # the reason label of procedures in the combined tier-1 query
+
+
+def _tier1_querysets(*, user: Any, now: datetime) -> list[tuple[str, QuerySet[Memory]]]:
+    """Tier 1's exact lookups of one user, each with the reason it is included, in priority order."""
+    base = _user_memories(user, now)
+    lookups = [
+        (
+            "profile fact",
+            base.filter(kind=Memory.Kind.SEMANTIC, valid_to__isnull=True)
+            .exclude(fact_key="")
+            .order_by("fact_key", "-valid_from")[:PROFILE_LIMIT],
+        ),
+        (
+            "pinned",
+            base.filter(pinned=True).exclude(kind=Memory.Kind.PROCEDURAL).order_by("-importance", "id")[:PINNED_LIMIT],
+        ),
+    ]
+    if settings.MEMORY_RECENT_ACTIONS:
+        recent = base.filter(kind=Memory.Kind.EPISODIC).order_by("-created_at", "-id")
+        lookups.append(("recent action", recent[: settings.MEMORY_RECENT_ACTIONS]))
+    return lookups
+
+
+def _exact_lookups(
+    lookups: list[tuple[str, QuerySet[Memory]]],
+) -> dict[str, list[Memory]]:
+    """Run several limited lookups as one UNION ALL query (one round trip); rows grouped by reason, each
+    group in its own order (a row number within each lookup keeps it)."""
+    parts = []
+    for branch, (reason, qs) in enumerate(lookups):
+        ordering = list(qs.query.order_by)
+        window = Window(RowNumber(), order_by=[_order_expression(o) for o in ordering])
+        parts.append(
+            qs.defer("embedding", "search_vector").annotate(
+                lookup_branch=Value(branch), lookup_rank=window, lookup_reason=Value(reason)
+            )
+        )
+    if not parts:
+        return {}
+    rows = list(parts[0].union(*parts[1:], all=True)) if len(parts) > 1 else list(parts[0])
+    rows.sort(key=lambda m: (m.lookup_branch, m.lookup_rank))
+    grouped: dict[str, list[Memory]] = {reason: [] for reason, _ in lookups}
+    for memory in rows:
+        grouped[memory.lookup_reason].append(memory)
+    return grouped
+
+
+def _order_expression(ordering: Any) -> Any:
+    """An ``order_by`` item ("-field", "field" or an expression) as an expression for a window."""
+    if not isinstance(ordering, str):
+        return ordering
+    return F(ordering[1:]).desc() if ordering.startswith("-") else F(ordering).asc()
+
+
+def _tier1_from(grouped: dict[str, list[Memory]]) -> list[tuple[Memory, str]]:
     tier1: list[tuple[Memory, str]] = []
     seen: set[int] = set()
-    profile = (
-        base.filter(kind=Memory.Kind.SEMANTIC, valid_to__isnull=True)
-        .exclude(fact_key="")
-        .order_by("fact_key", "-valid_from")
-    )
-    for memory in profile[:PROFILE_LIMIT]:
-        tier1.append((memory, "profile fact"))
-        seen.add(memory.id)
-    for memory in base.filter(pinned=True).exclude(kind=Memory.Kind.PROCEDURAL).order_by("-importance")[:PINNED_LIMIT]:
-        if memory.id not in seen:
-            tier1.append((memory, "pinned"))
-            seen.add(memory.id)
-    if settings.MEMORY_RECENT_ACTIONS:
-        for memory in base.filter(kind=Memory.Kind.EPISODIC).order_by("-created_at")[: settings.MEMORY_RECENT_ACTIONS]:
+    for reason, memories in grouped.items():
+        if reason == PROCEDURE:
+            continue
+        for memory in memories:
             if memory.id not in seen:
-                tier1.append((memory, "recent action"))
+                tier1.append((memory, reason))
                 seen.add(memory.id)
     return tier1
+
+
+def tier1_lookups(*, user: Any, now: datetime) -> list[tuple[Memory, str]]:
+    """Tier 1, exact lookups of one user: profile facts, pinned memories, the last few actions (with why)."""
+    return _tier1_from(_exact_lookups(_tier1_querysets(user=user, now=now)))
 
 
 def memories_for_prompt(
@@ -414,13 +464,15 @@ def memories_for_prompt(
     use_model_filter: bool = True,
     now: datetime | None = None,
     query_vector: list[float] | None = None,
+    touch: bool = True,
 ) -> RetrievedMemories:
     """The memories of ``user`` worth putting into a prompt about ``query``, ranked and cut to
     ``budget_tokens``, with a report of every candidate and why it was kept or dropped.
 
     Only ``user``'s own current memories are considered (plus shared procedures). Accessed memories get
-    their access count and last access time updated. ``query_vector`` skips embedding the query (when the
-    caller has it already).
+    their access count and last access time updated, unless ``touch`` is false: the runtime leaves that
+    to the turn's memory-write task, off the request path (``memory.services.turn_memories_write``).
+    ``query_vector`` skips embedding the query (when the caller has it already).
     """
     from agents.llm.tokens import counter_for
 
@@ -434,9 +486,13 @@ def memories_for_prompt(
 
     # Tier 1: exact lookups.
     started = time.perf_counter()
-    tier1 = tier1_lookups(user=user, now=now)
+    # Profile facts, pinned memories, recent actions and the candidate procedures: one query.
+    lookups = _tier1_querysets(user=user, now=now)
+    lookups.append((PROCEDURE, _procedural_qs(user=user, agent=agent, workflow=workflow, now=now)))
+    grouped = _exact_lookups(lookups)
+    tier1 = _tier1_from(grouped)
     seen = {memory.id for memory, _ in tier1}
-    result.procedural = procedural_for(user=user, query=query, agent=agent, workflow=workflow, now=now)
+    result.procedural = [m for m in grouped[PROCEDURE] if trigger_matches(m.trigger, query)]
     timings["tier1"] = (time.perf_counter() - started) * 1000
 
     # Tier 2: hybrid candidates.
@@ -551,7 +607,8 @@ def memories_for_prompt(
     result.total_tokens = used
     timings["rank"] = (time.perf_counter() - started) * 1000
 
-    _touch([i.memory.id for i in result.items], now)
+    if touch:
+        _touch([i.memory.id for i in result.items], now)
     timings["total"] = (time.perf_counter() - started_total) * 1000
     return result
 

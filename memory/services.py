@@ -505,6 +505,13 @@ def turn_memories_write(*, turn_id: int) -> TurnMemoryWriteResult:
                 valid_from=turn.created_at or now,
             )
             result.episodic_id = episode.id
+            # The memories this turn's prompt used get their access counted here, off the request path,
+            # once (in the transaction that writes the episode, which a retry finds and skips).
+            memories_touch(
+                memory_ids=_retrieved_ids(turn),
+                now=turn.started_at or turn.created_at or now,
+                user_id=user.pk,
+            )
             for fact, vector in zip(facts, vectors[1:], strict=True):
                 _fact_apply(
                     user=user,
@@ -525,10 +532,17 @@ def turn_memories_write(*, turn_id: int) -> TurnMemoryWriteResult:
     return result
 
 
-def memories_touch(*, memory_ids: list[int], now: Any = None) -> int:
+def memories_touch(*, memory_ids: list[int], now: Any = None, user_id: int | None = None) -> int:
     """Count an access on memories that went into a prompt (one UPDATE, for recency and curation)."""
     if not memory_ids:
         return 0
-    return Memory.objects.filter(id__in=memory_ids).update(
-        access_count=F("access_count") + 1, last_accessed_at=now or timezone.now()
-    )
+    qs = Memory.objects.filter(id__in=memory_ids)
+    if user_id is not None:
+        qs = qs.filter(Q(user_id=user_id) | Q(user__isnull=True))
+    return qs.update(access_count=F("access_count") + 1, last_accessed_at=now or timezone.now())
+
+
+def _retrieved_ids(turn: Turn) -> list[int]:
+    """Ids of the memories that went into a turn's prompt, from its retrieval report."""
+    items = (turn.retrieval or {}).get("items", []) if isinstance(turn.retrieval, dict) else []
+    return [int(i["id"]) for i in items if isinstance(i, dict) and isinstance(i.get("id"), int)]

@@ -135,8 +135,10 @@ def checkpoint_record(
     """
     if reason not in Checkpoint.Reason.values:
         raise ValueError(f"unknown checkpoint reason {reason!r}")
-    with transaction.atomic():
+    # No savepoint inside a caller's transaction: a failure here fails the caller's work as a whole.
+    with transaction.atomic(savepoint=False):
         row = ChatSession.objects.select_for_update().values("state", "data", "retry_count").get(pk=session.pk)
+        # A statement of its own, after the row lock is granted: it sees a checkpoint committed meanwhile.
         last = Checkpoint.objects.filter(session_id=session.pk).aggregate(m=Max("seq"))["m"] or 0
         return Checkpoint.objects.create(
             session_id=session.pk,

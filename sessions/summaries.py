@@ -99,7 +99,8 @@ def summary_request_if_due(*, session: ChatSession) -> bool:
         counter=counter_for(session.agent.model),
         through_seq=session.summary_through_seq,
     )
-    if not due:
+    if not due or due <= session.summary_requested_seq:
+        # Not due, or this request was made already (as this copy of the session knows it).
         return False
     # Compare-and-set, so two turns finishing together request once; a lost task is superseded by
     # the next request, whose seq is higher.

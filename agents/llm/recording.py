@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from django.db import Error as DatabaseError
@@ -36,10 +37,12 @@ def llm_call_record(
 
     Model calls are made outside transactions (a request waiting on a model must not hold one
     open), so this is its own short write. When a caller does call inside a transaction, the
-    savepoint keeps a failed insert from poisoning the caller's transaction.
+    savepoint keeps a failed insert from poisoning the caller's transaction (outside one, the insert
+    is a single autocommit statement: no BEGIN and COMMIT round trips around it).
     """
     try:
-        with transaction.atomic():
+        guard = transaction.atomic() if transaction.get_connection().in_atomic_block else contextlib.nullcontext()
+        with guard:
             return LLMCall.objects.create(
                 agent_id=ctx.agent_id,
                 session_id=ctx.session_id,

@@ -38,6 +38,9 @@ class TokenCounter:
     def count(self, text: str) -> int:
         if not text:
             return 0
+        if len(text) <= _CACHED_TEXT_CHARS:
+            # The same history, summary and memories are counted again on every turn of a session.
+            return _cached_count(self.encoding_name, text)
         return len(self._encoding.encode(text, disallowed_special=()))
 
     def truncate(self, text: str, max_tokens: int) -> str:
@@ -67,6 +70,15 @@ class TokenCounter:
     def count_tools(self, tools: Iterable[dict[str, Any]]) -> int:
         """Tokens of tool definitions as sent (their JSON)."""
         return sum(self.count(json.dumps(t, separators=(",", ":"), sort_keys=True)) for t in tools)
+
+
+# Texts up to this long have their counts remembered (an LRU of a few MB at most).
+_CACHED_TEXT_CHARS = 4000
+
+
+@lru_cache(maxsize=8192)
+def _cached_count(encoding_name: str, text: str) -> int:
+    return len(_load(encoding_name).encode(text, disallowed_special=()))
 
 
 @lru_cache(maxsize=64)

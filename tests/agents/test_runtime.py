@@ -355,3 +355,33 @@ def test_a_lost_turn_lock_is_retaken_or_the_turn_stops_without_writing(alice: An
     assert rest[-1]["type"] == "error" and rest[-1]["code"] == "turn_taken_over"
     turn.refresh_from_db()
     assert turn.assistant_message == "" and turn.status == Turn.Status.RUNNING  # left to the new owner
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_free_chat_turn_sends_a_bounded_number_of_sql_statements(
+    alice: Any, chat_agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A guard on the turn's overhead (``bench/turn_overhead.py`` measures its time): retrieval, history,
+    checkpoint, audit record and save in a fixed number of statements, none of them a write to memories
+    (access counts are written by the memory-write task, off the request path)."""
+    from django.test.utils import CaptureQueriesContext
+
+    from agents.llm.demo import DemoModel
+    from memory.services import memory_create
+
+    model, no_filter = ScriptedProvider(default="ok"), DemoModel()
+    monkeypatch.setattr("agents.llm.providers.get_provider", lambda **kw: no_filter if kw.get("cheap") else model)
+    for i in range(6):
+        memory_create(user=alice, kind="episodic", text=f"User: a note about trains and timetables, number {i}")
+    session = session_create(user=alice, agent=chat_agent)
+    for message in ("Which train to Porto?", "And back?"):
+        turn_run(session=session, message=message)
+
+    with CaptureQueriesContext(connection) as ctx:
+        result = turn_run(session=session, message="Are there trains on Sundays?")
+
+    assert result.reply == "ok" and result.turn.retrieval["items"], result.turn.retrieval
+    statements = [q["sql"] for q in ctx.captured_queries]
+    assert len(statements) <= 26, "\n".join(s[:120] for s in statements)
+    assert not [s for s in statements if s.startswith("UPDATE") and "memory_memory" in s]
+    assert sum(1 for s in statements if s == "COMMIT") <= 2  # the message, then the reply

@@ -44,6 +44,29 @@ def test_write_twice_writes_once(alice: Any, make_turn: Any, scripted: Any) -> N
 
 
 @pytest.mark.django_db
+def test_the_write_counts_the_access_of_the_memories_the_turn_used_once(
+    alice: Any, bob: Any, make_turn: Any, scripted: Any
+) -> None:
+    used = memory_create(user=alice, kind="episodic", text="User: I collect vintage maps")
+    unused = memory_create(user=alice, kind="episodic", text="User: I like tea")
+    bobs = memory_create(user=bob, kind="episodic", text="User: Bob's secret")
+    turn = make_turn(alice, "Tell me about maps", "You collect them.")
+    # The runtime saves which memories went into the prompt; a forged id of Bob's must not be counted.
+    turn.retrieval = {"items": [{"id": used.id, "tier": 2}, {"id": bobs.id, "tier": 2}]}
+    turn.save(update_fields=["retrieval"])
+    scripted.add(_facts())
+    scripted.add(_facts())
+
+    turn_memories_write(turn_id=turn.id)
+    turn_memories_write(turn_id=turn.id)  # a retried task: the access is not counted again
+
+    for memory in (used, unused, bobs):
+        memory.refresh_from_db()
+    assert (used.access_count, unused.access_count, bobs.access_count) == (1, 0, 0)
+    assert used.last_accessed_at == (turn.started_at or turn.created_at)
+
+
+@pytest.mark.django_db
 def test_contradicting_fact_supersedes_old(alice: Any, make_turn: Any, scripted: Any) -> None:
     scripted.add(_facts(("home_city", "The user lives in Lisbon.", 0.95)))
     turn_memories_write(turn_id=make_turn(alice, "I live in Lisbon").id)

@@ -32,7 +32,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 from django.db.models import Case, Count, F, Max, PositiveIntegerField, Q, Subquery, When
 from django.utils import timezone
 
@@ -155,19 +155,28 @@ class SessionTurnLock:
     def holds_or_retakes(self) -> bool:
         """Before writing a turn's outcome: do we still own the lock?
 
-        Django reconnects quietly after a lost connection, and a session-level advisory lock dies with
-        the connection that took it. If ours is gone, take it again on the new connection; if someone
-        else holds it, they have taken the turn over as orphaned, and we must not write.
+        A session-level advisory lock dies with the connection that took it, and the connection may have
+        been cut while the model answered: a dead one is replaced first. If our lock is gone, take it
+        again on the new connection; if someone else holds it, they have taken the turn over as
+        orphaned, and we must not write.
         """
+        from config.db import reconnect_if_broken
+
+        reconnect_if_broken()
         unsigned = self.key & 0xFFFFFFFFFFFFFFFF
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted "
-                "AND classid = %s AND objid = %s AND objsubid = 1",
-                [unsigned >> 32, unsigned & 0xFFFFFFFF],
-            )
-            if cursor.fetchone():
-                return True
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted "
+                    "AND classid = %s AND objid = %s AND objsubid = 1",
+                    [unsigned >> 32, unsigned & 0xFFFFFFFF],
+                )
+                if cursor.fetchone():
+                    return True
+        except (OperationalError, InterfaceError):
+            # Cut since its last use: the lock went with it. Reconnect (or fail here if the database is down).
+            if not reconnect_if_broken():
+                raise
         return self.try_acquire()
 
     def release(self) -> None:

@@ -61,6 +61,9 @@ def llm_call_record(
                 error=error[:_MAX_ERROR],
             )
     except DatabaseError:
+        from config.db import reconnect_if_broken
+
+        reconnect_if_broken()  # a connection cut during the model call: the turn's next query reconnects
         # Note: the caller gets its reply even when the record cannot be written (database down,
         # a turn id that no longer exists); the failure is visible in the logs instead.
         logger.exception("could not record LLM call (purpose=%s, model=%s, outcome=%s)", ctx.purpose, model, outcome)

@@ -1,14 +1,18 @@
 """Retrieval latency at scale: N synthetic memories over U users (one of them with a big history).
 
 Built once into its own database (``bench_scale``) and reused: users, then a COPY (binary) of random
-unit vectors and synthetic text, then the HNSW and GIN indexes built after the load with
-``maintenance_work_mem`` raised. Then queries as random users (half of them as the big user) and
-the p50/p95/p99 of:
-- tiers 1-2 (exact lookups + vector and full-text candidates and their fusion), query vector given;
+unit vectors and synthetic text, every user's rows interleaved as real writes are, then the HNSW and GIN
+indexes built after the load with ``maintenance_work_mem`` raised, and a VACUUM. Then what the app's daily
+task does (``memory.services.user_indexes_sync``: an HNSW index of their own for users past
+``MEMORY_EXACT_SEARCH_MAX``), and the table and its indexes loaded into PostgreSQL's buffer cache
+(``pg_prewarm``), as on a server in steady state. Then queries as random users (half of them as the big
+user) through the selector as a turn calls it, and the p50/p95/p99 of:
+- tiers 1-2 (exact lookups + vector and full-text candidates and their fusion), query vector given,
+  with the same figures for each part;
 - the whole retrieval without the model filter, query vector given;
 - the whole retrieval including embedding the query with the configured embedder.
 
-Run alone: ``python -m bench.memory_scale --memories 1000000 --users 1000 --big-user 100000``.
+Run alone: ``python -m bench.memory_scale -- --memories 1000000 --users 1000 --big-user 100000``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -142,22 +148,86 @@ def build(*, memories: int, users: int, big_user: int, seed: int = 7) -> dict[st
     # The generated fact keys can repeat per user; a current fact per key is the app's invariant.
     load_s = time.perf_counter() - started
     started = time.perf_counter()
-    with connection.cursor() as cursor:
+    with connection.cursor() as cursor, _index_progress("HNSW index"):
         cursor.execute("SET maintenance_work_mem = '3GB'")
         cursor.execute("SET max_parallel_maintenance_workers = 2")
         cursor.execute(
             "CREATE INDEX memory_embedding_hnsw ON memory_memory USING hnsw (embedding vector_cosine_ops) "
             "WITH (m = 16, ef_construction = 64)"
         )
-        hnsw_s = time.perf_counter() - started
+    hnsw_s = time.perf_counter() - started
+    with connection.cursor() as cursor:
         cursor.execute("CREATE INDEX memory_search_gin ON memory_memory USING gin (search_vector)")
-        cursor.execute("ANALYZE memory_memory")
+        # VACUUM too, as autovacuum would: it sets the visibility map that index-only scans need.
+        cursor.execute("VACUUM (ANALYZE) memory_memory")
     return {
         "reused": False,
         "load_seconds": round(load_s, 1),
         "hnsw_build_seconds": round(hnsw_s, 1),
         "index_seconds": round(time.perf_counter() - started, 1),
         "loaded": loaded,
+    }
+
+
+@contextmanager
+def _index_progress(label: str) -> Iterator[None]:
+    """A progress bar for a CREATE INDEX running on this connection, read from another one."""
+    import threading
+
+    import psycopg
+    from django.db import connection
+
+    from bench.turn_overhead import _conninfo
+
+    stop = threading.Event()
+
+    def poll() -> None:
+        with (
+            psycopg.connect(_conninfo(connection.settings_dict["NAME"]), autocommit=True) as conn,
+            tqdm(total=100, desc=label, unit="%", bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix}") as bar,
+        ):
+            while not stop.wait(5.0):
+                row = conn.execute(
+                    "SELECT phase, blocks_done, blocks_total FROM pg_stat_progress_create_index "
+                    "WHERE datname = current_database()"
+                ).fetchone()
+                if row and row[2]:
+                    bar.n = round(100 * row[1] / row[2], 1)
+                    bar.set_postfix_str(row[0])
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+def prewarm() -> dict[str, Any]:
+    """Load the memories table and its indexes into PostgreSQL's buffer cache (pg_prewarm), as a server
+    in steady state holds its working set; returns what fits and how long it took."""
+    from django.db import connection
+
+    started = time.perf_counter()
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+        cursor.execute("SHOW shared_buffers")
+        shared_buffers = str(cursor.fetchone()[0])
+        cursor.execute(
+            "SELECT c.relname, pg_relation_size(c.oid) FROM pg_class c "
+            "WHERE c.oid = 'memory_memory'::regclass "
+            "OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'memory_memory'::regclass) "
+            "ORDER BY pg_relation_size(c.oid) DESC"
+        )
+        relations = cursor.fetchall()
+        total = sum(size for _, size in relations)
+        for name, _size in tqdm(relations, desc="pg_prewarm", unit=" relations"):
+            cursor.execute("SELECT pg_prewarm(%s::regclass)", [name])
+    return {
+        "shared_buffers": shared_buffers,
+        "relations_mb": round(total / 2**20),
+        "seconds": round(time.perf_counter() - started, 1),
     }
 
 
@@ -173,10 +243,9 @@ def _percentiles(values: list[float]) -> dict[str, float]:
 
 def measure(*, queries: int, seed: int = 11) -> dict[str, Any]:
     from django.contrib.auth import get_user_model
-    from django.utils import timezone
 
     from memory.embedding import get_embedder
-    from memory.selectors import hybrid_candidates, memories_for_prompt, procedural_for, tier1_lookups
+    from memory.selectors import memories_for_prompt
 
     rng = np.random.default_rng(seed)
     vocab = _vocabulary(np.random.default_rng(7))
@@ -184,31 +253,35 @@ def measure(*, queries: int, seed: int = 11) -> dict[str, Any]:
     big, normal = users[0], users[1:]
     embedder = get_embedder()
     embedder.embed_query("warm up the model")
-    out: dict[str, dict[str, list[float]]] = {}
+    out: dict[str, Any] = {}
+    parts = ("tier1", "exact_search", "vector_search", "text_search", "neighbours")
     for label, pick in (("big_user", lambda: big), ("normal_user", lambda: normal[int(rng.integers(len(normal)))])):
         series: dict[str, list[float]] = {"tiers_1_2": [], "retrieval_no_model": [], "retrieval_with_embedding": []}
+        breakdown: dict[str, list[float]] = {part: [] for part in parts}
         for i in range(queries + 5):
             user = pick()
             query = " ".join(_zipf_words(rng, vocab, 6))
             vector = rng.standard_normal(DIMS).astype(np.float32)
             vector = (vector / np.linalg.norm(vector)).tolist()
-            now = timezone.now()
+            # The runtime's path: the selector as a turn calls it (access counts are left to the write task).
             started = time.perf_counter()
-            tier1_lookups(user=user, now=now)
-            procedural_for(user=user, query=query, agent=None, workflow="", now=now)
-            hybrid_candidates(user=user, query=query, vector=vector, now=now)
-            t12 = (time.perf_counter() - started) * 1000
-            started = time.perf_counter()
-            memories_for_prompt(user=user, query=query, budget_tokens=2000, use_model_filter=False, query_vector=vector)
+            result = memories_for_prompt(
+                user=user, query=query, budget_tokens=2000, use_model_filter=False, query_vector=vector, touch=False
+            )
             whole = (time.perf_counter() - started) * 1000
             started = time.perf_counter()
-            memories_for_prompt(user=user, query=query, budget_tokens=2000, use_model_filter=False)
+            memories_for_prompt(user=user, query=query, budget_tokens=2000, use_model_filter=False, touch=False)
             with_embedding = (time.perf_counter() - started) * 1000
             if i >= 5:  # the first few warm caches and connections
-                series["tiers_1_2"].append(t12)
+                timings = result.timings_ms
+                series["tiers_1_2"].append(timings["tier1"] + timings["tier2"])
                 series["retrieval_no_model"].append(whole)
                 series["retrieval_with_embedding"].append(with_embedding)
-        out[label] = {name: _percentiles(values) for name, values in series.items()}  # type: ignore[misc]
+                for part in parts:
+                    if part in timings:  # small histories: one exact pass; big ones: the two arms
+                        breakdown[part].append(timings[part])
+        out[label] = {name: _percentiles(values) for name, values in series.items()}
+        out[label]["tiers_1_2_parts"] = {part: _percentiles(xs) for part, xs in breakdown.items() if len(xs) > 1}
     return out
 
 
@@ -231,11 +304,24 @@ def main(argv: list[str]) -> int:
     print(f"building {args.memories:,} memories over {args.users:,} users (biggest {big_user:,}) ...", flush=True)
     built = build(memories=args.memories, users=args.users, big_user=big_user)
     print(json.dumps(built), flush=True)
+    from memory.services import user_indexes_sync
+
+    started = time.perf_counter()
+    synced = user_indexes_sync()  # what the daily task does: an HNSW index of their own for big histories
+    built["user_indexes"] = {
+        "created": synced.created,
+        "kept": synced.kept,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    print(json.dumps({"user_indexes": built["user_indexes"]}), flush=True)
+    warmed = prewarm()
+    print(json.dumps({"prewarm": warmed}), flush=True)
     figures = measure(queries=args.queries)
     report = {
         "benchmark": "memory retrieval latency at scale (memories_for_prompt, model filter off)",
         "size": {"memories": args.memories, "users": args.users, "biggest_user": big_user},
         "build": built,
+        "buffer_cache": warmed,
         "hnsw": {
             "m": 16,
             "ef_construction": 64,

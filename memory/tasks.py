@@ -7,7 +7,7 @@ from typing import Any
 from celery import shared_task
 from django.db import OperationalError
 
-from memory.services import memory_writes_requeue, turn_memories_write
+from memory.services import memory_writes_requeue, turn_memories_write, user_indexes_sync
 
 
 @shared_task(
@@ -49,3 +49,18 @@ def write_turn_memories(self: Any, turn_id: int) -> dict[str, Any]:
 def requeue_lost_memory_writes() -> int:
     # The outbox sweep (beat, every few minutes): writes whose enqueue was lost while the broker was down.
     return memory_writes_requeue()
+
+
+@shared_task(
+    name="memory.tasks.sync_user_indexes",
+    autoretry_for=(OperationalError,),
+    retry_backoff=60,
+    max_retries=3,
+    soft_time_limit=3 * 3600,
+    time_limit=3 * 3600 + 300,
+    ignore_result=True,
+)
+def sync_user_indexes() -> dict[str, list[int]]:
+    # Daily (beat): an HNSW index of their own for users whose history outgrew the exact search.
+    result = user_indexes_sync()
+    return {"created": result.created, "dropped": result.dropped}

@@ -382,6 +382,6 @@ def test_a_free_chat_turn_sends_a_bounded_number_of_sql_statements(
 
     assert result.reply == "ok" and result.turn.retrieval["items"], result.turn.retrieval
     statements = [q["sql"] for q in ctx.captured_queries]
-    assert len(statements) <= 26, "\n".join(s[:120] for s in statements)
+    assert len(statements) <= 27, "\n".join(s[:120] for s in statements)
     assert not [s for s in statements if s.startswith("UPDATE") and "memory_memory" in s]
     assert sum(1 for s in statements if s == "COMMIT") <= 2  # the message, then the reply

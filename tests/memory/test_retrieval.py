@@ -209,3 +209,90 @@ def test_search_memory_tool_never_returns_another_users_memory(alice: Any, bob: 
     # (the tool echoes the query, so look for the memory text itself)
     assert as_bob.ok and "door code is 8812" not in as_bob.content and "painted blue" in as_bob.content
     assert as_alice.ok and "door code is 8812" in as_alice.content
+
+
+def test_exact_and_hnsw_vector_search_agree_and_stay_per_user(alice: Any, bob: Any, settings: Any) -> None:
+    """Small histories are searched exactly, big ones through the HNSW index (iterative scan): the same
+    nearest neighbours either way, and never another user's, even when theirs are nearer."""
+    from memory.embedding import get_embedder
+    from memory.selectors import _vector_search
+
+    topics = ["trains", "ferries", "bicycles", "mountains", "museums", "cooking", "jazz", "chess"]
+    for i, topic in enumerate(topics * 3):
+        memory_create(user=alice, kind="episodic", text=f"User: I talked about {topic}, note {i}")
+        # Bob's are the same words: nearer to the query than most of Alice's, and never to be returned.
+        memory_create(user=bob, kind="episodic", text=f"User: I talked about {topic}, note {i}")
+    vector = get_embedder().embed_query("I talked about trains")
+    now = timezone.now()
+
+    settings.MEMORY_EXACT_SEARCH_MAX = 10_000  # Alice has 24 memories: exact
+    exact = _vector_search(user_id=alice.pk, vector=vector, now=now, limit=5)
+    settings.MEMORY_EXACT_SEARCH_MAX = 1  # every user is "big": the HNSW index
+    approximate = _vector_search(user_id=alice.pk, vector=vector, now=now, limit=5)
+
+    assert len(exact) == 5 and [i for i, _ in approximate] == [i for i, _ in exact]
+    assert set(Memory.objects.filter(pk__in=[i for i, _ in exact]).values_list("user_id", flat=True)) == {alice.pk}
+    distances = [d for _, d in exact]
+    assert distances == sorted(distances)
+    assert Memory.objects.get(pk=exact[0][0]).text.startswith("User: I talked about trains")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_big_histories_get_an_hnsw_index_of_their_own(alice: Any, bob: Any, settings: Any) -> None:
+    from django.db import connection
+
+    from memory.embedding import get_embedder
+    from memory.selectors import _VECTOR_SQL, _vector_search, vector_literal
+    from memory.services import user_index_name, user_indexes_present, user_indexes_sync
+
+    settings.MEMORY_EXACT_SEARCH_MAX = 6
+    mine = [memory_create(user=alice, kind="episodic", text=f"User: note {i} on {t}") for i, t in enumerate("abcdefgh")]
+    memory_create(user=bob, kind="episodic", text="User: note on trains")
+
+    result = user_indexes_sync()
+
+    assert result.created == [alice.pk] and user_indexes_present() == {alice.pk: user_index_name(alice.pk)}
+    vector = get_embedder().embed_query("note on c")
+    params = {"user": alice.pk, "vector": vector_literal(vector), "now": timezone.now(), "limit": 3}
+    with connection.cursor() as cursor:
+        # A tiny table: without these the planner would sort a scan of it; the ORDER BY must come from an index.
+        cursor.execute("ANALYZE memory_memory")
+        cursor.execute("SET enable_seqscan = off")
+        cursor.execute("SET enable_sort = off")
+        cursor.execute("EXPLAIN " + _VECTOR_SQL, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("RESET enable_seqscan")
+        cursor.execute("RESET enable_sort")
+    assert user_index_name(alice.pk) in plan
+    found = _vector_search(user_id=alice.pk, vector=vector, now=timezone.now(), limit=3)
+    assert {i for i, _ in found} <= {m.id for m in mine} and len(found) == 3
+
+    # Run again: nothing to do. Then the history shrinks below half the threshold: the index goes.
+    assert user_indexes_sync().kept == [alice.pk]
+    Memory.objects.filter(pk__in=[m.pk for m in mine[:6]]).delete()
+    assert user_indexes_sync().dropped == [alice.pk]
+    assert user_indexes_present() == {}
+
+
+def test_one_pass_over_a_small_history_gives_both_arms_as_the_separate_searches(alice: Any, bob: Any) -> None:
+    from memory.embedding import get_embedder
+    from memory.selectors import _exact_arms, _text_search, _vector_search
+
+    for i, text in enumerate(
+        ["trains to Porto", "the Porto ferry", "cheese in Porto", "trains in Lisbon", "jazz bars", "a quiet hotel"] * 2
+    ):
+        memory_create(user=alice, kind="episodic", text=f"User: {text}, note {i}")
+    memory_create(user=alice, kind="semantic", text="The user likes trains.", fact_key="likes")
+    memory_create(user=bob, kind="episodic", text="User: trains to Porto, Bob's")
+    query = "trains to Porto"
+    vector = get_embedder().embed_query(query)
+    now = timezone.now()
+
+    near, words = _exact_arms(user_id=alice.pk, query=query, vector=vector, now=now, vector_limit=5, limit=8)
+
+    assert [i for i, _ in near] == [i for i, _ in _vector_search(user_id=alice.pk, vector=vector, now=now, limit=5)]
+    separate = _text_search(user_id=alice.pk, query=query, vector=vector, now=now, limit=8)
+    assert [(i, round(s, 6)) for i, s, _ in words] == [(i, round(s, 6)) for i, s, _ in separate]
+    assert words and words[0][1] == 1.0  # a memory with every query word has the whole share
+    mine = set(Memory.objects.filter(user=alice).values_list("id", flat=True))
+    assert {i for i, _ in near} | {i for i, _, _ in words} <= mine

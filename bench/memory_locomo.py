@@ -22,6 +22,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "eval" / "locomo10.json"
 RESULTS = ROOT / "bench" / "results"
@@ -32,6 +34,9 @@ CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 
 PAPER_DRAGON = {"5": 0.567, "10": 0.662, "25": 0.767}  # LoCoMo paper, Table 3, dialog turns
 PLAIN_DENSE_MINILM = {"5": 0.334, "10": 0.428, "25": 0.550}  # ../shared/eval/README.md
 EVIDENCE_ID = re.compile(r"D:?(\d+):0*(\d+)")
+# RRF_K, TEXT_WEIGHT and NEIGHBOUR_WEIGHT (memory/selectors.py) were chosen on every 4th question with
+# evidence, counting from the first (index % 4 == 0). The other three quarters are the held-out figure.
+TUNING_EVERY = 4
 
 
 def turn_text(turn: dict[str, Any]) -> str:
@@ -132,11 +137,17 @@ def evaluate(
     from memory.selectors import memories_for_prompt
 
     recalls: dict[int, list[float]] = {k: [] for k in KS}
+    held_out: dict[int, list[float]] = {k: [] for k in KS}
+    tuning: dict[int, list[float]] = {k: [] for k in KS}
     by_cat: dict[int, dict[int, list[float]]] = defaultdict(lambda: {k: [] for k in KS})
     tokens: list[int] = []
     tokens_top10: list[int] = []
     latency: list[float] = []
     asked = 0
+    total = sum(1 for c in conversations for q in c["questions"] if q["evidence"])
+    progress = tqdm(
+        total=min(total, limit_questions or total), desc=f"questions (threshold {threshold:g})", mininterval=2
+    )
     for conv in conversations:
         user, dia, now = ingested[conv["id"]]
         for q in conv["questions"]:
@@ -145,6 +156,7 @@ def evaluate(
             if not q["evidence"]:
                 continue
             asked += 1
+            progress.update(1)
             started = time.perf_counter()
             result = memories_for_prompt(
                 user=user,
@@ -162,6 +174,9 @@ def evaluate(
                 r = len(q["evidence"] & set(ranked[:k])) / len(q["evidence"])
                 recalls[k].append(r)
                 by_cat[q["category"]][k].append(r)
+                (tuning if (asked - 1) % TUNING_EVERY == 0 else held_out)[k].append(r)
+
+    progress.close()
 
     def mean(xs: list[float]) -> float:
         return round(statistics.fmean(xs), 4) if xs else 0.0
@@ -170,6 +185,8 @@ def evaluate(
         "questions": asked,
         "relevance_threshold": threshold,
         "recall": {str(k): mean(recalls[k]) for k in KS},
+        "recall_held_out": {str(k): mean(held_out[k]) for k in KS} | {"questions": len(held_out[KS[0]])},
+        "recall_tuning_quarter": {str(k): mean(tuning[k]) for k in KS} | {"questions": len(tuning[KS[0]])},
         "recall_by_category": {
             CATEGORIES[c]: {str(k): mean(v[k]) for k in KS} | {"questions": len(v[KS[0]])}
             for c, v in sorted(by_cat.items())

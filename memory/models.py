@@ -80,8 +80,13 @@ class Memory(models.Model):
             models.Index(fields=["user", "kind", "archived"], name="memory_user_kind"),
             # Recent actions / recency ranking: WHERE user_id = ? ORDER BY created_at DESC.
             models.Index(fields=["user", "-created_at"], name="memory_user_recent"),
-            # Tier 1 pinned lookup: WHERE user_id = ? AND pinned AND NOT archived (few rows of a big history).
-            models.Index(fields=["user"], condition=models.Q(pinned=True, archived=False), name="memory_user_pinned"),
+            # Tier 1 pinned lookup: WHERE user_id = ? AND pinned AND NOT archived ORDER BY importance DESC, id
+            # LIMIT 20 (read in order: a big history may have hundreds pinned).
+            models.Index(
+                fields=["user", "-importance", "id"],
+                condition=models.Q(pinned=True, archived=False),
+                name="memory_user_pinned_ranked",
+            ),
             # Tier 1 profile facts: WHERE user_id = ? AND kind = 'semantic' AND fact_key <> '' AND valid_to IS NULL
             # ORDER BY fact_key.
             models.Index(

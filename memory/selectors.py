@@ -173,8 +173,35 @@ def vector_literal(vector: list[float]) -> str:
     return "[" + ",".join(f"{v:.7g}" for v in vector) + "]"
 
 
+# Users with an HNSW index of their own, as this process last read them (refreshed every minute). A
+# user in it has a big history: no need to count it again on every query (the count walks up to the
+# cap's worth of index entries). Stale for a minute at most, and harmlessly: a dropped index leaves the
+# shared HNSW index, which answers the same query.
+_OWN_INDEX_TTL = 60.0
+_own_index_cache: tuple[float, frozenset[int]] = (0.0, frozenset())
+
+
+def _users_with_own_index() -> frozenset[int]:
+    global _own_index_cache
+    read_at, users = _own_index_cache
+    if time.monotonic() - read_at > _OWN_INDEX_TTL:
+        from memory.services import user_indexes_present
+
+        users = frozenset(user_indexes_present())
+        _own_index_cache = (time.monotonic(), users)
+    return users
+
+
+def forget_user_indexes() -> None:
+    """Read the per-user indexes again on next use (after creating or dropping some)."""
+    global _own_index_cache
+    _own_index_cache = (0.0, frozenset())
+
+
 def _is_small_history(user_id: int) -> bool:
     """Fewer than MEMORY_EXACT_SEARCH_MAX memories (counted on the user index, up to the cap)?"""
+    if user_id in _users_with_own_index():
+        return False
     cap = max(1, int(settings.MEMORY_EXACT_SEARCH_MAX))
     with connection.cursor() as cursor:
         cursor.execute(_HISTORY_SIZE_SQL, {"user": user_id, "cap": cap})

@@ -556,6 +556,7 @@ def _retrieved_ids(turn: Turn) -> list[int]:
 # itself for queries with that user id (a literal: Django binds parameters on the client). Until the
 # sync has made it, the shared HNSW index with its iterative scan serves the user.
 USER_INDEX_PREFIX = "memory_hnsw_user_"
+USER_INDEX_BUILD_MEMORY = "512MB"  # maintenance_work_mem while building one (a 100k history's graph: ~200 MB)
 
 
 @dataclass
@@ -619,6 +620,8 @@ def user_indexes_sync(*, minimum: int | None = None, on_index: Callable[[int], N
         )
         for (invalid,) in cursor.fetchall():
             cursor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{invalid}"')
+        # The graph of one big history fits in this much memory, which makes the build several times faster.
+        cursor.execute("SET maintenance_work_mem = %s", [USER_INDEX_BUILD_MEMORY])
         for user_id in sorted(wanted):
             if user_id in present:
                 result.kept.append(user_id)
@@ -631,11 +634,15 @@ def user_indexes_sync(*, minimum: int | None = None, on_index: Callable[[int], N
             result.created.append(user_id)
             if on_index is not None:
                 on_index(user_id)
+        cursor.execute("RESET maintenance_work_mem")
         still_big = users_needing_own_index(minimum=max(1, minimum // 2)) if present else {}
         for user_id, name in present.items():
             if user_id not in still_big:
                 cursor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')
                 result.dropped.append(user_id)
     if result.created or result.dropped:
+        from memory.selectors import forget_user_indexes
+
+        forget_user_indexes()
         logger.info("per-user vector indexes: created %s, dropped %s", result.created, result.dropped)
     return result

@@ -27,6 +27,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 OUR_DATABASE = "bench_peer_mem0_ours"  # its own: bench.memory_locomo may run at the same time
@@ -77,8 +79,10 @@ def _mem0_memory() -> Any:
 def run_mem0(conversations: list[dict[str, Any]], *, limit_questions: int | None) -> dict[str, Any]:
     memory = _mem0_memory()
     started = time.perf_counter()
+    turns = tqdm(total=sum(len(c["turns"]) for c in conversations), desc="Mem0 ingest", unit=" turns", mininterval=5)
     for conv in conversations:
         for dia_id, text, _when in conv["turns"]:
+            turns.update(1)
             memory.add(
                 [{"role": "user", "content": text}],
                 user_id=f"locomo-{conv['id']}",
@@ -86,9 +90,10 @@ def run_mem0(conversations: list[dict[str, Any]], *, limit_questions: int | None
                 infer=False,
             )
     ingest_s = time.perf_counter() - started
+    turns.close()
     recalls: list[float] = []
     latency: list[float] = []
-    for conv in conversations:
+    for conv in tqdm(conversations, desc="Mem0 search", unit=" conversations"):
         for q in _questions(conv, limit_questions, asked=len(recalls)):
             t0 = time.perf_counter()
             found = memory.search(q["question"], top_k=K, filters={"user_id": f"locomo-{conv['id']}"}, threshold=0.0)
@@ -122,7 +127,7 @@ def run_ours(conversations: list[dict[str, Any]], *, limit_questions: int | None
     ingest_s = time.perf_counter() - started
     recalls: list[float] = []
     latency: list[float] = []
-    for conv in conversations:
+    for conv in tqdm(conversations, desc="this app: search", unit=" conversations"):
         user, dia, now = ingested[conv["id"]]
         for q in _questions(conv, limit_questions, asked=len(recalls)):
             t0 = time.perf_counter()

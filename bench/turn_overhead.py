@@ -412,7 +412,10 @@ def main(argv: list[str]) -> int:
         f"{queries['sql_ms']:.0f} of {queries['turn_ms']:.0f} ms in the database"
     )
     if profile:
-        print("pyinstrument profile of 50 more turns: bench/results/turn_overhead_profile.txt")
+        where = "/tmp/turn_overhead_profile.txt" if args.no_write else "bench/results/turn_overhead_profile.txt"
+        print(f"pyinstrument profile of 50 more turns: {where}")
+        if args.no_write:
+            Path(where).write_text(profile)
     if not args.no_write:
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "turn_overhead.json").write_text(json.dumps(report, indent=2) + "\n")

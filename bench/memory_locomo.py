@@ -124,6 +124,12 @@ def ingest(conversations: list[dict[str, Any]]) -> dict[str, tuple[Any, dict[int
         last = max(w for _, _, w in conv["turns"]) + timedelta(days=1)
         out[conv["id"]] = (user, dia, last)
         offset += len(conv["turns"])
+    # As autovacuum would by the time anyone searches: a re-run deletes the last run's rows, and scans
+    # over their dead tuples (and a stale visibility map) would be measured instead of retrieval.
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM (ANALYZE) memory_memory")
     return out
 
 

@@ -117,11 +117,16 @@ def _questions(conv: dict[str, Any], limit: int | None, *, asked: int) -> list[d
 
 
 def run_ours(conversations: list[dict[str, Any]], *, limit_questions: int | None) -> dict[str, Any]:
+    from django.conf import settings
+
     from bench.memory_db import use_database
     from bench.memory_locomo import BUDGET_TOKENS, ingest
     from memory.selectors import memories_for_prompt
 
     use_database(OUR_DATABASE)
+    # As in bench.memory_locomo: LoCoMo has no "actions", and the newest-episodes tier would give the last
+    # turns of the last session 3 of the top 10 places of every question.
+    settings.MEMORY_RECENT_ACTIONS = 0
     started = time.perf_counter()
     ingested = ingest(conversations)
     ingest_s = time.perf_counter() - started

@@ -40,8 +40,10 @@ lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# mypy's Django plugin imports the settings; a database URL that is never opened keeps that import from
+# starting the embedded PostgreSQL (which nothing would stop afterwards).
 typecheck: install-dev
-	$(BIN)/mypy .
+	DATABASE_URL=postgres://typecheck@127.0.0.1:1/never-opened $(BIN)/mypy .
 
 # The peers (LangGraph, Mem0, locust) live in .venv-peers, layered over .venv: mem0ai needs protobuf<7.
 PEERS := .venv-peers

@@ -11,8 +11,11 @@ for its chat models. Tool calls are counted on their function name and argument 
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Iterable
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 from typing import Any
 
@@ -38,10 +41,8 @@ class TokenCounter:
     def count(self, text: str) -> int:
         if not text:
             return 0
-        if len(text) <= _CACHED_TEXT_CHARS:
-            # The same history, summary and memories are counted again on every turn of a session.
-            return _cached_count(self.encoding_name, text)
-        return len(self._encoding.encode(text, disallowed_special=()))
+        # The same history, summary and memories are counted again on every turn of a session.
+        return _COUNTS.get(self.encoding_name, text, lambda: len(self._encoding.encode(text, disallowed_special=())))
 
     def truncate(self, text: str, max_tokens: int) -> str:
         """The longest prefix of ``text`` with at most ``max_tokens`` tokens."""
@@ -72,13 +73,34 @@ class TokenCounter:
         return sum(self.count(json.dumps(t, separators=(",", ":"), sort_keys=True)) for t in tools)
 
 
-# Texts up to this long have their counts remembered (an LRU of a few MB at most).
-_CACHED_TEXT_CHARS = 4000
+class _CountCache:
+    """Token counts of texts seen recently, keyed by a 128-bit digest of the text (not the text itself,
+    so a full cache holds about 100 bytes an entry, whatever the texts' length). Thread-safe, LRU."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._counts: OrderedDict[tuple[str, bytes], int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, encoding_name: str, text: str, compute: Callable[[], int]) -> int:
+        key = (encoding_name, hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest())
+        with self._lock:
+            count = self._counts.get(key)
+            if count is not None:
+                self._counts.move_to_end(key)
+                return count
+        count = compute()
+        with self._lock:
+            self._counts[key] = count
+            if len(self._counts) > self._size:
+                self._counts.popitem(last=False)
+        return count
+
+    def __len__(self) -> int:
+        return len(self._counts)
 
 
-@lru_cache(maxsize=8192)
-def _cached_count(encoding_name: str, text: str) -> int:
-    return len(_load(encoding_name).encode(text, disallowed_special=()))
+_COUNTS = _CountCache(size=8192)
 
 
 @lru_cache(maxsize=64)

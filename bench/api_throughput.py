@@ -30,6 +30,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from config.db import database_url
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 DATABASE = "bench_api_throughput"
@@ -69,15 +71,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _database_url(name: str) -> str:
-    from django.db import connections
-
-    s = connections["default"].settings_dict
-    return f"postgresql://{s['USER']}:{s['PASSWORD']}@/{name}?host={s['HOST']}" + (
-        f"&port={s['PORT']}" if s.get("PORT") else ""
-    )
 
 
 def _prepare() -> str:
@@ -166,7 +159,7 @@ def main(argv: list[str]) -> int:
     queue = f"bench-api-{secrets.token_hex(4)}"
     env = {
         **os.environ,
-        "DATABASE_URL": _database_url(DATABASE),
+        "DATABASE_URL": database_url(DATABASE),
         "DEBUG": "false",
         "SECRET_KEY": secrets.token_urlsafe(40),
         "ALLOWED_HOSTS": "127.0.0.1",

@@ -35,6 +35,8 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from config.db import database_url, redis_reachable
+
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
@@ -56,24 +58,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((LOOPBACK, 0))
         return int(sock.getsockname()[1])
-
-
-def _redis_reachable(host: str = LOOPBACK, port: int = 6379) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-def database_url() -> str:
-    """The URL of the database this process uses (the throwaway one once it is set up)."""
-    from django.db import connection
-
-    s = connection.settings_dict
-    url = f"postgresql://{s['USER']}:{s['PASSWORD']}@/{s['NAME']}?host={s['HOST']}"
-    return url + (f"&port={s['PORT']}" if s.get("PORT") else "")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -244,7 +228,7 @@ def soak(
     port = free_port()
     base = f"http://{LOOPBACK}:{port}"
     queue = f"soak-{uuid.uuid4().hex[:8]}"
-    with_worker = _redis_reachable()
+    with_worker = redis_reachable()
     env = dict(os.environ)
     env.update(
         {

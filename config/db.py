@@ -1,8 +1,28 @@
-"""Small helpers around Django's database connection."""
+"""Small helpers around the app's connections: the database's, and a local Redis for the broker."""
 
 from __future__ import annotations
 
-from django.db import connection
+import socket
+
+from django.db import connection, connections
+
+
+def database_url(name: str | None = None) -> str:
+    """A ``DATABASE_URL`` for the database this process uses (or database ``name`` on the same server),
+    for processes it starts: test workers and servers, benchmark servers."""
+    s = connections["default"].settings_dict
+    url = f"postgresql://{s['USER']}:{s['PASSWORD']}@/{name or s['NAME']}?host={s['HOST']}"
+    return url + (f"&port={s['PORT']}" if s.get("PORT") else "")
+
+
+def redis_reachable(host: str = "127.0.0.1", port: int = 6379) -> bool:
+    """Does a Redis answer PING at ``host:port`` within half a second?"""
+    try:
+        with socket.create_connection((host, port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
 
 
 def reconnect_if_broken() -> bool:

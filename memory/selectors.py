@@ -471,23 +471,6 @@ def trigger_matches(trigger: str, query: str) -> bool:
     return any(re.search(rf"\b{re.escape(' '.join(_WORD.findall(p)))}\b", text) for p in phrases if _WORD.search(p))
 
 
-def _procedural_qs(*, user: Any, agent: Agent | None, workflow: str, now: datetime) -> QuerySet[Memory]:
-    """Procedures of this user or shared ones (no user), for this agent and workflow (trigger not checked)."""
-    return Memory.objects.filter(
-        current_q(now),
-        Q(user_id=user.pk) | Q(user__isnull=True),
-        Q(agent__isnull=True) | Q(agent_id=agent.pk if agent else None),
-        Q(workflow="") | Q(workflow=workflow),
-        kind=Memory.Kind.PROCEDURAL,
-    ).order_by("-pinned", "-importance", "id")[:50]
-
-
-def procedural_for(*, user: Any, query: str, agent: Agent | None, workflow: str, now: datetime) -> list[Memory]:
-    """Procedures of this user or shared ones (no user), for this agent and workflow, whose trigger matches."""
-    qs = _procedural_qs(user=user, agent=agent, workflow=workflow, now=now)
-    return [m for m in qs if trigger_matches(m.trigger, query)]
-
-
 # --- the selector --------------------------------------------------------------------------------
 
 
@@ -572,11 +555,6 @@ def _load_light(*, ids: list[int], user_id: int) -> dict[int, Memory]:
         return {}
     sql = f"SELECT {_LIGHT_COLUMNS} FROM memory_memory WHERE id = ANY(%(ids)s) AND user_id = %(user)s"
     return {m.id: m for m in Memory.objects.raw(sql, {"ids": ids, "user": user_id})}
-
-
-def tier1_lookups(*, user: Any, now: datetime) -> list[tuple[Memory, str]]:
-    """Tier 1, exact lookups of one user: profile facts, pinned memories, the last few actions (with why)."""
-    return _tier1_from(_exact_lookups(user=user, now=now))
 
 
 def memories_for_prompt(

@@ -570,15 +570,16 @@ def user_index_name(user_id: int) -> str:
     return f"{USER_INDEX_PREFIX}{int(user_id)}"
 
 
-def user_indexes_present() -> dict[int, str]:
-    """User id -> name of the per-user HNSW indexes that exist (and are valid) now."""
+def user_indexes_present(*, valid: bool = True) -> dict[int, str]:
+    """User id -> name of the per-user HNSW indexes that exist now (``valid=False``: those an interrupted
+    build left unusable)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-            "WHERE i.indrelid = 'memory_memory'::regclass AND i.indisvalid AND c.relname LIKE %s",
-            [USER_INDEX_PREFIX + "%"],
+            "WHERE i.indrelid = 'memory_memory'::regclass AND i.indisvalid = %s AND c.relname LIKE %s",
+            [valid, USER_INDEX_PREFIX + "%"],
         )
         names = [row[0] for row in cursor.fetchall()]
     return {int(name.removeprefix(USER_INDEX_PREFIX)): name for name in names}
@@ -609,16 +610,13 @@ def user_indexes_sync(*, minimum: int | None = None, on_index: Callable[[int], N
     if connection.in_atomic_block:
         raise RuntimeError("user_indexes_sync builds indexes CONCURRENTLY and cannot run inside a transaction")
     minimum = int(settings.MEMORY_EXACT_SEARCH_MAX if minimum is None else minimum)
-    wanted = users_needing_own_index(minimum=minimum)
+    # One count of every history: those past the threshold get an index, those past half keep theirs.
+    still_big = users_needing_own_index(minimum=max(1, minimum // 2))
+    wanted = {user_id for user_id, count in still_big.items() if count >= minimum}
     present = user_indexes_present()
     result = UserIndexSync()
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-            "WHERE i.indrelid = 'memory_memory'::regclass AND NOT i.indisvalid AND c.relname LIKE %s",
-            [USER_INDEX_PREFIX + "%"],
-        )
-        for (invalid,) in cursor.fetchall():
+        for invalid in user_indexes_present(valid=False).values():
             cursor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{invalid}"')
         # The graph of one big history fits in this much memory, which makes the build several times faster.
         cursor.execute("SET maintenance_work_mem = %s", [USER_INDEX_BUILD_MEMORY])
@@ -635,7 +633,6 @@ def user_indexes_sync(*, minimum: int | None = None, on_index: Callable[[int], N
             if on_index is not None:
                 on_index(user_id)
         cursor.execute("RESET maintenance_work_mem")
-        still_big = users_needing_own_index(minimum=max(1, minimum // 2)) if present else {}
         for user_id, name in present.items():
             if user_id not in still_big:
                 cursor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')

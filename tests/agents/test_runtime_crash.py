@@ -15,7 +15,8 @@ import pytest
 
 from agents.models import Agent
 from agents.runtime import session_is_locked, stuck_turns_recover, turn_run
-from conftest import _database_url, wait_for
+from config.db import database_url
+from conftest import wait_for
 from sessions.models import Checkpoint, Turn
 from sessions.services import session_create
 from tests.fakes.openai_server import hang
@@ -27,7 +28,7 @@ def _start_child(session_id: str, message: str, fake_openai: Any) -> subprocess.
     env = dict(os.environ)
     env.update(
         {
-            "DATABASE_URL": _database_url(),
+            "DATABASE_URL": database_url(),
             "LLM_PROFILES_JSON": json.dumps({"default": fake_openai.profile(read_timeout=60.0, max_retries=0)}),
             "EMBEDDING_BACKEND": "hashing",
             "LOG_FORMAT": "plain",

@@ -20,7 +20,7 @@ import pytest
 from rest_framework.authtoken.models import Token
 
 from agents.models import Agent
-from conftest import _database_url, _redis_reachable
+from config.db import database_url, redis_reachable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -144,7 +144,7 @@ def server_env(tmp_path: Path, *, llm_profile: dict[str, Any] | None = None) -> 
     env = dict(os.environ)
     env.update(
         {
-            "DATABASE_URL": _database_url(),
+            "DATABASE_URL": database_url(),
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "EMBEDDING_BACKEND": "hashing",
             "LOG_FORMAT": "plain",
@@ -183,7 +183,7 @@ def web_server(tmp_path: Path) -> Iterator[Any]:
 
 
 def redis_queue_url() -> str:
-    if os.environ.get("TEST_BROKER", "") == "filesystem" or not _redis_reachable():
+    if os.environ.get("TEST_BROKER", "") == "filesystem" or not redis_reachable():
         pytest.skip("needs Redis (a broker whose unacknowledged messages survive a killed worker)")
     return os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 

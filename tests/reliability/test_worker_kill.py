@@ -18,7 +18,8 @@ import pytest
 from agents.models import Agent
 from agents.runtime import turn_run
 from config.celery import app
-from conftest import _database_url, _drop_broker_connections, wait_for
+from config.db import database_url
+from conftest import _drop_broker_connections, wait_for
 from memory.models import Memory
 from memory.tasks import write_turn_memories
 from sessions.models import Turn
@@ -77,7 +78,7 @@ def test_a_worker_killed_mid_write_leaves_exactly_one_memory(
     env = dict(os.environ)
     env.update(
         {
-            "DATABASE_URL": _database_url(),
+            "DATABASE_URL": database_url(),
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "CELERY_BROKER_URL": url,
             "CELERY_QUEUE": queue,

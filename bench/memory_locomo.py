@@ -171,6 +171,7 @@ def evaluate(
                 relevance_threshold=threshold,
                 use_model_filter=False,
                 now=now,
+                touch=False,  # as the runtime: access counts are written by the turn's memory task
             )
             latency.append((time.perf_counter() - started) * 1000)
             ranked = [dia.get(i.memory.id, "") for i in result.items]

@@ -254,7 +254,7 @@ def measure(*, queries: int, seed: int = 11) -> dict[str, Any]:
     embedder = get_embedder()
     embedder.embed_query("warm up the model")
     out: dict[str, Any] = {}
-    parts = ("tier1", "exact_search", "vector_search", "text_search", "neighbours")
+    parts = ("tier1", "exact_search", "vector_search", "text_search", "neighbours_and_rows")
     for label, pick in (("big_user", lambda: big), ("normal_user", lambda: normal[int(rng.integers(len(normal)))])):
         series: dict[str, list[float]] = {"tiers_1_2": [], "retrieval_no_model": [], "retrieval_with_embedding": []}
         breakdown: dict[str, list[float]] = {part: [] for part in parts}

@@ -143,6 +143,7 @@ def run_ours(conversations: list[dict[str, Any]], *, limit_questions: int | None
                 relevance_threshold=0.0,
                 use_model_filter=False,
                 now=now,
+                touch=False,  # as the runtime: access counts are written by the turn's memory task
             )
             latency.append((time.perf_counter() - t0) * 1000)
             ranked = [dia.get(i.memory.id, "") for i in result.items][:K]

@@ -13,12 +13,13 @@ Every embedder returns L2-normalised vectors, so cosine distance and inner produ
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import math
 import os
 import re
 import threading
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -129,7 +130,27 @@ class SentenceTransformerEmbedder:
         return [[float(x) for x in row] for row in vectors]
 
     def embed_query(self, text: str) -> list[float]:
-        return self.embed([text])[0]
+        # The model's forward pass itself, without ``encode``'s batching, sorting and conversions: the same
+        # vector (tests/memory/test_embedding.py), a millisecond sooner on the request path.
+        import torch
+
+        model: Any = self._load()
+        with torch.inference_mode():
+            features = model.preprocess([text]) if hasattr(model, "preprocess") else model.tokenize([text])
+            vector = model.forward(features)["sentence_embedding"]
+            return [float(x) for x in torch.nn.functional.normalize(vector, dim=1)[0].tolist()]
+
+    def prepare_query_thread(self) -> None:
+        """One intra-op thread on the threads that embed queries (``embed_query_soon``).
+
+        Query embeddings run beside the request's database reads; with torch's default (one thread per
+        core) they fought those reads and the database for the two cores here, and their p95 doubled
+        (LoCoMo questions: 12.6 -> 22.5 ms; one thread: 13.1 ms, ``bench/peer_mem0.py``). The setting is
+        per thread (OpenMP), so batch embedding elsewhere keeps every core.
+        """
+        import torch
+
+        torch.set_num_threads(1)
 
 
 class OpenAIEmbedder:
@@ -216,3 +237,54 @@ def get_embedder(backend: str | None = None) -> Embedder:
                 embedder = _build(key)
                 _instances[key] = embedder
     return embedder
+
+
+# Query embeddings that run beside the caller's database reads (``embed_query_soon``). A model forward pass
+# and an HTTP call both let go of the GIL, so the caller's queries proceed meanwhile. A few threads: in a
+# threaded web worker several requests may embed at once.
+_query_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_query_pool_lock = threading.Lock()
+
+
+def _forget_query_pool() -> None:
+    # A forked child (a Celery or gunicorn worker) has none of its parent's threads: start a new pool.
+    global _query_pool
+    _query_pool = None
+
+
+os.register_at_fork(after_in_child=_forget_query_pool)
+
+
+def embed_query_soon(text: str, backend: str | None = None) -> concurrent.futures.Future[list[float]]:
+    """The vector of ``text``, computed on a worker thread; ``.result()`` gives it (or raises its error).
+
+    Embedders that are cheap anyway (``hashing``) run at once on the caller's thread: the hop would cost
+    more than it saves.
+    """
+    embedder = get_embedder(backend)
+    if isinstance(embedder, HashingEmbedder):
+        future: concurrent.futures.Future[list[float]] = concurrent.futures.Future()
+        try:
+            future.set_result(embedder.embed_query(text))
+        except Exception as exc:  # noqa: BLE001 - handed to the caller through the future, as a thread would
+            future.set_exception(exc)
+        return future
+    global _query_pool
+    if _query_pool is None:
+        with _query_pool_lock:
+            if _query_pool is None:
+                _query_pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="embed-query")
+    return _query_pool.submit(_embed_on_query_thread, embedder, text)
+
+
+_query_thread = threading.local()
+
+
+def _embed_on_query_thread(embedder: Embedder, text: str) -> list[float]:
+    prepared: set[int] = _query_thread.__dict__.setdefault("prepared", set())
+    if id(embedder) not in prepared:  # once per embedder on each thread
+        prepare = getattr(embedder, "prepare_query_thread", None)
+        if prepare is not None:
+            prepare()
+        prepared.add(id(embedder))
+    return embedder.embed_query(text)

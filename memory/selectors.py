@@ -26,7 +26,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from memory.embedding import get_embedder
+from memory.embedding import embed_query_soon, get_embedder
 from memory.models import Memory
 from memory.schemas import RelevanceScores
 
@@ -149,6 +149,24 @@ class HybridCandidate:
 _CURRENT_SQL = (
     "NOT archived AND (valid_to IS NULL OR valid_to > %(now)s) AND (expires_at IS NULL OR expires_at > %(now)s)"
 )
+# Every column but the vectors (not needed past the search; parsing 384 floats a row is not free).
+_LIGHT_FIELDS = [f for f in Memory._meta.concrete_fields if f.name not in ("embedding", "search_vector")]
+_LIGHT_COLUMNS = ", ".join(f.column for f in _LIGHT_FIELDS)
+_LIGHT_ATTNAMES = [f.attname for f in _LIGHT_FIELDS]
+
+
+def _light_memories(sql: str, params: dict[str, Any]) -> list[tuple[Memory, tuple[Any, ...]]]:
+    """Run ``sql`` (its columns: ``_LIGHT_COLUMNS``, then any extras) and build each row's ``Memory`` (its
+    vectors deferred), with the row's extra columns. ``Memory.objects.raw`` does the same at twice the cost
+    per row; none of these fields converts its database value (checked in tests/memory)."""
+    width = len(_LIGHT_ATTNAMES)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        fetched = cursor.fetchall()
+    alias = connection.alias
+    return [(Memory.from_db(alias, _LIGHT_ATTNAMES, row[:width]), row[width:]) for row in fetched]
+
+
 # Two plans, chosen by the size of the user's history (counted up to the cap on the user index):
 # - fewer than MEMORY_EXACT_SEARCH_MAX memories: exact search. Their rows come through the user index and
 #   every distance is computed ("+ 0" keeps the HNSW index from taking the ORDER BY); a few hundred rows
@@ -213,15 +231,34 @@ def _vector_search(
     *, user_id: int, vector: list[float], now: datetime, limit: int, exact: bool | None = None
 ) -> list[tuple[int, float]]:
     """The user's ``limit`` nearest memories by cosine distance: exact for small histories, HNSW for big ones."""
+    return _vector_arm(user_id=user_id, vector=vector, now=now, limit=limit, exact=exact, also=[])[0]
+
+
+def _vector_arm(
+    *, user_id: int, vector: list[float], now: datetime, limit: int, exact: bool | None, also: list[int]
+) -> tuple[list[tuple[int, float]], dict[int, float]]:
+    """The nearest memories (as ``_vector_search``) and, in the same round trip, the distance of each memory
+    in ``also`` (the word arm's candidates; 1.0 for one without a vector)."""
     if exact is None:
         exact = _is_small_history(user_id)
-    params: dict[str, Any] = {"user": user_id, "vector": vector_literal(vector), "now": now, "limit": limit}
+    params: dict[str, Any] = {
+        "user": user_id,
+        "vector": vector_literal(vector),
+        "now": now,
+        "limit": limit,
+        "also": also,
+    }
+    sql = (
+        f"SELECT 0, id, distance FROM ({_EXACT_VECTOR_SQL if exact else _VECTOR_SQL}) nearest UNION ALL "
+        "SELECT 1, id, COALESCE(embedding <=> %(vector)s::vector, 1.0) FROM memory_memory "
+        "WHERE id = ANY(%(also)s::bigint[]) AND user_id = %(user)s"
+    )
     with connection.cursor() as cursor:
-        cursor.execute(_EXACT_VECTOR_SQL if exact else _VECTOR_SQL, params)
+        cursor.execute(sql, params)
         rows = cursor.fetchall()
     # relaxed_order may return neighbours slightly out of order: sort them by distance here.
-    rows.sort(key=lambda r: r[1])
-    return [(int(i), float(d)) for i, d in rows]
+    nearest = sorted(((int(i), float(d)) for arm, i, d in rows if arm == 0), key=lambda r: r[1])
+    return nearest, {int(i): float(d) for arm, i, d in rows if arm == 1}
 
 
 def query_terms(query: str) -> list[str]:
@@ -233,61 +270,50 @@ def query_terms(query: str) -> list[str]:
     return list(seen)[:32]
 
 
-def _text_search(
-    *, user_id: int, query: str, vector: list[float], now: datetime, limit: int
-) -> list[tuple[int, float, float]]:
-    """Full-text candidates ranked by the idf-weighted share of query words they contain.
+def word_candidates(*, user_id: int, query: str, now: datetime, limit: int | None = None) -> list[tuple[int, float]]:
+    """Full-text candidates ranked by the idf-weighted share of query words they contain, best first:
+    (id, share). Needs no query vector, so it runs while the query is being embedded.
+
+    Returns the best ``limit`` and every row tied with the last of them (newer first):
+    ``hybrid_candidates`` breaks those ties by closeness to the query once the query's vector is there.
+    (Breaking them by recency here instead cost LoCoMo recall@10 0.714 -> 0.691; handing over at most four
+    times ``limit``, 0.712.)
 
     Postgres' ts_rank has no inverse document frequency, so a word in every memory (a speaker's name,
-    "user") would count as much as a rare one. The idf is estimated on this user's matching memories.
-    Returns (id, text_share, cosine_distance).
+    "user") would count as much as a rare one. The idf is estimated on this user's matching memories: the
+    newest ``TEXT_POOL`` of them (streamed from the user index, so a huge history costs no more than that).
     """
     terms = query_terms(query)
     if not terms:
         return []
-    hits, scored = _word_scoring_sql(len(terms))
+    limit = limit or settings.MEMORY_CANDIDATES
+    hits = ", ".join(f"(search_vector @@ to_tsquery('english', %(t{i})s))::int AS h{i}" for i in range(len(terms)))
+    # Per term: its idf over the pool, ln(1 + (n - df + 0.5) / (df + 0.5)), or 0 when no row has it (a stop
+    # word in the 'english' config never matches); a row's share is its hits' idf over the total. Scored in
+    # the database, so only the best rows travel, not the whole pool.
+    idf = ", ".join(
+        f"CASE WHEN sum(h{i}) > 0 THEN ln(1 + (count(*) - sum(h{i}) + 0.5)::float8 / (sum(h{i}) + 0.5)) "
+        f"ELSE 0 END AS w{i}"
+        for i in range(len(terms))
+    )
+    weight = " + ".join(f"h{i} * w{i}" for i in range(len(terms)))
+    total = " + ".join(f"w{i}" for i in range(len(terms)))
     sql = f"""
         WITH pool AS MATERIALIZED (
-            SELECT id, COALESCE(embedding <=> %(vector)s::vector, 1.0) AS distance, {hits}
+            SELECT id, created_at, {hits}
             FROM memory_memory
             WHERE user_id = %(user)s AND kind <> 'procedural' AND {_CURRENT_SQL}
               AND search_vector @@ to_tsquery('english', %(any)s)
             ORDER BY created_at DESC LIMIT %(pool)s  -- the newest matches: index memory_user_recent, streamed
-        ), {scored}
-        SELECT id, share, distance FROM words
+        ), idf AS (SELECT {idf} FROM pool),
+        scored AS MATERIALIZED (SELECT id, created_at, ({weight}) / COALESCE(NULLIF({total}, 0), 1.0) AS share
+                                FROM pool, idf)
+        SELECT id, share FROM scored
+        WHERE share >= (SELECT share FROM scored ORDER BY share DESC OFFSET %(limit)s - 1 LIMIT 1)
+           OR (SELECT count(*) FROM scored) <= %(limit)s
+        ORDER BY share DESC, created_at DESC, id DESC
     """
-    with connection.cursor() as cursor:
-        cursor.execute(sql, _word_params(terms, vector=vector, user_id=user_id, now=now, limit=limit))
-        return [(int(i), float(share), float(distance)) for i, share, distance in cursor.fetchall()]
-
-
-def _word_scoring_sql(count: int) -> tuple[str, str]:
-    """SQL for the idf-weighted word share: the per-row hit columns of a ``pool`` CTE, and the CTEs that
-    score it into ``words`` (id, share, distance; best ``%(limit)s`` first).
-
-    Per term: a hit (0/1) per row; its idf over the pool, ln(1 + (n - df + 0.5) / (df + 0.5)), or 0 when no
-    row has it (a stop word in the 'english' config never matches); a row's share is its hits' idf over the
-    total. Scored in the database, so only the best rows travel, not the whole pool.
-    """
-    hits = ", ".join(f"(search_vector @@ to_tsquery('english', %(t{i})s))::int AS h{i}" for i in range(count))
-    idf = ", ".join(
-        f"CASE WHEN sum(h{i}) > 0 THEN ln(1 + (count(*) - sum(h{i}) + 0.5)::float8 / (sum(h{i}) + 0.5)) "
-        f"ELSE 0 END AS w{i}"
-        for i in range(count)
-    )
-    weight = " + ".join(f"h{i} * w{i}" for i in range(count))
-    total = " + ".join(f"w{i}" for i in range(count))
-    scored = (
-        f"idf AS (SELECT {idf} FROM pool), "
-        f"words AS (SELECT id, ({weight}) / COALESCE(NULLIF({total}, 0), 1.0) AS share, distance "
-        "FROM pool, idf ORDER BY share DESC, distance, id LIMIT %(limit)s)"
-    )
-    return hits, scored
-
-
-def _word_params(terms: list[str], *, vector: list[float], user_id: int, now: datetime, limit: int) -> dict[str, Any]:
-    return {
-        "vector": vector_literal(vector),
+    params: dict[str, Any] = {
         "user": user_id,
         "now": now,
         "any": " | ".join(terms),
@@ -295,110 +321,122 @@ def _word_params(terms: list[str], *, vector: list[float], user_id: int, now: da
         "limit": limit,
         **{f"t{i}": term for i, term in enumerate(terms)},
     }
-
-
-def _exact_arms(
-    *, user_id: int, query: str, vector: list[float], now: datetime, vector_limit: int, limit: int
-) -> tuple[list[tuple[int, float]], list[tuple[int, float, float]]]:
-    """Both arms for a small history in one pass over the user's rows: the exact nearest neighbours and
-    the word-scored matches (the same as ``_vector_search`` with ``exact`` and ``_text_search``)."""
-    terms = query_terms(query)
-    if not terms:
-        return _vector_search(user_id=user_id, vector=vector, now=now, limit=vector_limit, exact=True), []
-    hits, scored = _word_scoring_sql(len(terms))
-    sql = f"""
-        WITH mine AS MATERIALIZED (
-            SELECT id, created_at, embedding <=> %(vector)s::vector AS distance,
-                   search_vector @@ to_tsquery('english', %(any)s) AS matched, {hits}
-            FROM memory_memory WHERE user_id = %(user)s AND kind <> 'procedural' AND {_CURRENT_SQL}
-        ), near AS (
-            SELECT id, distance FROM mine WHERE distance IS NOT NULL ORDER BY distance LIMIT %(vector_limit)s
-        ), pool AS (
-            SELECT id, COALESCE(distance, 1.0) AS distance, {", ".join(f"h{i}" for i in range(len(terms)))}
-            FROM mine WHERE matched ORDER BY created_at DESC LIMIT %(pool)s
-        ), {scored}
-        SELECT 0, id, 0.0, distance FROM near UNION ALL SELECT 1, id, share, distance FROM words
-    """
-    params = _word_params(terms, vector=vector, user_id=user_id, now=now, limit=limit) | {"vector_limit": vector_limit}
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    near = sorted(((int(i), float(d)) for arm, i, _, d in rows if arm == 0), key=lambda r: r[1])
-    words = sorted(
-        ((int(i), float(share), float(d)) for arm, i, share, d in rows if arm == 1), key=lambda r: (-r[1], r[2], r[0])
-    )
-    return near, words
+        return [(int(i), float(share)) for i, share in cursor.fetchall()]
+
+
+@dataclass
+class HybridSearch:
+    """Tier 2's answer: the fused candidates, best first, and their rows (without the vectors)."""
+
+    candidates: list[HybridCandidate]
+    rows: dict[int, Memory]
+    timings: dict[str, float]
 
 
 def hybrid_candidates(
-    *, user: Any, query: str, vector: list[float], now: datetime, limit: int | None = None
-) -> tuple[list[HybridCandidate], dict[str, float]]:
-    """Vector and full-text candidates of one user, fused by reciprocal rank fusion, best first."""
+    *,
+    user: Any,
+    query: str,
+    vector: list[float],
+    now: datetime,
+    limit: int | None = None,
+    small: bool | None = None,
+    words: list[tuple[int, float]] | None = None,
+) -> HybridSearch:
+    """Vector and full-text candidates of one user, fused by reciprocal rank fusion, best first, with their
+    rows. ``small`` (``_is_small_history``) and ``words`` (``word_candidates``) are what the caller has
+    read already, while the query was being embedded."""
     limit = limit or settings.MEMORY_CANDIDATES
     timings: dict[str, float] = {}
     started = time.perf_counter()
+    if words is None:
+        words = word_candidates(user_id=user.pk, query=query, now=now, limit=limit)
+        timings["text_search"] = (time.perf_counter() - started) * 1000
+        started = time.perf_counter()
+    if small is None:
+        small = _is_small_history(user.pk)
     # The vector arm asks for fewer rows: with a filtered HNSW scan every extra row of a big user's
     # history costs graph steps, while full-text candidates are cheap (bench/memory_scale.py).
     vector_limit = min(limit, settings.MEMORY_VECTOR_CANDIDATES)
-    if _is_small_history(user.pk):
-        # One pass over the user's rows serves both arms (each would read all of them anyway).
-        vector_rows, text_rows = _exact_arms(
-            user_id=user.pk, query=query, vector=vector, now=now, vector_limit=vector_limit, limit=limit
-        )
-        timings["exact_search"] = (time.perf_counter() - started) * 1000
-    else:
-        vector_rows = _vector_search(user_id=user.pk, vector=vector, now=now, limit=vector_limit, exact=False)
-        timings["vector_search"] = (time.perf_counter() - started) * 1000
-        started = time.perf_counter()
-        text_rows = _text_search(user_id=user.pk, query=query, vector=vector, now=now, limit=limit)
-        timings["text_search"] = (time.perf_counter() - started) * 1000
+    nearest, word_distance = _vector_arm(
+        user_id=user.pk, vector=vector, now=now, limit=vector_limit, exact=small, also=[i for i, _ in words]
+    )
+    timings["exact_search" if small else "vector_search"] = (time.perf_counter() - started) * 1000
+    # The word arm's ties at its cut go to the memories nearer the query.
+    words = sorted(words, key=lambda w: (-w[1], word_distance.get(w[0], 1.0), w[0]))[:limit]
     by_id: dict[int, HybridCandidate] = {}
-    for rank, (memory_id, distance) in enumerate(vector_rows, start=1):
+    for rank, (memory_id, distance) in enumerate(nearest, start=1):
         cand = by_id.setdefault(memory_id, HybridCandidate(memory_id))
         cand.vector_rank = rank
         cand.similarity = 1.0 - distance
         cand.fused += VECTOR_WEIGHT / (RRF_K + rank)
-    for rank, (memory_id, share, distance) in enumerate(text_rows, start=1):
-        cand = by_id.setdefault(memory_id, HybridCandidate(memory_id, similarity=1.0 - distance))
+    for rank, (memory_id, share) in enumerate(words, start=1):
+        cand = by_id.setdefault(
+            memory_id, HybridCandidate(memory_id, similarity=1.0 - word_distance.get(memory_id, 1.0))
+        )
         cand.text_rank = rank
         cand.text_share = share
         cand.fused += TEXT_WEIGHT / (RRF_K + rank)
-    if NEIGHBOUR_WEIGHT and by_id:
-        started = time.perf_counter()
-        _spread_to_neighbours(user_id=user.pk, by_id=by_id)
-        timings["neighbours"] = (time.perf_counter() - started) * 1000
-    fused = sorted(by_id.values(), key=lambda c: (-c.fused, -c.similarity))
-    return fused, timings
+    started = time.perf_counter()
+    rows = _neighbours_and_rows(user_id=user.pk, by_id=by_id)
+    timings["neighbours_and_rows"] = (time.perf_counter() - started) * 1000
+    # Only rows of this user that still exist (a candidate deleted meanwhile simply drops out).
+    fused = sorted((c for c in by_id.values() if c.memory_id in rows), key=lambda c: (-c.fused, -c.similarity))
+    return HybridSearch(candidates=fused, rows=rows, timings=timings)
 
 
-def _spread_to_neighbours(*, user_id: int, by_id: dict[int, HybridCandidate]) -> None:
-    """Give the episodes just before and after a strong candidate part of its score.
+# The neighbours of the best candidates, then the rows of every candidate and neighbour.
+_NEIGHBOURS_AND_ROWS_SQL = f"""
+        WITH src AS MATERIALIZED (
+            SELECT c.id,
+              (SELECT p.id FROM memory_memory p WHERE p.user_id = c.user_id AND p.kind = 'episodic' AND NOT p.archived
+                 AND p.created_at < c.created_at ORDER BY p.created_at DESC LIMIT 1) AS before_id,
+              (SELECT n.id FROM memory_memory n WHERE n.user_id = c.user_id AND n.kind = 'episodic' AND NOT n.archived
+                 AND n.created_at > c.created_at ORDER BY n.created_at ASC LIMIT 1) AS after_id
+            FROM memory_memory c
+            WHERE c.id = ANY(%(sources)s::bigint[]) AND c.user_id = %(user)s AND c.kind = 'episodic'
+        ), wanted AS (
+            SELECT unnest(%(ids)s::bigint[]) AS id UNION SELECT before_id FROM src UNION SELECT after_id FROM src
+        )
+        SELECT {", ".join(f"m.{c}" for c in _LIGHT_COLUMNS.split(", "))}, src.before_id, src.after_id
+        FROM memory_memory m LEFT JOIN src ON src.id = m.id
+        WHERE m.user_id = %(user)s AND m.id IN (SELECT id FROM wanted)
+"""
+
+
+def _neighbours_and_rows(*, user_id: int, by_id: dict[int, HybridCandidate]) -> dict[int, Memory]:
+    """Load the rows of every candidate (vectors left out), and give the episodes just before and after a
+    strong candidate part of its score: one round trip.
 
     A conversation's answer often sits in the turn next to the one that matches the words ("Yes, in
     Paris!" after "Where did you go?"): neighbours of the best candidates become candidates themselves.
     """
-    top = sorted(by_id.values(), key=lambda c: -c.fused)[:NEIGHBOUR_SOURCES]
-    sql = (
-        "SELECT c.id, "
-        "(SELECT p.id FROM memory_memory p WHERE p.user_id = c.user_id AND p.kind = 'episodic' AND NOT p.archived "
-        " AND p.created_at < c.created_at ORDER BY p.created_at DESC LIMIT 1), "
-        "(SELECT n.id FROM memory_memory n WHERE n.user_id = c.user_id AND n.kind = 'episodic' AND NOT n.archived "
-        " AND n.created_at > c.created_at ORDER BY n.created_at ASC LIMIT 1) "
-        "FROM memory_memory c WHERE c.id = ANY(%s) AND c.user_id = %s AND c.kind = 'episodic'"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [[c.memory_id for c in top], user_id])
-        rows = cursor.fetchall()
-    source = {c.memory_id: c for c in top}
-    for memory_id, before, after in rows:
-        parent = source[memory_id]
-        for neighbour in (before, after):
-            if neighbour is None:
+    if not by_id:
+        return {}
+    top = sorted(by_id.values(), key=lambda c: -c.fused)[:NEIGHBOUR_SOURCES] if NEIGHBOUR_WEIGHT else []
+    params = {
+        "sources": [c.memory_id for c in top],
+        "ids": list(by_id),
+        "user": user_id,
+    }
+    rows: dict[int, Memory] = {}
+    links: dict[int, tuple[Any, ...]] = {}
+    for memory, (before_id, after_id) in _light_memories(_NEIGHBOURS_AND_ROWS_SQL, params):
+        rows[memory.id] = memory
+        links[memory.id] = (before_id, after_id)
+    for parent in top:
+        if parent.memory_id not in rows:
+            continue
+        for neighbour in links[parent.memory_id]:
+            if neighbour is None or neighbour not in rows:
                 continue
             cand = by_id.setdefault(neighbour, HybridCandidate(neighbour))
             cand.fused += NEIGHBOUR_WEIGHT * parent.fused
             cand.similarity = max(cand.similarity, NEIGHBOUR_WEIGHT * parent.similarity)
             cand.text_share = max(cand.text_share, NEIGHBOUR_WEIGHT * parent.text_share)
+    return rows
 
 
 # --- tier 3 ------------------------------------------------------------------------------------
@@ -488,10 +526,6 @@ def _recency(memory: Memory, now: datetime) -> float:
 
 PROCEDURE = "procedure"  # the reason label of procedures in the combined tier-1 query
 _TIER1_REASONS = ("profile fact", "pinned", "recent action", PROCEDURE)
-# Every column but the vectors (not needed past the search; parsing 384 floats a row is not free).
-_LIGHT_COLUMNS = ", ".join(
-    f.column for f in Memory._meta.concrete_fields if f.name not in ("embedding", "search_vector")
-)
 # Tier 1 in one round trip: four short lookups, each on its own index, each numbered in its own order.
 # (Hand-written: the same query through the ORM took longer to compile than to run.)
 _TIER1_SQL = f"""
@@ -530,9 +564,9 @@ def _exact_lookups(
         "procedures": 50,
     }
     # Each row carries its lookup (branch) and its place in that lookup's order (rank).
-    rows = [(m.lookup_branch, m.lookup_rank, m) for m in Memory.objects.raw(_TIER1_SQL, params)]  # type: ignore[attr-defined]
+    rows = _light_memories(_TIER1_SQL, params)
     grouped: dict[str, list[Memory]] = {reason: [] for reason in _TIER1_REASONS}
-    for branch, _rank, memory in sorted(rows, key=lambda r: (r[0], r[1])):
+    for memory, (branch, _rank) in sorted(rows, key=lambda r: r[1]):
         grouped[_TIER1_REASONS[branch]].append(memory)
     return grouped
 
@@ -548,13 +582,6 @@ def _tier1_from(grouped: dict[str, list[Memory]]) -> list[tuple[Memory, str]]:
                 tier1.append((memory, reason))
                 seen.add(memory.id)
     return tier1
-
-
-def _load_light(*, ids: list[int], user_id: int) -> dict[int, Memory]:
-    if not ids:
-        return {}
-    sql = f"SELECT {_LIGHT_COLUMNS} FROM memory_memory WHERE id = ANY(%(ids)s) AND user_id = %(user)s"
-    return {m.id: m for m in Memory.objects.raw(sql, {"ids": ids, "user": user_id})}
 
 
 def memories_for_prompt(
@@ -588,8 +615,15 @@ def memories_for_prompt(
         return result
     counter = counter_for((agent.model if agent else "") or settings.LLM_MODEL or "")
 
-    # Tier 1: exact lookups.
+    # The query's vector is computed on another thread while tier 1, the size of the history and the word
+    # arm of tier 2 are read here (the model and the database both let go of the GIL): the embedding is
+    # the longest step, and only the vector arm and the candidates' rows wait for it.
     started = time.perf_counter()
+    pending = None
+    if query_vector is None and query.strip():
+        pending = embed_query_soon(query)
+
+    # Tier 1: exact lookups.
     # Profile facts, pinned memories, recent actions and the candidate procedures: one query.
     grouped = _exact_lookups(user=user, now=now, agent=agent, workflow=workflow)
     tier1 = _tier1_from(grouped)
@@ -599,19 +633,20 @@ def memories_for_prompt(
 
     # Tier 2: hybrid candidates.
     started = time.perf_counter()
-    vector = query_vector
-    if vector is None and query.strip():
-        vector = get_embedder().embed_query(query)
-    timings["embed_query"] = (time.perf_counter() - started) * 1000
+    small = _is_small_history(user.pk)
+    words = word_candidates(user_id=user.pk, query=query, now=now)
+    tier2_ms = timings["text_search"] = (time.perf_counter() - started) * 1000
+    started = time.perf_counter()
+    vector = query_vector if pending is None else pending.result()
+    timings["embed_wait"] = (time.perf_counter() - started) * 1000
     started = time.perf_counter()
     fused: list[HybridCandidate] = []
+    loaded: dict[int, Memory] = {}
     if vector is not None:
-        fused, arm_timings = hybrid_candidates(user=user, query=query, vector=vector, now=now)
-        timings.update(arm_timings)
-    # The candidates' rows, without the vectors (not needed past the search), and only this user's.
-    loaded = _load_light(ids=[c.memory_id for c in fused], user_id=user.pk)
-    fused = [c for c in fused if c.memory_id in loaded and loaded[c.memory_id].user_id == user.pk]
-    timings["tier2"] = (time.perf_counter() - started) * 1000
+        search = hybrid_candidates(user=user, query=query, vector=vector, now=now, small=small, words=words)
+        fused, loaded = search.candidates, search.rows
+        timings.update(search.timings)
+    timings["tier2"] = tier2_ms + (time.perf_counter() - started) * 1000  # without the wait for the vector
 
     # Tier 3: relevance filter.
     started = time.perf_counter()
@@ -727,8 +762,5 @@ def memory_search(*, user: Any, query: str, limit: int = 20, now: datetime | Non
     if user is None or not getattr(user, "pk", None) or not query.strip():
         return []
     vector = get_embedder().embed_query(query)
-    fused, _ = hybrid_candidates(user=user, query=query, vector=vector, now=now, limit=limit)
-    loaded = Memory.objects.in_bulk([c.memory_id for c in fused])
-    return [loaded[c.memory_id] for c in fused if c.memory_id in loaded and loaded[c.memory_id].user_id == user.pk][
-        :limit
-    ]
+    search = hybrid_candidates(user=user, query=query, vector=vector, now=now, limit=limit)
+    return [search.rows[c.memory_id] for c in search.candidates][:limit]

@@ -60,3 +60,51 @@ def test_reembed_command_updates_stale_memories(alice: Any, settings: Any) -> No
     out = StringIO()
     call_command("reembed_memories", stdout=out)
     assert "Nothing to re-embed" in out.getvalue()
+
+
+def test_query_embedding_soon_gives_the_same_vector_and_its_errors() -> None:
+    from memory.embedding import embed_query_soon
+
+    assert embed_query_soon("I live in Lisbon").result() == get_embedder().embed_query("I live in Lisbon")
+
+    class Broken(HashingEmbedder):
+        def embed_query(self, text: str) -> list[float]:
+            raise RuntimeError("embedding service down")
+
+    from memory import embedding
+
+    embedding._instances["broken"] = Broken(384)
+    try:
+        future = embed_query_soon("anything", backend="broken")
+        with pytest.raises(RuntimeError, match="embedding service down"):
+            future.result()
+    finally:
+        del embedding._instances["broken"]
+
+
+@pytest.mark.real_embedder
+def test_real_query_embeddings_run_on_a_one_thread_worker_and_leave_the_caller_alone() -> None:
+    import threading
+
+    import torch
+
+    from memory.embedding import embed_query_soon
+
+    embedder = get_embedder()
+    callers_threads = torch.get_num_threads()
+    seen: dict[str, Any] = {}
+    real = embedder.embed_query
+
+    def spy(text: str) -> list[float]:
+        seen["thread"] = threading.current_thread().name
+        seen["torch_threads"] = torch.get_num_threads()
+        return real(text)
+
+    embedder.embed_query = spy  # type: ignore[method-assign]
+    try:
+        vector = embed_query_soon("The flight was cancelled").result(timeout=60)
+    finally:
+        del embedder.embed_query  # type: ignore[method-assign]
+    assert vector == pytest.approx(embedder.embed_query("The flight was cancelled"), abs=1e-5)
+    assert seen["thread"].startswith("embed-query") and seen["torch_threads"] == 1
+    assert torch.get_num_threads() == callers_threads  # per thread: batch embedding keeps every core

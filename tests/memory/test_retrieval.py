@@ -274,25 +274,133 @@ def test_big_histories_get_an_hnsw_index_of_their_own(alice: Any, bob: Any, sett
     assert user_indexes_present() == {}
 
 
-def test_one_pass_over_a_small_history_gives_both_arms_as_the_separate_searches(alice: Any, bob: Any) -> None:
-    from memory.embedding import get_embedder
-    from memory.selectors import _exact_arms, _text_search, _vector_search
+def test_word_arm_weights_rare_words_breaks_ties_by_recency_and_stays_per_user(alice: Any, bob: Any) -> None:
+    from memory.selectors import word_candidates
 
-    for i, text in enumerate(
-        ["trains to Porto", "the Porto ferry", "cheese in Porto", "trains in Lisbon", "jazz bars", "a quiet hotel"] * 2
-    ):
-        memory_create(user=alice, kind="episodic", text=f"User: {text}, note {i}")
-    memory_create(user=alice, kind="semantic", text="The user likes trains.", fact_key="likes")
+    # "trains" is in every memory (a low idf); "Porto" in two; a memory with both has the whole share.
+    both = memory_create(user=alice, kind="episodic", text="User: trains to Porto")
+    common = [memory_create(user=alice, kind="episodic", text=f"User: trains, note {i}") for i in range(4)]
+    ferry = memory_create(user=alice, kind="episodic", text="User: the Porto ferry and its trains")
     memory_create(user=bob, kind="episodic", text="User: trains to Porto, Bob's")
-    query = "trains to Porto"
-    vector = get_embedder().embed_query(query)
+
+    found = word_candidates(user_id=alice.pk, query="trains to Porto", now=timezone.now(), limit=10)
+
+    ids = [i for i, _ in found]
+    shares = dict(found)
+    assert shares[both.id] == 1.0 and shares[ferry.id] == 1.0
+    assert ids[:2] == [ferry.id, both.id]  # equal shares: the newer first
+    assert all(shares[m.id] < 0.5 for m in common)  # the word everyone has counts for little
+    assert ids[2:] == [m.id for m in reversed(common)]
+    assert set(ids) <= set(Memory.objects.filter(user=alice).values_list("id", flat=True))
+    assert word_candidates(user_id=alice.pk, query="the of", now=timezone.now()) == []  # stop words only
+
+
+def test_word_ties_at_the_cut_go_to_the_memories_nearer_the_query(alice: Any, settings: Any) -> None:
+    from memory.embedding import get_embedder
+    from memory.selectors import hybrid_candidates, word_candidates
+
+    settings.MEMORY_VECTOR_CANDIDATES = 1
+    # Four memories with the query's one word: equal shares. The nearest two by meaning are the oldest.
+    near = [
+        memory_create(user=alice, kind="episodic", text="User: passport renewal at the passport office"),
+        memory_create(user=alice, kind="episodic", text="User: my passport renewal form for the office"),
+    ]
+    for text in ("User: passport photos, glossy", "User: passport colour is red"):
+        memory_create(user=alice, kind="episodic", text=text)
+    query = "passport renewal office"
     now = timezone.now()
 
-    near, words = _exact_arms(user_id=alice.pk, query=query, vector=vector, now=now, vector_limit=5, limit=8)
+    handed = word_candidates(user_id=alice.pk, query="passport", now=now, limit=2)
+    assert len(handed) == 4 and len({share for _, share in handed}) == 1  # every tie is handed over
 
-    assert [i for i, _ in near] == [i for i, _ in _vector_search(user_id=alice.pk, vector=vector, now=now, limit=5)]
-    separate = _text_search(user_id=alice.pk, query=query, vector=vector, now=now, limit=8)
-    assert [(i, round(s, 6)) for i, s, _ in words] == [(i, round(s, 6)) for i, s, _ in separate]
-    assert words and words[0][1] == 1.0  # a memory with every query word has the whole share
-    mine = set(Memory.objects.filter(user=alice).values_list("id", flat=True))
-    assert {i for i, _ in near} | {i for i, _, _ in words} <= mine
+    vector = get_embedder().embed_query(query)
+    search = hybrid_candidates(user=alice, query="passport", vector=vector, now=now, limit=2)
+    ranked = sorted((c for c in search.candidates if c.text_rank), key=lambda c: c.text_rank or 0)
+    assert [c.memory_id for c in ranked] == sorted((m.id for m in near), key=lambda i: -search_similarity(search, i))
+
+
+def search_similarity(search: Any, memory_id: int) -> float:
+    return next(c.similarity for c in search.candidates if c.memory_id == memory_id)
+
+
+def test_a_word_only_candidate_gets_its_own_similarity_to_the_query(alice: Any, settings: Any) -> None:
+    from memory.embedding import get_embedder
+    from memory.selectors import hybrid_candidates
+
+    settings.MEMORY_VECTOR_CANDIDATES = 1
+    near = memory_create(user=alice, kind="episodic", text="User: the honeymoon in Kyoto was lovely")
+    far = memory_create(user=alice, kind="episodic", text="User: honeymoon budget spreadsheet columns")
+    query = "honeymoon in Kyoto"
+    vector = get_embedder().embed_query(query)
+
+    search = hybrid_candidates(user=alice, query=query, vector=vector, now=timezone.now())
+
+    by_id = {c.memory_id: c for c in search.candidates}
+    assert by_id[near.id].vector_rank == 1 and by_id[far.id].vector_rank is None and by_id[far.id].text_rank
+    stored = Memory.objects.get(pk=far.pk).embedding
+    cosine = sum(a * b for a, b in zip(vector, stored, strict=True))
+    assert by_id[far.id].similarity == pytest.approx(cosine, abs=1e-5)
+    assert set(search.rows) == {near.id, far.id} and "embedding" in search.rows[far.id].get_deferred_fields()
+
+
+def test_candidate_rows_are_built_without_database_converters() -> None:
+    # The light rows are built with Memory.from_db, without the converters Memory.objects.raw would apply:
+    # a field that needs one (a JSONField, say) must not join them unnoticed.
+    from django.db import connection
+
+    from memory.selectors import _LIGHT_FIELDS
+
+    assert {f.name for f in _LIGHT_FIELDS} >= {"id", "user", "text", "created_at", "importance"}
+    for field in _LIGHT_FIELDS:
+        assert not field.get_db_converters(connection), field.name
+        assert not connection.ops.get_db_converters(field.get_col(Memory._meta.db_table)), field.name
+
+
+def test_the_query_is_embedded_while_tier_1_is_read(alice: Any, settings: Any) -> None:
+    import threading
+
+    from django.db import connection
+
+    from memory import embedding
+
+    fact = memory_create(user=alice, kind="semantic", text="The user's home airport is LIS.", fact_key="home_airport")
+    trip = memory_create(user=alice, kind="episodic", text="User: I flew to Kyoto for the honeymoon")
+    hashing = embedding.HashingEmbedder(384)
+    tier1_started = threading.Event()
+    threads: list[str] = []
+
+    class WaitsForTier1:
+        """Answers only once the caller's tier-1 query has gone out: sequential code would time out here."""
+
+        name, dimensions = "waits-for-tier-1", 384
+
+        def embed(self, texts: list[str]) -> list[list[float]]:
+            return hashing.embed(texts)
+
+        def embed_query(self, text: str) -> list[float]:
+            threads.append(threading.current_thread().name)
+            if not tier1_started.wait(timeout=10):
+                raise AssertionError("the query was embedded before tier 1 was asked for")
+            return hashing.embed_query(text)
+
+    def watch(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if "lookup_rank" in sql:
+            tier1_started.set()
+        return execute(sql, params, many, context)
+
+    embedding._instances["waits-for-tier-1"] = WaitsForTier1()
+    settings.EMBEDDING_BACKEND = "waits-for-tier-1"
+    try:
+        with connection.execute_wrapper(watch):
+            result = _retrieve(alice, "where did I fly for the honeymoon", relevance_threshold=0.0)
+    finally:
+        del embedding._instances["waits-for-tier-1"]
+    assert threads and threads[0].startswith("embed-query")
+    inline = _retrieve(
+        alice,
+        "where did I fly for the honeymoon",
+        relevance_threshold=0.0,
+        query_vector=hashing.embed_query("where did I fly for the honeymoon"),
+    )
+    assert [i.memory.id for i in result.items] == [i.memory.id for i in inline.items]
+    assert {fact.id, trip.id} <= {i.memory.id for i in result.items}

@@ -102,6 +102,12 @@ def summary_request_if_due(*, session: ChatSession) -> bool:
     if not due or due <= session.summary_requested_seq:
         # Not due, or this request was made already (as this copy of the session knows it).
         return False
+    requested = session.summary_requested_seq
+    if requested > session.summary_through_seq and due - requested < _batch_turns():
+        # A request is still in flight: one at a time. Each task is a model call, and a worker that lags
+        # would otherwise get one per turn. A lost request is superseded once a batch more is due (or
+        # sent again by the sweep, ``summaries_requeue``).
+        return False
     # Compare-and-set, so two turns finishing together request once; a lost task is superseded by
     # the next request, whose seq is higher.
     updated = ChatSession.objects.filter(pk=session.pk, summary_requested_seq__lt=due).update(summary_requested_seq=due)

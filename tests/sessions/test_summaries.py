@@ -88,6 +88,37 @@ def test_request_enqueues_once_after_commit(
     assert len(sent) == 1
 
 
+def test_one_request_in_flight_until_a_batch_more_is_due(
+    alice: Any, agent: Agent, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[int] = []
+    monkeypatch.setattr("sessions.tasks.summarize_session.delay", lambda sid, seq: sent.append(seq))
+    session = make_session(alice, agent, 6)
+
+    def finish_turn(seq: int) -> bool:
+        Turn.objects.create(
+            session=session,
+            seq=seq,
+            user_message=f"question {seq}",
+            assistant_message="answer",
+            status=Turn.Status.COMPLETED,
+        )
+        with django_capture_on_commit_callbacks(execute=True):
+            return summary_request_if_due(session=session)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert summary_request_if_due(session=session) is True
+    assert sent == [5]
+    # The worker lags: the next turn makes one more turn due, and no second task goes out for it ...
+    assert finish_turn(7) is False and sent == [5]
+    # ... until a batch more is due (a lost request is superseded then).
+    assert finish_turn(8) is True and sent == [5, 7]
+    # Once the summary has caught up, the next due batch is requested at once.
+    ChatSession.objects.filter(pk=session.pk).update(summary_through_seq=7)
+    session.refresh_from_db()
+    assert finish_turn(9) is False and finish_turn(10) is True and sent == [5, 7, 9]
+
+
 def test_model_summary_is_stored_and_the_service_is_idempotent(alice: Any, agent: Agent) -> None:
     session = make_session(alice, agent, 6)
     provider = ScriptedProvider(["- Frequent flyer QX-4471; allergic to peanuts.\n- Pending: seat choice."])

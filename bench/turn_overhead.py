@@ -16,7 +16,7 @@ counter and budgets, the same memories and the same user messages, on the same e
 The two run interleaved (one turn each, alternately) so machine noise hits both alike. LangGraph's fake
 model call skips our provider's bookkeeping (the ``LLMCall`` row is counted on our side only).
 
-Run alone: ``python -m bench turn_overhead [-- --turns 200 --warmup 20 --memories 300 --profile]``;
+Run alone: ``python -m bench turn_overhead [-- --turns 200 --warmup 20 --memories 300 --profile --phases]``;
 needs ``requirements-bench.txt`` (``make bench`` installs it into ``.venv-peers``).
 """
 
@@ -317,12 +317,64 @@ def _profile_ours(ours: OurSide, messages: list[str]) -> str:
     return profiler.output_text(unicode=False, color=False, show_all=False)
 
 
+# The runtime's steps, timed per turn by wrapping them where the runtime looks them up (module attributes).
+_PHASES = (
+    ("agents.runtime", "turn_begin", "turn_begin: lock, session, Turn row, checkpoint"),
+    ("agents.runtime", "_retrieve", "memory retrieval (tiers 1-4)"),
+    ("sessions.context", "recent_turns_for", "history read"),
+    ("sessions.context", "build_prompt", "prompt build and token counts"),
+    ("agents.runtime", "_reload", "session reloads (one inside turn_begin)"),
+    ("agents.runtime", "_complete_turn", "completing the turn (incl. after-commit work)"),
+    ("agents.runtime", "_after_turn", "  after-commit work"),
+    ("sessions.summaries", "summary_request_if_due", "    summary check"),
+    ("memory.services", "memory_writes_enqueue", "    memory-write enqueue"),
+)
+
+
+def _phases_ours(ours: OurSide, messages: list[str]) -> dict[str, float]:
+    """Milliseconds per turn spent in each of the runtime's steps (``_PHASES``) over ``messages``."""
+    import functools
+    import importlib
+
+    spent = dict.fromkeys((label for _, _, label in _PHASES), 0.0)
+    originals: list[tuple[Any, str, Any]] = []
+
+    def timed(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[label] += time.perf_counter() - started
+
+        return wrapper
+
+    for module_name, name, label in _PHASES:
+        module = importlib.import_module(module_name)
+        originals.append((module, name, getattr(module, name)))
+        setattr(module, name, timed(getattr(module, name), label))
+    try:
+        started = time.perf_counter()
+        for message in messages:
+            ours.turn(message)
+        total = time.perf_counter() - started
+    finally:
+        for module, name, fn in originals:
+            setattr(module, name, fn)
+    per_turn = {label: round(seconds * 1000 / len(messages), 2) for label, seconds in spent.items()}
+    return {"whole turn": round(total * 1000 / len(messages), 2), **per_turn}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="bench turn_overhead", description=__doc__)
     parser.add_argument("--turns", type=int, default=200, help="measured turns per side")
     parser.add_argument("--warmup", type=int, default=20, help="unmeasured turns per side first")
     parser.add_argument("--memories", type=int, default=300, help="memories of the user on each side")
     parser.add_argument("--profile", action="store_true", help="then profile 50 more of our turns with pyinstrument")
+    parser.add_argument(
+        "--phases", action="store_true", help="then time the runtime's steps over 200 more of our turns"
+    )
     parser.add_argument("--no-write", action="store_true")
     args, _ = parser.parse_known_args(argv)
 
@@ -349,7 +401,8 @@ def main(argv: list[str]) -> int:
     cleanup = _route_celery_to_a_throwaway_queue()
     use_database(OUR_DATABASE)
     texts = memory_texts(args.memories)
-    messages = user_messages(args.warmup + args.turns + (50 if args.profile else 0))
+    extra = (50 if args.profile else 0) + (200 if args.phases else 0)
+    messages = user_messages(args.warmup + args.turns + extra)
     ours = OurSide(memories=texts)
     history_budget, memory_budget, model = ours.budgets()
     theirs = LangGraphSide(
@@ -362,6 +415,7 @@ def main(argv: list[str]) -> int:
     ours_ms: list[float] = []
     theirs_ms: list[float] = []
     profile = ""
+    phases: dict[str, float] = {}
     queries: dict[str, Any] = {}
     try:
         with mock.patch("agents.llm.providers.get_provider", ours.provider):
@@ -375,8 +429,12 @@ def main(argv: list[str]) -> int:
                 (ours_ms if first is ours else theirs_ms).append(a)
                 (ours_ms if second is ours else theirs_ms).append(b)
             queries = _query_breakdown(ours, messages[0])
+            rest = messages[args.warmup + args.turns :]
             if args.profile:
-                profile = _profile_ours(ours, messages[args.warmup + args.turns :])
+                profile = _profile_ours(ours, rest[:50])
+                rest = rest[50:]
+            if args.phases:
+                phases = _phases_ours(ours, rest[:200])
     finally:
         theirs.close()
         cleanup()
@@ -391,6 +449,7 @@ def main(argv: list[str]) -> int:
         "goal": f"ours at most {GOAL_RATIO:.0%} of LangGraph's",
         "goal_met": ratio["p50"] <= GOAL_RATIO and ratio["p95"] <= GOAL_RATIO,
         "ours_sql_one_turn": queries,
+        **({"ours_phases_ms_per_turn": phases} if phases else {}),
         "setup": {
             "memories_per_side": args.memories,
             "warmup_turns": args.warmup,
@@ -411,6 +470,10 @@ def main(argv: list[str]) -> int:
         f"one of our turns: {queries['statements']} SQL statements {queries['by_kind']}, "
         f"{queries['sql_ms']:.0f} of {queries['turn_ms']:.0f} ms in the database"
     )
+    if phases:
+        print("our turn's steps, ms per turn over 200 more turns (nested lines are part of the line above):")
+        for label, ms in phases.items():
+            print(f"  {label:<52}{ms:>8.2f}")
     if profile:
         where = "/tmp/turn_overhead_profile.txt" if args.no_write else "bench/results/turn_overhead_profile.txt"
         print(f"pyinstrument profile of 50 more turns: {where}")

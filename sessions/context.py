@@ -385,6 +385,7 @@ def build_prompt(*, inputs: PromptInputs, budget: ContextBudget, counter: TokenC
 
     simplified = 0
     summary_shortened = False
+    unsummarized = set(kept_unsummarized)
     while True:
         messages, sections = _assemble(draft, inputs, message_msg, tool_messages, counter)
         total = sum(sections.values())
@@ -397,7 +398,7 @@ def build_prompt(*, inputs: PromptInputs, budget: ContextBudget, counter: TokenC
                 oldest = draft.turns.pop(0)
                 over -= sum(counter.count_message(m) for m in turn_messages[oldest.seq])
                 reason = "degraded: window shrunk"
-                if oldest.seq in kept_unsummarized:
+                if oldest.seq in unsummarized:
                     reason += " (not yet in the summary)"
                 turns_dropped.append({"seq": oldest.seq, "reason": reason})
             note("shrink_window")
@@ -439,6 +440,7 @@ def build_prompt(*, inputs: PromptInputs, budget: ContextBudget, counter: TokenC
             continue
         raise ContextOverflowError(total=total, limit=limit, sections=sections, degradations=degradations)
 
+    included = {t.seq for t in draft.turns}
     composition: dict[str, Any] = {
         "limit": limit,
         "total": total,
@@ -450,7 +452,7 @@ def build_prompt(*, inputs: PromptInputs, budget: ContextBudget, counter: TokenC
         "turns": {
             "included": [t.seq for t in draft.turns],
             "dropped": sorted(turns_dropped, key=lambda d: d["seq"]),
-            "kept_unsummarized": [s for s in kept_unsummarized if any(t.seq == s for t in draft.turns)],
+            "kept_unsummarized": [s for s in kept_unsummarized if s in included],
             "window_turns": budget.window_turns,
         },
         "memories": {"included": [m.id for m in draft.memories], "dropped": memories_dropped},

@@ -295,9 +295,17 @@ class BaseProvider:
         latency_ms: float,
         tools: list[ToolSpec] | None,
         ttft_ms: float | None = None,
+        counted_prompt: int | None = None,
     ) -> Completion:
+        """The call's completion. Its prompt tokens: as the server reported them, else ``counted_prompt`` (the
+        context builder's count of these very messages and tools), else counted here."""
         counter = self.counter
-        prompt_tokens = raw.prompt_tokens if raw.prompt_tokens is not None else self._prompt_tokens(messages, tools)
+        if raw.prompt_tokens is not None:
+            prompt_tokens = raw.prompt_tokens
+        elif counted_prompt is not None:
+            prompt_tokens = counted_prompt
+        else:
+            prompt_tokens = self._prompt_tokens(messages, tools)
         if raw.completion_tokens is not None:
             completion_tokens = raw.completion_tokens
         else:
@@ -500,8 +508,16 @@ class RecordedStream:
             prompt_tokens=prompt_tokens,
             retries=retries,
         )
+        # A reply the runtime streams was built by the context builder, which counted exactly these messages
+        # and tools (its sections add up to the prompt's total): no need to count them again.
+        sections = self._ctx.prompt_sections
         return self._provider._completion(
-            self._messages, raw, latency_ms=_ms_since(started), tools=self._tools, ttft_ms=ttft_ms
+            self._messages,
+            raw,
+            latency_ms=_ms_since(started),
+            tools=self._tools,
+            ttft_ms=ttft_ms,
+            counted_prompt=sum(sections.values()) if sections else None,
         )
 
 

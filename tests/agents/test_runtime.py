@@ -385,3 +385,23 @@ def test_a_free_chat_turn_sends_a_bounded_number_of_sql_statements(
     assert len(statements) <= 27, "\n".join(s[:120] for s in statements)
     assert not [s for s in statements if s.startswith("UPDATE") and "memory_memory" in s]
     assert sum(1 for s in statements if s == "COMMIT") <= 2  # the message, then the reply
+
+
+@pytest.mark.django_db
+def test_a_replys_recorded_prompt_tokens_are_the_builders_count_of_what_was_sent(
+    alice: Any, chat_agent: Agent, scripted: ScriptedProvider
+) -> None:
+    from agents.llm.tokens import counter_for
+    from agents.models import LLMCall
+
+    session = session_create(user=alice, agent=chat_agent)
+    for text in ("My name is Ana and I fly from Lisbon.", "What is my name?"):
+        scripted.add(f"Noted: {text}")
+        turn_run(session=session, message=text)
+
+    # The scripted model reports no usage: the record takes the context builder's count, which must be
+    # exactly what counting the sent messages gives.
+    request = scripted.requests[-1]
+    call = LLMCall.objects.filter(session_id=session.pk, purpose="reply").latest("id")
+    counted = counter_for(scripted.model).count_messages(request.messages)
+    assert call.prompt_tokens == counted == sum(call.prompt_sections.values())

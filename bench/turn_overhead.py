@@ -399,6 +399,9 @@ def main(argv: list[str]) -> int:
     # As in production: DEBUG's query log and debug cursor wrapper are not part of a turn's cost.
     settings.DEBUG = False
     cleanup = _route_celery_to_a_throwaway_queue()
+    # A new database for each run, as LangGraph's side gets: every run starts from the same state, not from
+    # the previous runs' deleted rows (dead tuples in the tables and indexes until autovacuum comes).
+    _recreate_database(OUR_DATABASE)
     use_database(OUR_DATABASE)
     texts = memory_texts(args.memories)
     extra = (50 if args.profile else 0) + (200 if args.phases else 0)

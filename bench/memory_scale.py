@@ -254,7 +254,7 @@ def measure(*, queries: int, seed: int = 11) -> dict[str, Any]:
     embedder = get_embedder()
     embedder.embed_query("warm up the model")
     out: dict[str, Any] = {}
-    parts = ("tier1", "exact_search", "vector_search", "text_search", "neighbours_and_rows")
+    parts = ("tier1", "history_size", "text_search", "exact_search", "vector_search", "neighbours_and_rows")
     for label, pick in (("big_user", lambda: big), ("normal_user", lambda: normal[int(rng.integers(len(normal)))])):
         series: dict[str, list[float]] = {"tiers_1_2": [], "retrieval_no_model": [], "retrieval_with_embedding": []}
         breakdown: dict[str, list[float]] = {part: [] for part in parts}
@@ -278,7 +278,7 @@ def measure(*, queries: int, seed: int = 11) -> dict[str, Any]:
                 series["retrieval_no_model"].append(whole)
                 series["retrieval_with_embedding"].append(with_embedding)
                 for part in parts:
-                    if part in timings:  # small histories: one exact pass; big ones: the two arms
+                    if part in timings:  # small histories: exact_search; big ones: vector_search
                         breakdown[part].append(timings[part])
         out[label] = {name: _percentiles(values) for name, values in series.items()}
         out[label]["tiers_1_2_parts"] = {part: _percentiles(xs) for part, xs in breakdown.items() if len(xs) > 1}

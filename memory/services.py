@@ -598,8 +598,16 @@ def users_needing_own_index(*, minimum: int | None = None) -> dict[int, int]:
     return {int(user_id): int(n) for user_id, n in rows}
 
 
-def user_indexes_sync(*, minimum: int | None = None, on_index: Callable[[int], None] | None = None) -> UserIndexSync:
+def user_indexes_sync(
+    *,
+    minimum: int | None = None,
+    on_plan: Callable[[int], None] | None = None,
+    on_index: Callable[[int], None] | None = None,
+) -> UserIndexSync:
     """Create the per-user HNSW indexes big histories need, and drop those of users who no longer need one.
+
+    ``on_plan(n)`` hears how many indexes will be built, before the first; ``on_index(user_id)``, each one
+    built (a progress bar, say).
 
     Indexes are built and dropped CONCURRENTLY (no lock on writes; it cannot run in a transaction). A user
     is dropped only below half the threshold, so one hovering around it does not rebuild every day.
@@ -620,10 +628,11 @@ def user_indexes_sync(*, minimum: int | None = None, on_index: Callable[[int], N
             cursor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{invalid}"')
         # The graph of one big history fits in this much memory, which makes the build several times faster.
         cursor.execute("SET maintenance_work_mem = %s", [USER_INDEX_BUILD_MEMORY])
-        for user_id in sorted(wanted):
-            if user_id in present:
-                result.kept.append(user_id)
-                continue
+        result.kept = sorted(wanted & present.keys())
+        to_build = sorted(wanted - present.keys())
+        if on_plan is not None:
+            on_plan(len(to_build))
+        for user_id in to_build:
             cursor.execute(
                 f'CREATE INDEX CONCURRENTLY IF NOT EXISTS "{user_index_name(user_id)}" ON memory_memory '
                 "USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64) "

@@ -99,10 +99,10 @@ def summary_request_if_due(*, session: ChatSession) -> bool:
         counter=counter_for(session.agent.model),
         through_seq=session.summary_through_seq,
     )
-    if not due or due <= session.summary_requested_seq:
+    requested = session.summary_requested_seq
+    if not due or due <= requested:
         # Not due, or this request was made already (as this copy of the session knows it).
         return False
-    requested = session.summary_requested_seq
     if requested > session.summary_through_seq and due - requested < _batch_turns():
         # A request is still in flight: one at a time. Each task is a model call, and a worker that lags
         # would otherwise get one per turn. A lost request is superseded once a batch more is due (or

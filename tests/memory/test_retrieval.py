@@ -274,6 +274,28 @@ def test_big_histories_get_an_hnsw_index_of_their_own(alice: Any, bob: Any, sett
     assert user_indexes_present() == {}
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_index_command_builds_keeps_and_drops_per_user_indexes(alice: Any, settings: Any) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from memory.services import user_indexes_present
+
+    settings.MEMORY_EXACT_SEARCH_MAX = 6
+    for i in range(8):
+        memory_create(user=alice, kind="episodic", text=f"User: note {i}")
+
+    def run(*args: str) -> str:
+        out = StringIO()
+        call_command("memory_user_indexes", *args, stdout=out)
+        return out.getvalue()
+
+    assert "1 created, 0 kept, 0 dropped" in run() and set(user_indexes_present()) == {alice.pk}
+    assert "0 created, 1 kept, 0 dropped" in run()
+    assert "0 created, 0 kept, 1 dropped" in run("--min", "100") and user_indexes_present() == {}
+
+
 def test_word_arm_weights_rare_words_breaks_ties_by_recency_and_stays_per_user(alice: Any, bob: Any) -> None:
     from memory.selectors import word_candidates
 
@@ -316,10 +338,10 @@ def test_word_ties_at_the_cut_go_to_the_memories_nearer_the_query(alice: Any, se
     vector = get_embedder().embed_query(query)
     search = hybrid_candidates(user=alice, query="passport", vector=vector, now=now, limit=2)
     ranked = sorted((c for c in search.candidates if c.text_rank), key=lambda c: c.text_rank or 0)
-    assert [c.memory_id for c in ranked] == sorted((m.id for m in near), key=lambda i: -search_similarity(search, i))
+    assert [c.memory_id for c in ranked] == sorted((m.id for m in near), key=lambda i: -_similarity(search, i))
 
 
-def search_similarity(search: Any, memory_id: int) -> float:
+def _similarity(search: Any, memory_id: int) -> float:
     return next(c.similarity for c in search.candidates if c.memory_id == memory_id)
 
 

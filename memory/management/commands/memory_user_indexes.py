@@ -12,7 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from memory.services import user_indexes_present, user_indexes_sync, users_needing_own_index
+from memory.services import user_indexes_sync
 
 
 class Command(BaseCommand):
@@ -22,12 +22,14 @@ class Command(BaseCommand):
         parser.add_argument("--min", type=int, default=None, help="memories a user needs for an index of their own")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        wanted = users_needing_own_index(minimum=options["min"])
-        to_build = len(set(wanted) - set(user_indexes_present()))
         columns = (TextColumn("building per-user HNSW indexes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, disable=not self.stdout.isatty()) as progress:
-            task = progress.add_task("indexes", total=to_build)
-            result = user_indexes_sync(minimum=options["min"], on_index=lambda _user: progress.advance(task))
+            task = progress.add_task("indexes", total=None)
+            result = user_indexes_sync(
+                minimum=options["min"],
+                on_plan=lambda n: progress.update(task, total=n),
+                on_index=lambda _user: progress.advance(task),
+            )
         self.stdout.write(
             self.style.SUCCESS(
                 f"Per-user vector indexes: {len(result.created)} created, {len(result.kept)} kept, "

@@ -33,11 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
-from django.db.models import Case, Count, F, Max, PositiveIntegerField, Q, Subquery, When
+from django.db.models import Case, Exists, F, OuterRef, PositiveIntegerField, Subquery, When
 from django.utils import timezone
 
 from agents.llm.base import CallContext, LLMError, Message, StructuredOutputError, TruncatedOutputError
 from agents.routing import RouteOutcome, route_message
+from config.db import refresh_from, update_returning
 from sessions.models import ChatSession, Checkpoint, Turn
 
 if TYPE_CHECKING:
@@ -228,7 +229,7 @@ def turn_begin(
             "Another message on this session is still being answered; try again when it has finished."
         )
     try:
-        _reload(session)
+        last, orphans = _reload_with_last_seq(session)
         if session.status == ChatSession.Status.CLOSED:
             raise SessionClosedError("This session is closed.")
         if key:
@@ -238,9 +239,8 @@ def turn_begin(
                 return TurnHandle(session=session, turn=None, lock=None, replay=same)
             if same is not None:
                 # The first request with this key crashed mid-turn: finish that turn instead of starting another.
-                orphans = [t for t in _orphaned_turns(session) if t.pk != same.pk]
-                return TurnHandle(session=session, turn=same, lock=lock, orphans=orphans, resumed=True)
-        last, orphans = _last_seq_and_orphans(session)
+                others = [t for t in orphans if t.pk != same.pk]
+                return TurnHandle(session=session, turn=same, lock=lock, orphans=others, resumed=True)
         with transaction.atomic():
             turn = Turn.objects.create(
                 session=session,
@@ -376,11 +376,19 @@ def _orphaned_turns(session: ChatSession) -> list[Turn]:
     return list(session.turns.filter(status__in=[Turn.Status.RUNNING, Turn.Status.PENDING]).order_by("seq"))
 
 
-def _last_seq_and_orphans(session: ChatSession) -> tuple[int, list[Turn]]:
-    """The session's last turn number and its orphaned turns, in one query (orphans are rare)."""
-    unfinished = Q(status__in=[Turn.Status.RUNNING, Turn.Status.PENDING])
-    row = session.turns.aggregate(last=Max("seq"), unfinished=Count("pk", filter=unfinished))
-    return int(row["last"] or 0), (_orphaned_turns(session) if row["unfinished"] else [])
+def _reload_with_last_seq(session: ChatSession) -> tuple[int, list[Turn]]:
+    """``_reload``, and the session's last turn number and orphaned turns, in one query (orphans are rare)."""
+    turns = Turn.objects.filter(session=OuterRef("pk"))
+    fresh = (
+        ChatSession.objects.select_related("agent", "user")
+        .annotate(
+            last_seq=Subquery(turns.order_by("-seq").values("seq")[:1]),
+            unfinished=Exists(turns.filter(status__in=[Turn.Status.RUNNING, Turn.Status.PENDING])),
+        )
+        .get(pk=session.pk)
+    )
+    refresh_from(session, fresh)
+    return int(fresh.last_seq or 0), (_orphaned_turns(session) if fresh.unfinished else [])
 
 
 def _reload(session: ChatSession) -> None:
@@ -802,8 +810,6 @@ def _reply_loop(
         prompt_tokens=built.total_tokens if built is not None else 0,
         is_demo=provider.is_demo,
     )
-    _reload(session)
-    turn.refresh_from_db()
     yield {"type": "state", "state": session.state, "data": session.data, "status": session.status}
     yield _done_event(turn, session)
 
@@ -850,8 +856,6 @@ def _at_step_limit(session: ChatSession, turn: Turn, agent: Agent, reply_parts: 
             prompt_tokens=0,
             is_demo=False,
         )
-        _reload(session)
-        turn.refresh_from_db()
         yield {"type": "delta", "text": f"\n\n({note})"}
         yield _done_event(turn, session)
         return
@@ -882,22 +886,6 @@ def _complete_turn(
         raise TurnLockLost("The database connection was lost mid-turn and another request is finishing this turn.")
     now = timezone.now()
     with transaction.atomic():
-        fields: dict[str, Any] = {
-            "status": Turn.Status.COMPLETED,
-            "assistant_message": reply,
-            "steps": steps,
-            "retrieval": retrieval,
-            "prompt_tokens": prompt_tokens,
-            "completed_at": now,
-            # The state as stored, read by the same statement.
-            "state_after": Subquery(ChatSession.objects.filter(pk=session.pk).values("state")[:1]),
-            "error": "",
-        }
-        if composition:
-            fields["composition"] = composition
-        if is_demo:
-            fields["is_demo"] = True
-        Turn.objects.filter(pk=turn.pk).update(**fields)
         session_fields: dict[str, Any] = {"updated_at": now}
         if session.workflow == "free_chat":
             # No transitions in free chat: a turn that succeeds is what resets the failure count
@@ -908,7 +896,30 @@ def _complete_turn(
                 default=F("version"),
                 output_field=PositiveIntegerField(),
             )
-        ChatSession.objects.filter(pk=session.pk).update(**session_fields)
+        # The session row is locked from here to the commit; the turn records the state it returned.
+        stored = update_returning(ChatSession.objects.filter(pk=session.pk), **session_fields)
+        if not stored:
+            raise ChatSession.DoesNotExist("The session was deleted while its turn ran.")
+        fields: dict[str, Any] = {
+            "status": Turn.Status.COMPLETED,
+            "assistant_message": reply,
+            "steps": steps,
+            "retrieval": retrieval,
+            "prompt_tokens": prompt_tokens,
+            "completed_at": now,
+            "state_after": stored[0].state,
+            "error": "",
+        }
+        if composition:
+            fields["composition"] = composition
+        if is_demo:
+            fields["is_demo"] = True
+        saved = update_returning(Turn.objects.filter(pk=turn.pk), **fields)
+        if not saved:
+            raise Turn.DoesNotExist("The turn was deleted while it ran.")
+        # Both rows as written: no re-read after the commit (the session keeps its agent and user).
+        refresh_from(session, stored[0])
+        refresh_from(turn, saved[0])
         transaction.on_commit(lambda: _after_turn(turn, session))
 
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import socket
+from typing import Any, TypeVar
 
-from django.db import connection, connections
+from django.db import connection, connections, transaction
+from django.db.models import Model, QuerySet
+
+M = TypeVar("M", bound=Model)
 
 
 def database_url(name: str | None = None) -> str:
@@ -39,3 +43,53 @@ def reconnect_if_broken() -> bool:
         return False
     connection.close()
     return True
+
+
+def update_returning(queryset: QuerySet[M], **values: Any) -> list[M]:
+    """``queryset.update(**values)`` that also returns the rows as written: one ``UPDATE … RETURNING``
+    statement where an update and a re-read took two.
+
+    ``values`` are what ``update`` takes (values, ``F()``, ``Case``, subqueries). The instances carry
+    every concrete field through the fields' database converters, as a query's would; no relation is
+    cached on them.
+    """
+    from django.db.models import sql
+
+    model = queryset.model
+    query: Any = queryset.query.chain(sql.UpdateQuery)
+    query.add_update_values(values)
+    query.clear_select_clause()
+    compiler = query.get_compiler(queryset.db)
+    text, params = compiler.as_sql()
+    if not text:
+        raise ValueError("update_returning needs at least one value to set")
+    fields = model._meta.concrete_fields
+    qn = compiler.connection.ops.quote_name
+    table = model._meta.db_table
+    text += " RETURNING " + ", ".join(f"{qn(table)}.{qn(f.column)}" for f in fields)
+    with transaction.mark_for_rollback_on_error(using=queryset.db), compiler.connection.cursor() as cursor:
+        cursor.execute(text, params)
+        rows: Any = cursor.fetchall()
+    converters = compiler.get_converters([f.get_col(table) for f in fields])
+    if converters:
+        rows = compiler.apply_converters(rows, converters)
+    names = [f.attname for f in fields]
+    return [model.from_db(queryset.db, names, row) for row in rows]
+
+
+def refresh_from(instance: M, fresh: M) -> M:
+    """Copy every concrete field of ``fresh`` (the same row, read or returned later) onto ``instance``.
+
+    What ``refresh_from_db`` does with a row already in hand: a cached relation stays when its id is
+    unchanged and goes when it changed, and relations cached on ``fresh`` are taken over.
+    """
+    if type(instance) is not type(fresh) or instance.pk != fresh.pk:
+        raise ValueError("refresh_from copies a row onto a copy of the same row")
+    field: Any
+    for field in instance._meta.concrete_fields:
+        setattr(instance, field.attname, getattr(fresh, field.attname))
+        if field.is_relation and field.is_cached(fresh):
+            field.set_cached_value(instance, field.get_cached_value(fresh))
+    instance._state.db = fresh._state.db
+    instance._state.adding = False
+    return instance

@@ -382,9 +382,34 @@ def test_a_free_chat_turn_sends_a_bounded_number_of_sql_statements(
 
     assert result.reply == "ok" and result.turn.retrieval["items"], result.turn.retrieval
     statements = [q["sql"] for q in ctx.captured_queries]
-    assert len(statements) <= 27, "\n".join(s[:120] for s in statements)
+    assert len(statements) <= 22, "\n".join(s[:120] for s in statements)
     assert not [s for s in statements if s.startswith("UPDATE") and "memory_memory" in s]
     assert sum(1 for s in statements if s == "COMMIT") <= 2  # the message, then the reply
+
+
+@pytest.mark.django_db
+def test_a_finished_turn_hands_back_the_turn_and_session_as_stored(
+    alice: Any, chat_agent: Agent, scripted: ScriptedProvider
+) -> None:
+    """The completion's writes return the rows (``UPDATE … RETURNING``) instead of reading them again:
+    what the caller holds afterwards must be what the database holds, the failure-count reset included."""
+    session = session_create(user=alice, agent=chat_agent)
+    scripted.add("first")
+    turn_run(session=session, message="hello")
+    ChatSession.objects.filter(pk=session.pk).update(retry_count=2)  # a failure counted since
+    version = ChatSession.objects.get(pk=session.pk).version
+    scripted.add("second")
+    result = turn_run(session=session, message="again")
+
+    def fields(instance: Any) -> dict[str, Any]:
+        return {f.attname: getattr(instance, f.attname) for f in instance._meta.concrete_fields}
+
+    assert fields(result.turn) == fields(Turn.objects.get(pk=result.turn.pk))
+    assert result.turn.status == Turn.Status.COMPLETED and result.turn.assistant_message == "second"
+    assert result.turn.state_after == session.state == "CHATTING"
+    assert fields(session) == fields(ChatSession.objects.get(pk=session.pk))
+    assert (session.retry_count, session.version) == (0, version + 1)
+    assert session.agent == chat_agent and session.user == alice
 
 
 @pytest.mark.django_db

@@ -279,3 +279,36 @@ def test_the_prompt_never_exceeds_its_limit(
     assert built.total_tokens == COUNTER.count_messages(built.messages) + COUNTER.count_tools(built.tools)
     assert built.total_tokens <= b.prompt_limit
     assert words(workflow_words) in built.messages[0]["content"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("through", "before", "expected"),
+    [
+        (0, None, list(range(1, 31))),  # nothing summarized: every completed turn (up to the cap)
+        (25, None, list(range(21, 31))),  # summary ahead of the window: the window (seqs 21-30)
+        (12, None, list(range(13, 31))),  # summary behind: the window and the unsummarized turns before it
+        (0, 20, list(range(1, 20))),  # before a turn: only the turns before it
+        (15, 20, list(range(10, 20))),  # the window counts back from the newest turn before it
+    ],
+)
+def test_recent_turns_are_the_window_and_the_unsummarized_turns(
+    alice: object, through: int, before: int | None, expected: list[int]
+) -> None:
+    from sessions.context import recent_turns_for
+    from sessions.models import ChatSession, Turn
+
+    agent = Agent.objects.create(name="W", slug="w", system_prompt="x", workflow="free_chat", window_turns=10)
+    session = ChatSession.objects.create(
+        user=alice, agent=agent, workflow="free_chat", state="CHATTING", summary_through_seq=through
+    )
+    for seq in range(1, 32):
+        status = Turn.Status.FAILED if seq == 31 else Turn.Status.COMPLETED  # the newest failed: not history
+        Turn.objects.create(
+            session=session, seq=seq, user_message=f"u{seq}", assistant_message=f"a{seq}", status=status
+        )
+    turns = recent_turns_for(session=session, before_seq=before)
+    assert [t.seq for t in turns] == expected
+    assert (turns[0].user, turns[0].assistant) == (f"u{expected[0]}", f"a{expected[0]}")
+    # The cap keeps the newest turns, never fewer than the window.
+    assert [t.seq for t in recent_turns_for(session=session, before_seq=before, cap=4)] == expected[-10:]

@@ -358,10 +358,11 @@ def _profile_ours(ours: OurSide, messages: list[str]) -> str:
 # The runtime's steps, timed per turn by wrapping them where the runtime looks them up (module attributes).
 _PHASES = (
     ("agents.runtime", "turn_begin", "turn_begin: lock, session, Turn row, checkpoint"),
+    ("agents.runtime", "_reload_with_last_seq", "  session, last turn number, orphans"),
+    ("sessions.services", "checkpoint_before_call", "  before-call checkpoint"),
     ("agents.runtime", "_retrieve", "memory retrieval (tiers 1-4)"),
     ("sessions.context", "recent_turns_for", "history read"),
     ("sessions.context", "build_prompt", "prompt build and token counts"),
-    ("agents.runtime", "_reload", "session reloads (one inside turn_begin)"),
     ("agents.runtime", "_complete_turn", "completing the turn (incl. after-commit work)"),
     ("agents.runtime", "_after_turn", "  after-commit work"),
     ("sessions.summaries", "summary_request_if_due", "    summary check"),

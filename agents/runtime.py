@@ -917,10 +917,11 @@ def _complete_turn(
         saved = update_returning(Turn.objects.filter(pk=turn.pk), **fields)
         if not saved:
             raise Turn.DoesNotExist("The turn was deleted while it ran.")
-        # Both rows as written: no re-read after the commit (the session keeps its agent and user).
-        refresh_from(session, stored[0])
-        refresh_from(turn, saved[0])
         transaction.on_commit(lambda: _after_turn(turn, session))
+    # Committed: both rows as written, with no re-read (the session keeps its agent and user). Not before
+    # the commit, so a commit that fails leaves the caller's copies as the database has them.
+    refresh_from(session, stored[0])
+    refresh_from(turn, saved[0])
 
 
 def _after_turn(turn: Turn, session: ChatSession) -> None:

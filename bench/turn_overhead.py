@@ -326,8 +326,8 @@ def _query_breakdown(ours: OurSide, message: str) -> dict[str, Any]:
     started = time.perf_counter()
     with CaptureQueriesContext(connection) as ctx:
         ours.timed_turn(message)
-    ours.summary_worker()
     total_ms = (time.perf_counter() - started) * 1000
+    ours.summary_worker()
     kinds: dict[str, int] = {}
     for query in ctx.captured_queries:
         verb = query["sql"].lstrip().split(" ", 1)[0].upper()

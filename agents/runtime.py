@@ -43,6 +43,7 @@ from sessions.models import ChatSession, Checkpoint, Turn
 
 if TYPE_CHECKING:
     from agents.models import Agent
+    from sessions.context import TurnHistory, TurnText
 
 logger = logging.getLogger(__name__)
 
@@ -674,13 +675,14 @@ def _prompt_inputs(
     retrieved: Any,
     tool_specs: list[Any],
     tool_messages: list[Message],
+    history: TurnHistory,
 ) -> Any:
     from agents.tools import TOOL_ERROR_POLICY
-    from sessions.context import MemoryItem, PromptInputs, recent_turns_for
+    from sessions.context import MemoryItem, PromptInputs
 
     # The window plus any turns that left it but are not in the summary yet: the builder keeps those
     # when they fit and degrades them (visibly) when they do not.
-    recent = recent_turns_for(session=session, before_seq=turn.seq)
+    recent = history.for_prompt
     memories = []
     procedural: list[str] = []
     if retrieved is not None:
@@ -717,10 +719,13 @@ def _reply_loop(
     composition_extra: dict[str, Any],
 ) -> Iterator[dict[str, Any]]:
     from agents.tools import ToolContext, run_tool_call, tool_specs
-    from sessions.context import ContextBudget, build_prompt
+    from sessions.context import ContextBudget, build_prompt, turn_history
     from sessions.services import transition_apply
 
     budget = ContextBudget.from_agent(agent)
+    # Read once for every step of the turn (a tool step adds tool messages, not turns), and handed to
+    # the summary check after it.
+    history = turn_history(session=session, before_seq=turn.seq)
     action_tool = workflow.action_states.get(session.state) if hasattr(workflow, "action_states") else None
     names = list(dict.fromkeys([*tool_names, *([action_tool] if action_tool else [])]))
     specs = tool_specs(names) if names else []
@@ -738,7 +743,7 @@ def _reply_loop(
         steps += 1
         with _span("context.build"):
             built = build_prompt(
-                inputs=_prompt_inputs(session, turn, agent, workflow, retrieved, specs, tool_messages),
+                inputs=_prompt_inputs(session, turn, agent, workflow, retrieved, specs, tool_messages, history),
                 budget=budget,
                 counter=counter,
             )
@@ -809,6 +814,7 @@ def _reply_loop(
         retrieval=retrieval_report,
         prompt_tokens=built.total_tokens if built is not None else 0,
         is_demo=provider.is_demo,
+        history=history,
     )
     yield {"type": "state", "state": session.state, "data": session.data, "status": session.status}
     yield _done_event(turn, session)
@@ -881,7 +887,12 @@ def _complete_turn(
     retrieval: dict[str, Any],
     prompt_tokens: int,
     is_demo: bool,
+    history: TurnHistory | None = None,
 ) -> None:
+    """Save the reply and reset the failure count in one transaction; after the commit, enqueue the
+    turn's background work. ``history`` is what the turn's prompt was built from, if it was."""
+    from sessions.context import TurnText
+
     if not SessionTurnLock(session.pk).holds_or_retakes():
         raise TurnLockLost("The database connection was lost mid-turn and another request is finishing this turn.")
     now = timezone.now()
@@ -917,18 +928,22 @@ def _complete_turn(
         saved = update_returning(Turn.objects.filter(pk=turn.pk), **fields)
         if not saved:
             raise Turn.DoesNotExist("The turn was deleted while it ran.")
-        transaction.on_commit(lambda: _after_turn(turn, session))
+        finished = TurnText(seq=turn.seq, user=turn.user_message, assistant=reply)
+        transaction.on_commit(lambda: _after_turn(turn, session, history=history, finished=finished))
     # Committed: both rows as written, with no re-read (the session keeps its agent and user). Not before
     # the commit, so a commit that fails leaves the caller's copies as the database has them.
     refresh_from(session, stored[0])
     refresh_from(turn, saved[0])
 
 
-def _after_turn(turn: Turn, session: ChatSession) -> None:
+def _after_turn(
+    turn: Turn, session: ChatSession, *, history: TurnHistory | None = None, finished: TurnText | None = None
+) -> None:
     """Enqueue the background work of a finished turn. A broker outage is logged; the turn is already saved.
 
     Runs right after the completing transaction commits, with the caller's objects: the session (and
     its agent) as the runtime holds them; ``summary_request_if_due`` compares-and-sets in the database.
+    With the history the turn read and the turn as finished, the summary check reads no turns again.
     """
     try:
         from memory.services import memory_writes_enqueue
@@ -939,6 +954,6 @@ def _after_turn(turn: Turn, session: ChatSession) -> None:
     try:
         from sessions.summaries import summary_request_if_due
 
-        summary_request_if_due(session=session)
+        summary_request_if_due(session=session, history=history, finished=finished)
     except Exception:
         logger.exception("could not request a summary for session %s", session.pk)

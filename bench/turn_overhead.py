@@ -361,7 +361,7 @@ _PHASES = (
     ("agents.runtime", "_reload_with_last_seq", "  session, last turn number, orphans"),
     ("sessions.services", "checkpoint_before_call", "  before-call checkpoint"),
     ("agents.runtime", "_retrieve", "memory retrieval (tiers 1-4)"),
-    ("sessions.context", "recent_turns_for", "history read"),
+    ("sessions.context", "turn_history", "history read"),
     ("sessions.context", "build_prompt", "prompt build and token counts"),
     ("agents.runtime", "_complete_turn", "completing the turn (incl. after-commit work)"),
     ("agents.runtime", "_after_turn", "  after-commit work"),

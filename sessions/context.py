@@ -510,21 +510,52 @@ def _cut_tool_results(
     return out
 
 
-def recent_turns_for(*, session: ChatSession, before_seq: int | None = None, cap: int = 200) -> list[TurnText]:
-    """The completed turns a prompt may draw on: the window, plus any that left it but are not summarized yet.
+@dataclass(frozen=True)
+class TurnHistory:
+    """A session's newest completed turns, read once for a turn: what its prompt draws on and what the
+    summary check after it looks at.
 
-    Oldest first, at most ``cap`` (a summary far behind must not load the whole history).
+    ``newest`` holds the completed turns before the turn (oldest first, at most ``max(cap, window)``, so
+    every one when there are fewer); ``floor`` is the last seq the prompt leaves out.
     """
+
+    newest: list[TurnText]
+    floor: int
+    truncated: bool = False  # the read stopped at its limit: older completed turns exist
+
+    @property
+    def for_prompt(self) -> list[TurnText]:
+        """The window, plus any turns that left it but are not summarized yet."""
+        return [t for t in self.newest if t.seq > self.floor]
+
+    def newest_with(self, finished: TurnText, count: int) -> list[TurnText] | None:
+        """The session's ``count`` newest completed turns once ``finished`` (the turn this history was read
+        for) has completed too, oldest first; None when this read holds too few of them to tell."""
+        if self.truncated and len(self.newest) < count - 1:
+            return None
+        return [*self.newest, finished][-count:] if count > 0 else []
+
+
+def turn_history(*, session: ChatSession, before_seq: int | None = None, cap: int = 200) -> TurnHistory:
+    """The newest completed turns (before ``before_seq``), in one query; see ``TurnHistory``."""
     from sessions.models import Turn
 
     window = max(session.agent.window_turns, MIN_TURNS)
     turns = Turn.objects.filter(session=session, status=Turn.Status.COMPLETED)
     if before_seq is not None:
         turns = turns.filter(seq__lt=before_seq)
-    # A plain query and a filter here: deciding the floor in SQL (a subquery for the newest seq) read
+    # A plain query and a filter in Python: deciding the floor in SQL (a subquery for the newest seq) read
     # fewer rows but cost more in Django's query compiler than the rows it saved (2.9 vs 2.1 ms).
-    newest = list(turns.order_by("-seq").values_list("seq", "user_message", "assistant_message")[: max(cap, window)])
-    if not newest:
-        return []
-    floor = min(session.summary_through_seq, newest[0][0] - window)
-    return [TurnText(seq=s, user=u, assistant=a) for s, u, a in reversed(newest) if s > floor]
+    limit = max(cap, window)
+    rows = list(turns.order_by("-seq").values_list("seq", "user_message", "assistant_message")[:limit])
+    newest = [TurnText(seq=s, user=u, assistant=a) for s, u, a in reversed(rows)]
+    floor = min(session.summary_through_seq, newest[-1].seq - window) if newest else 0
+    return TurnHistory(newest=newest, floor=floor, truncated=len(rows) == limit)
+
+
+def recent_turns_for(*, session: ChatSession, before_seq: int | None = None, cap: int = 200) -> list[TurnText]:
+    """The completed turns a prompt may draw on: the window, plus any that left it but are not summarized yet.
+
+    Oldest first, at most ``cap`` (a summary far behind must not load the whole history).
+    """
+    return turn_history(session=session, before_seq=before_seq, cap=cap).for_prompt

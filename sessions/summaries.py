@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from agents.llm.base import CallContext, LLMError
 from agents.llm.tokens import TokenCounter, counter_for
-from sessions.context import ContextBudget, TurnText, cut_to_budget, window_size
+from sessions.context import ContextBudget, TurnHistory, TurnText, cut_to_budget, window_size
 from sessions.models import ChatSession, Turn
 
 if TYPE_CHECKING:
@@ -86,15 +86,21 @@ def newest_turns(*, session: ChatSession, budget: ContextBudget) -> list[TurnTex
     return [TurnText(seq=s, user=u, assistant=a) for s, u, a in reversed(list(rows))]
 
 
-def summary_request_if_due(*, session: ChatSession) -> bool:
+def summary_request_if_due(
+    *, session: ChatSession, history: TurnHistory | None = None, finished: TurnText | None = None
+) -> bool:
     """Enqueue a summary of the turns leaving the window, unless they are folded in or already requested.
 
     See ``summary_due`` for when it is due. Returns whether a task was requested; it is sent
-    after the current transaction commits (``sessions.tasks.summarize_session``).
+    after the current transaction commits (``sessions.tasks.summarize_session``). A caller that read the
+    history for the turn that just finished (``history``, then ``finished`` completed) hands both over,
+    and the newest turns are not read again.
     """
     budget = ContextBudget.from_agent(session.agent)
+    wanted = budget.window_turns + _lead_turns() + 1
+    turns = history.newest_with(finished, wanted) if history is not None and finished is not None else None
     due = summary_due(
-        turns=newest_turns(session=session, budget=budget),
+        turns=turns if turns is not None else newest_turns(session=session, budget=budget),
         budget=budget,
         counter=counter_for(session.agent.model),
         through_seq=session.summary_through_seq,

@@ -382,7 +382,10 @@ def test_a_free_chat_turn_sends_a_bounded_number_of_sql_statements(
 
     assert result.reply == "ok" and result.turn.retrieval["items"], result.turn.retrieval
     statements = [q["sql"] for q in ctx.captured_queries]
-    assert len(statements) <= 22, "\n".join(s[:120] for s in statements)
+    assert len(statements) <= 21, "\n".join(s[:120] for s in statements)
+    # The history is read once: the prompt and the summary check after the turn share that read.
+    history_reads = [s for s in statements if s.startswith('SELECT "chat_sessions_turn"."seq"')]
+    assert len(history_reads) == 1, history_reads
     assert not [s for s in statements if s.startswith("UPDATE") and "memory_memory" in s]
     assert sum(1 for s in statements if s == "COMMIT") <= 2  # the message, then the reply
 

@@ -76,12 +76,17 @@ def summary_due(*, turns: Sequence[TurnText], budget: ContextBudget, counter: To
     return due
 
 
+def _checked_turns(budget: ContextBudget) -> int:
+    """How many of the newest completed turns the summary trigger looks at."""
+    return budget.window_turns + _lead_turns() + 1
+
+
 def newest_turns(*, session: ChatSession, budget: ContextBudget) -> list[TurnText]:
     """The newest completed turns the window and the summary trigger look at, oldest first."""
     rows = (
         Turn.objects.filter(session=session, status=Turn.Status.COMPLETED)
         .order_by("-seq")
-        .values_list("seq", "user_message", "assistant_message")[: budget.window_turns + _lead_turns() + 1]
+        .values_list("seq", "user_message", "assistant_message")[: _checked_turns(budget)]
     )
     return [TurnText(seq=s, user=u, assistant=a) for s, u, a in reversed(list(rows))]
 
@@ -97,8 +102,9 @@ def summary_request_if_due(
     and the newest turns are not read again.
     """
     budget = ContextBudget.from_agent(session.agent)
-    wanted = budget.window_turns + _lead_turns() + 1
-    turns = history.newest_with(finished, wanted) if history is not None and finished is not None else None
+    turns = None
+    if history is not None and finished is not None:
+        turns = history.newest_with(finished, _checked_turns(budget))
     due = summary_due(
         turns=turns if turns is not None else newest_turns(session=session, budget=budget),
         budget=budget,

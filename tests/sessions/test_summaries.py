@@ -210,19 +210,22 @@ def test_the_history_a_turn_read_gives_the_summary_check_the_turns_it_would_read
     that must be exactly the newest turns the check would read (gaps of failed turns included), or nothing
     when the read stopped too early to know them."""
     from sessions.context import turn_history
-    from sessions.summaries import _lead_turns, newest_turns
+    from sessions.summaries import _checked_turns, newest_turns
 
     agent = Agent.objects.create(name="W5", slug="w5", system_prompt="x", workflow="free_chat", window_turns=5)
     session = ChatSession.objects.create(user=alice, agent=agent, workflow="free_chat", state="CHATTING")
     for seq in range(1, 22):
         status = Turn.Status.FAILED if seq in (7, 15, 19) else Turn.Status.COMPLETED
-        Turn.objects.create(session=session, seq=seq, user_message=f"u{seq}", assistant_message=f"a{seq}", status=status)
+        Turn.objects.create(
+            session=session, seq=seq, user_message=f"u{seq}", assistant_message=f"a{seq}", status=status
+        )
     current = Turn.objects.create(session=session, seq=22, user_message="u22", status=Turn.Status.RUNNING)
     history = turn_history(session=session, before_seq=22, cap=cap)  # read while the turn runs
     Turn.objects.filter(pk=current.pk).update(status=Turn.Status.COMPLETED, assistant_message="a22")
 
     budget = ContextBudget.from_agent(agent)
-    wanted = budget.window_turns + _lead_turns() + 1
+    wanted = _checked_turns(budget)
+    assert wanted == 8  # a window of 5, 2 lead turns and the one that finished
     handed = history.newest_with(TurnText(seq=22, user="u22", assistant="a22"), wanted)
     if told:
         assert handed == newest_turns(session=session, budget=budget)

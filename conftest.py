@@ -16,6 +16,8 @@ import pytest
 from config.db import database_url, redis_reachable
 
 ROOT = Path(__file__).resolve().parent
+# Where tasks go: the idle queue nobody consumes, and the worker's once ``celery_worker`` has started.
+_BROKERS: dict[str, dict[str, Any]] = {}
 
 
 class WorkerHandle:
@@ -67,8 +69,12 @@ def celery_worker(
     # The worker embeds with the deterministic embedder too (the real model's cold load takes ~18 s).
     env["EMBEDDING_BACKEND"] = os.environ.get("TEST_WORKER_EMBEDDING_BACKEND", "hashing")
     env.update({"CELERY_BROKER_URL": broker_url, "CELERY_QUEUE": queue, "DJANGO_SETTINGS_MODULE": "config.settings"})
-    app.conf.update(broker_url=broker_url, broker_transport_options=transport_options, task_default_queue=queue)
-    _drop_broker_connections(app)
+    _BROKERS["worker"] = {
+        "broker_url": broker_url,
+        "broker_transport_options": transport_options,
+        "task_default_queue": queue,
+    }
+    _use_broker(app, "worker")
     log = tmp_path_factory.mktemp("worker") / "worker.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -141,17 +147,38 @@ def _isolated_broker(tmp_path_factory: pytest.TempPathFactory) -> None:
     (folder / "out").mkdir()
     (folder / "processed").mkdir()
     (folder / "control").mkdir()
-    app.conf.update(
-        broker_url="filesystem://",
-        broker_transport_options={
+    _BROKERS["idle"] = {
+        "broker_url": "filesystem://",
+        "broker_transport_options": {
             "data_folder_in": str(folder / "out"),
             "data_folder_out": str(folder / "out"),
             "processed_folder": str(folder / "processed"),
             "control_folder": str(folder / "control"),
             "store_processed": False,
         },
-        task_default_queue=f"idle-{uuid.uuid4().hex[:8]}",
-    )
+        "task_default_queue": f"idle-{uuid.uuid4().hex[:8]}",
+    }
+    _use_broker(app, "idle")
+
+
+@pytest.fixture(autouse=True)
+def _tasks_reach_the_worker_only_in_its_tests(request: pytest.FixtureRequest) -> None:
+    """Once started, the session's worker stays up; a test that did not ask for it must not feed it.
+
+    Otherwise the worker would still be running a task of that test (a turn's memory writes) while the
+    test's database is flushed: the flush and the task deadlock, and the rows left over fail the next test.
+    """
+    from config.celery import app
+
+    wanted = "worker" if "celery_worker" in request.fixturenames and "worker" in _BROKERS else "idle"
+    _use_broker(app, wanted)
+
+
+def _use_broker(app: Any, name: str) -> None:
+    settings = _BROKERS[name]
+    if all(app.conf.get(key) == value for key, value in settings.items()):
+        return
+    app.conf.update(**settings)
     _drop_broker_connections(app)
 
 

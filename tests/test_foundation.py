@@ -114,3 +114,14 @@ def test_task_runs_in_separate_worker_and_healthz_turns_green(celery_worker, cli
     response = client.get("/healthz")
     assert response.status_code == 200, response.json()
     assert response.json()["broker"]["transport"] == celery_worker.transport
+
+
+def test_a_test_without_the_worker_sends_its_tasks_to_no_one() -> None:
+    """Once a test has started the session's Celery worker it stays up; a later test that did not ask for it
+    must not feed it, or the worker would still be running that test's tasks while its database is flushed
+    (the flush and the task deadlock). In a whole run the worker has started before this test runs."""
+    from config.celery import app
+    from conftest import _BROKERS
+
+    assert app.conf.task_default_queue == _BROKERS["idle"]["task_default_queue"]
+    assert app.conf.broker_url == "filesystem://"

@@ -50,21 +50,25 @@ def scripted(monkeypatch: pytest.MonkeyPatch) -> ScriptedProvider:
     return provider
 
 
-BOOKING_SCRIPT = [
-    "Hi, I'd like to book a flight",
-    "From London",
-    "to Paris",
-    f"{_say(_future(100))} to {_say(_future(105))}",
-    "2 passengers",
-    "yes, book it",
-]
+def booking_script(depart: date) -> list[str]:
+    """The booking conversation, flying out on ``depart`` (fixed by the test once: a test that runs across
+    midnight must not compare with a date computed on the other side of it)."""
+    return [
+        "Hi, I'd like to book a flight",
+        "From London",
+        "to Paris",
+        f"{_say(depart)} to {_say(depart + timedelta(days=5))}",
+        "2 passengers",
+        "yes, book it",
+    ]
 
 
 @pytest.mark.django_db
 def test_full_booking_on_the_demo_model(alice: Any, booking_agent: Agent) -> None:
     session = session_create(user=alice, agent=booking_agent)
     assert session.state == "IDLE"
-    for message in BOOKING_SCRIPT:
+    depart = _future(100)
+    for message in booking_script(depart):
         result = turn_run(session=session, message=message)
         assert result.turn.status == Turn.Status.COMPLETED, result.turn.error
         assert result.is_demo
@@ -73,7 +77,7 @@ def test_full_booking_on_the_demo_model(alice: Any, booking_agent: Agent) -> Non
     assert session.status == ChatSession.Status.COMPLETED
     booking = Booking.objects.get(session=session)
     assert (booking.origin, booking.destination, booking.passengers) == ("London", "Paris", 2)
-    assert booking.depart_date == _future(100)
+    assert booking.depart_date == depart
     assert session.data["booking_reference"] == booking.reference
     assert booking.reference in Turn.objects.filter(session=session).order_by("-seq").first().assistant_message  # type: ignore[union-attr]
     # A checkpoint before every model call of the turn loop.
@@ -97,7 +101,8 @@ def test_dates_are_never_asked_again_after_early_turns_leave_the_prompt(
     booking_agent.window_turns = 3
     booking_agent.save()
     session = session_create(user=alice, agent=booking_agent)
-    for message in BOOKING_SCRIPT[:4]:
+    depart = _future(100)
+    for message in booking_script(depart)[:4]:
         turn_run(session=session, message=message)
     dates_turn = Turn.objects.get(session=session, seq=4)
     for i in range(10):
@@ -115,7 +120,7 @@ def test_dates_are_never_asked_again_after_early_turns_leave_the_prompt(
         )
     session.refresh_from_db()
     assert session.state == "GATHERING_PASSENGERS"
-    assert session.data["depart_date"] == _future(100).isoformat()
+    assert session.data["depart_date"] == depart.isoformat()
     assert session.summary_through_seq >= dates_turn.seq
     last = Turn.objects.get(pk=result.turn.pk)
     assert dates_turn.seq not in last.composition["turns"]["included"]  # the early turn left the prompt…

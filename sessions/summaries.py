@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from agents.llm.base import CallContext, LLMError
 from agents.llm.tokens import TokenCounter, counter_for
-from sessions.context import ContextBudget, TurnHistory, TurnText, cut_to_budget, window_size
+from sessions.context import ContextBudget, TurnHistory, TurnText, cut_to_budget, turn_history, window_size
 from sessions.models import ChatSession, Turn
 
 if TYPE_CHECKING:
@@ -83,12 +83,8 @@ def _checked_turns(budget: ContextBudget) -> int:
 
 def newest_turns(*, session: ChatSession, budget: ContextBudget) -> list[TurnText]:
     """The newest completed turns the window and the summary trigger look at, oldest first."""
-    rows = (
-        Turn.objects.filter(session=session, status=Turn.Status.COMPLETED)
-        .order_by("-seq")
-        .values_list("seq", "user_message", "assistant_message")[: _checked_turns(budget)]
-    )
-    return [TurnText(seq=s, user=u, assistant=a) for s, u, a in reversed(list(rows))]
+    # More than the window (budget.window_turns), so the read stops at exactly this many.
+    return turn_history(session=session, cap=_checked_turns(budget)).newest
 
 
 def summary_request_if_due(

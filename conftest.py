@@ -218,6 +218,16 @@ def staff(django_user_model: Any) -> Any:
 
 
 @pytest.fixture
+def viewer_staff(django_user_model: Any) -> Any:
+    """Staff with only the admin's view permissions (no superuser): may look, may not change."""
+    from django.contrib.auth.models import Permission
+
+    user = django_user_model.objects.create_user(username="viewer", password="viewer-pass-123", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__startswith="view_"))
+    return user
+
+
+@pytest.fixture
 def fake_openai() -> Iterator[Any]:
     """A real local HTTP server speaking the OpenAI protocol (tests/fakes/openai_server.py); enqueue answers."""
     from tests.fakes.openai_server import FakeOpenAIServer

@@ -188,28 +188,28 @@ class MemoryAdmin(admin.ModelAdmin):
         if data:
             memory_update(memory=fresh, **data)
 
-    @admin.action(description="Pin selected memories")
+    @admin.action(description="Pin selected memories", permissions=["change"])
     def pin(self, request: HttpRequest, queryset: QuerySet[Memory]) -> None:
         self.message_user(request, f"Pinned {memories_set_pinned(memories=queryset, pinned=True)} memories.")
 
-    @admin.action(description="Unpin selected memories")
+    @admin.action(description="Unpin selected memories", permissions=["change"])
     def unpin(self, request: HttpRequest, queryset: QuerySet[Memory]) -> None:
         self.message_user(request, f"Unpinned {memories_set_pinned(memories=queryset, pinned=False)} memories.")
 
-    @admin.action(description="Archive selected memories")
+    @admin.action(description="Archive selected memories", permissions=["change"])
     def archive(self, request: HttpRequest, queryset: QuerySet[Memory]) -> None:
         self.message_user(request, f"Archived {memories_set_archived(memories=queryset, archived=True)} memories.")
 
-    @admin.action(description="Restore selected memories")
+    @admin.action(description="Restore selected memories", permissions=["change"])
     def restore(self, request: HttpRequest, queryset: QuerySet[Memory]) -> None:
         self.message_user(request, f"Restored {memories_set_archived(memories=queryset, archived=False)} memories.")
 
-    @admin.action(description="Re-embed selected memories")
+    @admin.action(description="Re-embed selected memories", permissions=["change"])
     def reembed(self, request: HttpRequest, queryset: QuerySet[Memory]) -> None:
         count = memories_reembed(memories=queryset.iterator(chunk_size=256))
         self.message_user(request, f"Re-embedded {count} memories with {get_embedder().name}.")
 
-    @admin.action(description="Merge selected duplicates (one user)")
+    @admin.action(description="Merge selected duplicates (one user)", permissions=["change"])
     def merge_duplicates(self, request: HttpRequest, queryset: QuerySet[Memory]) -> None:
         try:
             kept = memories_merge(memories=list(queryset))
@@ -247,6 +247,7 @@ class MemoryAdmin(admin.ModelAdmin):
                 budget_tokens=data["budget_tokens"],
                 relevance_threshold=data["relevance_threshold"],
                 use_model_filter=data["use_model_filter"],
+                touch=False,  # a look from the admin is not the user's access: their counts stay as they were
             )
             texts = dict(Memory.objects.filter(id__in=[c.id for c in result.candidates]).values_list("id", "text"))
             rows = [{**c.as_dict(), "text": texts.get(c.id, c.preview)} for c in result.candidates]
@@ -307,7 +308,7 @@ class MemoryReviewAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    @admin.action(description="Apply: the proposed fact replaces the current one")
+    @admin.action(description="Apply: the proposed fact replaces the current one", permissions=["change"])
     def apply(self, request: HttpRequest, queryset: QuerySet[MemoryReview]) -> None:
         done = 0
         for review in queryset.filter(status=MemoryReview.Status.PENDING):
@@ -315,7 +316,7 @@ class MemoryReviewAdmin(admin.ModelAdmin):
             done += 1
         self.message_user(request, f"Applied {done} reviews.")
 
-    @admin.action(description="Reject: keep the current fact")
+    @admin.action(description="Reject: keep the current fact", permissions=["change"])
     def reject(self, request: HttpRequest, queryset: QuerySet[MemoryReview]) -> None:
         done = 0
         for review in queryset.filter(status=MemoryReview.Status.PENDING):

@@ -42,7 +42,7 @@ class AlertAdmin(admin.ModelAdmin):
         # Alerts are fired by the evaluator, not typed in.
         return False
 
-    @admin.action(description="Mark selected alerts resolved")
+    @admin.action(description="Mark selected alerts resolved", permissions=["change"])
     def resolve_now(self, request: HttpRequest, queryset: QuerySet[Alert]) -> None:
         count = alerts_resolve_manually(alert_ids=list(queryset.values_list("pk", flat=True)))
         self.message_user(request, f"{count} alert(s) resolved.")

@@ -108,3 +108,55 @@ def test_review_queue_apply_action(staff_client: Client, alice: Any) -> None:
     current.refresh_from_db()
     assert review.status == "applied" and current.valid_to is not None
     assert Memory.objects.get(text="The user lives in Rome.").is_current
+
+
+def test_view_only_staff_cannot_run_changing_actions(client: Client, viewer_staff: Any, alice: Any) -> None:
+    """The admin's actions change memories and reviews: staff who may only view get none of them."""
+    from django.contrib.auth.models import Permission
+
+    from django.utils import timezone
+
+    from observability.models import Alert, AlertRule
+
+    memory = memory_create(user=alice, kind="semantic", text="The user lives in Lisbon.", fact_key="home_city")
+    review = MemoryReview.objects.create(
+        user=alice, existing=memory, proposed_text="The user lives in Rome.", proposed_key="home_city", confidence=0.4
+    )
+    rule = AlertRule.objects.create(name="Any retries", metric="retry_rate", threshold=0.5)
+    alert = Alert.objects.create(
+        rule=rule, value=1.0, last_value=1.0, threshold=0.5, window_minutes=5, fired_at=timezone.now()
+    )
+    client.force_login(viewer_staff)
+    changelist = reverse("admin:memory_memory_changelist")
+    assert client.get(changelist).status_code == 200  # may look
+
+    for action in ("pin", "archive", "reembed"):
+        client.post(changelist, {"action": action, "_selected_action": [memory.pk]})
+    client.post(reverse("admin:memory_memoryreview_changelist"), {"action": "apply", "_selected_action": [review.pk]})
+    client.post(
+        reverse("admin:observability_alert_changelist"), {"action": "resolve_now", "_selected_action": [alert.pk]}
+    )
+
+    memory.refresh_from_db()
+    review.refresh_from_db()
+    alert.refresh_from_db()
+    assert not memory.pinned and not memory.archived and memory.valid_to is None
+    assert review.status == MemoryReview.Status.PENDING
+    assert alert.resolved_at is None
+    # With the change permission the same request does it (the refusal above was the permission's).
+    viewer_staff.user_permissions.add(Permission.objects.get(codename="change_memory"))
+    client.post(changelist, {"action": "archive", "_selected_action": [memory.pk]})
+    memory.refresh_from_db()
+    assert memory.archived
+
+
+def test_try_retrieval_leaves_the_users_access_counts(staff_client: Client, alice: Any) -> None:
+    memory = memory_create(user=alice, kind="episodic", text="User: I sail on Sundays", pinned=True)
+
+    response = staff_client.get(
+        reverse(TRY_URL), {"user": alice.pk, "query": "sailing", "budget_tokens": 500, "relevance_threshold": 0.0}
+    )
+
+    assert response.status_code == 200 and "I sail on Sundays" in response.content.decode()
+    memory.refresh_from_db()
+    assert memory.access_count == 0 and memory.last_accessed_at is None

@@ -1,8 +1,9 @@
-"""Who may see what, through every API endpoint: anonymous, Alice (the owner), Bob and staff.
+"""Who may see what, through every API endpoint: anonymous, Alice (the owner), Bob, staff (a superuser)
+and bare staff (``is_staff`` without any of the admin's permissions).
 
 Alice owns a session (with one turn) and a memory. Bob and staff asking for them get 404, exactly as
 for ids that do not exist, so ids leak nothing; the one exception is a turn's context composition,
-which staff may read for any turn (the context inspector).
+which staff allowed to view turns in the admin may read for any turn. Bare staff are treated as Bob.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def world(alice: Any, chat_agent: Agent) -> World:
     return World(agent=chat_agent, session=session, turn=result.turn, memory=memory)
 
 
-ANON, ALICE, BOB, STAFF = "anonymous", "alice", "bob", "staff"
+ANON, ALICE, BOB, STAFF, BARE_STAFF = "anonymous", "alice", "bob", "staff", "bare staff"
 
 # (method, path template, body, {persona: expected status})
 OWNER_ONLY = {ANON: 401, ALICE: 200, BOB: 404, STAFF: 404}
@@ -76,8 +77,13 @@ def _client(persona: str, users: dict[str, Any]) -> APIClient:
     return APIClient() if persona == ANON else token_client(users[persona])
 
 
+@pytest.fixture
+def bare_staff(django_user_model: Any) -> Any:
+    return django_user_model.objects.create_user(username="bare-staff", password="bare-pass-123", is_staff=True)
+
+
 @pytest.mark.django_db
-@pytest.mark.parametrize("persona", [ANON, ALICE, BOB, STAFF])
+@pytest.mark.parametrize("persona", [ANON, ALICE, BOB, STAFF, BARE_STAFF])
 @pytest.mark.parametrize(("method", "template", "body", "expected"), CASES, ids=[f"{c[0]} {c[1]}" for c in CASES])
 def test_access_matrix(
     persona: str,
@@ -89,11 +95,12 @@ def test_access_matrix(
     alice: Any,
     bob: Any,
     staff: Any,
+    bare_staff: Any,
 ) -> None:
     path = template.format(agent=world.agent.pk, session=world.session.pk, turn=world.turn.pk, memory=world.memory.pk)
-    client = _client(persona, {ALICE: alice, BOB: bob, STAFF: staff})
+    client = _client(persona, {ALICE: alice, BOB: bob, STAFF: staff, BARE_STAFF: bare_staff})
     response = getattr(client, method)(path, body, format="json") if body is not None else getattr(client, method)(path)
-    want = expected[persona]
+    want = expected[BOB if persona == BARE_STAFF else persona]
     if want >= 400:
         assert_error(response, want, {401: "not_authenticated", 404: "not_found"}[want])
         # Alice's things are untouched by a refused request.

@@ -224,6 +224,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Agents whose context, memory and state do not crash.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema is a page like any other: signed-in users only (the docs page redirects to the login).
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     # Swagger UI and ReDoc assets come from the drf-spectacular-sidecar package: nothing loads from a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

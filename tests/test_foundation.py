@@ -71,7 +71,11 @@ class TestPublicPages:
         client.login(username="alice", password="alice-pass-123")
         assert client.get("/api/me/").json()["username"] == "alice"
 
-    def test_openapi_schema(self, client: Client) -> None:
+    def test_openapi_schema_needs_a_login(self, client: Client, alice: object) -> None:
+        assert client.get("/api/schema/", HTTP_ACCEPT="application/json").status_code == 401
+        docs = client.get("/api/docs/")
+        assert docs.status_code == 302 and docs["Location"].startswith("/accounts/login/?next=/api/docs/")
+        client.login(username="alice", password="alice-pass-123")
         response = client.get("/api/schema/", HTTP_ACCEPT="application/json")
         assert response.status_code == 200
         assert response.json()["openapi"].startswith("3.")

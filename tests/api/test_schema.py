@@ -48,7 +48,8 @@ def test_schema_is_valid_openapi_3_with_every_endpoint(alice_client: APIClient) 
 
 
 @pytest.mark.django_db
-def test_docs_ui_assets_are_served_locally(client: Client) -> None:
+def test_docs_ui_assets_are_served_locally(client: Client, alice: Any) -> None:
+    client.force_login(alice)
     page = client.get("/api/docs/")
     assert page.status_code == 200
     html = page.content.decode()

@@ -111,6 +111,13 @@ def validate_message(message: object) -> str:
         raise MessageRejected("invalid_message", "The message must be a string.")
     if "\x00" in message:
         raise MessageRejected("nul_bytes", "The message contains NUL (\\x00) characters, which cannot be stored.")
+    try:
+        message.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate (JSON "\ud800" without its pair): not text, and PostgreSQL cannot store it.
+        raise MessageRejected(
+            "invalid_characters", "The message contains characters that are not valid Unicode text."
+        ) from None
     if not message.strip():
         raise MessageRejected("empty_message", "The message is empty.")
     limit = int(getattr(settings, "MAX_MESSAGE_CHARS", 32000))
@@ -221,6 +228,7 @@ def turn_begin(
     if key:
         done = Turn.objects.filter(session=session, idempotency_key=key, status=Turn.Status.COMPLETED).first()
         if done is not None:
+            _same_message_or_refuse(done, text)
             return TurnHandle(session=session, turn=None, lock=None, replay=done)
 
     lock = SessionTurnLock(session.pk)
@@ -235,6 +243,8 @@ def turn_begin(
             raise SessionClosedError("This session is closed.")
         if key:
             same = Turn.objects.filter(session=session, idempotency_key=key).first()
+            if same is not None:
+                _same_message_or_refuse(same, text)
             if same is not None and same.status == Turn.Status.COMPLETED:
                 lock.release()
                 return TurnHandle(session=session, turn=None, lock=None, replay=same)
@@ -265,6 +275,18 @@ def turn_begin(
     except BaseException:
         lock.release()
         raise
+
+
+def _same_message_or_refuse(turn: Turn, text: str) -> None:
+    """An Idempotency-Key names one message: a retry must resend it. Another message under a used key would
+    otherwise be answered with the first one's reply (or run as the first one) and never be saved."""
+    if turn.user_message != text:
+        raise MessageRejected(
+            "idempotency_key_reused",
+            f"This Idempotency-Key was used for another message on this session (turn {turn.seq}); "
+            "send a new key with a new message. Nothing was saved.",
+            status=422,
+        )
 
 
 def turn_events(handle: TurnHandle) -> Iterator[dict[str, Any]]:

@@ -11,6 +11,7 @@ import json
 from typing import Any
 from uuid import UUID
 
+from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
@@ -110,16 +111,27 @@ def home(request: HttpRequest) -> HttpResponse:
     return render(request, "home.html", {"sessions": sessions, "agents": agents})
 
 
+class NewChatForm(forms.Form):
+    """An active agent (an unknown or malformed id is "no agent") and an optional title (trimmed; NUL refused)."""
+
+    agent = forms.ModelChoiceField(queryset=Agent.objects.filter(is_active=True))
+    title = forms.CharField(max_length=200, required=False)
+
+
 @login_required
 @require_POST
 def chat_new(request: HttpRequest) -> HttpResponse:
     from sessions.services import session_create
 
-    agent = Agent.objects.filter(is_active=True, pk=request.POST.get("agent") or 0).first()
-    if agent is None:
-        messages.error(request, "Choose an agent to talk to.")
+    form = NewChatForm(request.POST)
+    if not form.is_valid():
+        # The form is two fields on the home page: its errors go back there as one message.
+        if "agent" in form.errors:
+            messages.error(request, "Choose an agent to talk to.")
+        else:
+            messages.error(request, " ".join(e for errors in form.errors.values() for e in errors))
         return redirect("home")
-    session = session_create(user=request.user, agent=agent, title=request.POST.get("title", "")[:200])
+    session = session_create(user=request.user, agent=form.cleaned_data["agent"], title=form.cleaned_data["title"])
     return redirect("chat", session_id=session.pk)
 
 
@@ -148,7 +160,7 @@ def chat_stream(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
     if request.content_type == "application/json":
         try:
             payload = json.loads(request.body or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):  # a body nested thousands deep overflows the parser's recursion
             return JsonResponse(error_body("parse_error", "The body is not valid JSON."), status=400)
         message = payload.get("message") if isinstance(payload, dict) else None
     else:

@@ -10,6 +10,7 @@ from rest_framework.test import APIClient
 
 from agents.llm.providers import DEMO_LABEL
 from agents.models import Agent
+from agents.runtime import session_is_locked
 from sessions.models import ChatSession, Checkpoint, Turn
 from tests.api.conftest import assert_error
 
@@ -99,6 +100,21 @@ def test_idempotency_key_replays_instead_of_running_twice(alice_client: APIClien
     assert Turn.objects.filter(session_id=session_id).count() == 1
     other = alice_client.post(path, {"message": "From Oslo"}, format="json", HTTP_IDEMPOTENCY_KEY="key-2")
     assert other.status_code == 201 and Turn.objects.filter(session_id=session_id).count() == 2
+
+
+@pytest.mark.django_db
+def test_a_used_idempotency_key_with_another_message_is_refused(alice_client: APIClient, session_id: str) -> None:
+    """A retry must resend its message: another message under the key would be answered with the first reply
+    and never saved. Refused before and after the lock (the first turn completed, or it failed)."""
+    path = f"/api/sessions/{session_id}/messages/"
+    assert alice_client.post(path, {"message": "From Oslo"}, format="json", HTTP_IDEMPOTENCY_KEY="k").status_code == 201
+    reused = alice_client.post(path, {"message": "To Rome"}, format="json", HTTP_IDEMPOTENCY_KEY="k")
+    assert_error(reused, 422, "idempotency_key_reused")
+    Turn.objects.filter(session_id=session_id).update(status=Turn.Status.FAILED)
+    after_failure = alice_client.post(path, {"message": "To Rome"}, format="json", HTTP_IDEMPOTENCY_KEY="k")
+    assert_error(after_failure, 422, "idempotency_key_reused")
+    assert list(Turn.objects.filter(session_id=session_id).values_list("user_message", flat=True)) == ["From Oslo"]
+    assert not session_is_locked(session_id)  # the refusal after the lock let it go
 
 
 @pytest.mark.django_db

@@ -113,7 +113,6 @@ def test_review_queue_apply_action(staff_client: Client, alice: Any) -> None:
 def test_view_only_staff_cannot_run_changing_actions(client: Client, viewer_staff: Any, alice: Any) -> None:
     """The admin's actions change memories and reviews: staff who may only view get none of them."""
     from django.contrib.auth.models import Permission
-
     from django.utils import timezone
 
     from observability.models import Alert, AlertRule

@@ -194,7 +194,39 @@ def test_stream_refusals_are_json_errors(alice: Any, chat_agent: Agent, settings
     assert empty.status_code == 400 and empty.json()["error"]["code"] == "empty_message"
     broken = client.post(url, data="{", content_type="application/json")
     assert broken.status_code == 400 and broken.json()["error"]["code"] == "parse_error"
+    nested = client.post(url, data="[" * 50_000 + "]" * 50_000, content_type="application/json")
+    assert nested.status_code == 400 and nested.json()["error"]["code"] == "parse_error"
+    surrogate = client.post(url, data='{"message": "hello \\ud800 world"}', content_type="application/json")
+    assert surrogate.status_code == 400 and surrogate.json()["error"]["code"] == "invalid_characters"
     assert not Turn.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("form", "says"),
+    [
+        ({"agent": "abc"}, "Choose an agent"),
+        ({"agent": "1.5"}, "Choose an agent"),
+        ({"agent": "\x00"}, "Choose an agent"),
+        ({"agent": "999999"}, "Choose an agent"),
+        ({"title": "a\x00b"}, "Null characters are not allowed"),
+        ({"title": "x" * 201}, "at most 200 characters"),
+    ],
+)
+def test_a_bad_new_chat_form_is_a_message_not_an_error(
+    alice: Any, chat_agent: Agent, form: dict[str, str], says: str
+) -> None:
+    client = _signed_in(alice)
+    response = client.post("/chats/new/", {"agent": str(chat_agent.pk), **form}, follow=True)
+    assert response.status_code == 200 and response.redirect_chain[-1][0] == "/"
+    assert says in response.content.decode()
+    assert not ChatSession.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_new_chat_title_is_trimmed(alice: Any, chat_agent: Agent) -> None:
+    _signed_in(alice).post("/chats/new/", {"agent": str(chat_agent.pk), "title": "   "})
+    assert ChatSession.objects.get().title == ""
 
 
 @pytest.mark.django_db

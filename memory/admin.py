@@ -25,6 +25,8 @@ from memory.embedding import get_embedder
 from memory.models import Memory, MemoryReview
 from memory.selectors import memories_for_prompt
 from memory.services import (
+    current_duplicate,
+    duplicate_message,
     memories_merge,
     memories_reembed,
     memories_set_archived,
@@ -84,6 +86,17 @@ class MemoryForm(forms.ModelForm):
             "valid_to",
             "expires_at",
         ]
+
+    def clean(self) -> dict[str, Any]:
+        """One row per current text and kind for a user (the database's rule): say which row has it."""
+        data = super().clean()
+        user = self.instance.user if self.instance.pk else data.get("user")  # an edit never moves a memory
+        text, kind = (data.get("text") or "").strip(), data.get("kind")
+        if text and kind and data.get("valid_to") is None:
+            duplicate = current_duplicate(user=user, kind=kind, text=text, exclude_id=self.instance.pk)
+            if duplicate is not None:
+                raise forms.ValidationError(duplicate_message(duplicate))
+        return data
 
 
 @admin.register(Memory)

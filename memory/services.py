@@ -58,6 +58,25 @@ def content_hash_for(text: str) -> str:
     return hashlib.sha256(normalised.encode()).hexdigest()
 
 
+def current_duplicate(*, user: Any, kind: str, text: str, exclude_id: int | None = None) -> Memory | None:
+    """The memory of ``user`` and ``kind`` still in force (no ``valid_to``) with the same text, archived or not.
+
+    The unique constraint ``memory_current_unique_content`` allows one such row per text: facts and
+    procedures, not episodes. An archived row counts (the constraint has no ``archived`` condition), so a
+    second row with its text would be refused by the database."""
+    if kind == Memory.Kind.EPISODIC:
+        return None
+    rows = Memory.objects.filter(user=user, kind=kind, content_hash=content_hash_for(text), valid_to__isnull=True)
+    if exclude_id is not None:
+        rows = rows.exclude(pk=exclude_id)
+    return rows.first()
+
+
+def duplicate_message(duplicate: Memory) -> str:
+    state = "an archived memory (restore that one)" if duplicate.archived else "a current memory"
+    return f"Memory #{duplicate.pk} has this text already: {state}."
+
+
 def _embed(texts: list[str]) -> tuple[list[list[float]], str]:
     embedder = get_embedder()
     return embedder.embed(texts), embedder.name
@@ -80,8 +99,9 @@ def memory_create(
     """Create a memory with its embedding (computed now, synchronously: for the admin and the API).
 
     ``user=None`` is allowed only for procedural memories shared by an agent or workflow. An identical
-    current fact or procedure is returned instead of duplicated; a semantic fact with a ``fact_key``
-    supersedes the user's current fact with that key (the old one gets ``valid_to``).
+    current fact or procedure is returned instead of duplicated (restored first if it was archived: it is
+    asked for again); a semantic fact with a ``fact_key`` supersedes the user's current fact with that key
+    (the old one gets ``valid_to``).
     """
     text = text.strip()
     if not text:
@@ -89,12 +109,12 @@ def memory_create(
     if user is None and kind != Memory.Kind.PROCEDURAL:
         raise ValueError("only procedural memories may be shared (no user)")
     digest = content_hash_for(text)
-    if kind != Memory.Kind.EPISODIC:
-        existing = Memory.objects.filter(
-            user=user, kind=kind, content_hash=digest, valid_to__isnull=True, archived=False
-        ).first()
-        if existing is not None:
-            return existing
+    existing = current_duplicate(user=user, kind=kind, text=text)
+    if existing is not None:
+        if existing.archived:
+            Memory.objects.filter(pk=existing.pk).update(archived=False, updated_at=timezone.now())
+            existing.refresh_from_db()
+        return existing
     [vector], model_name = _embed([text])
     now = timezone.now()
     with transaction.atomic():
@@ -126,15 +146,30 @@ def memory_update(*, memory: Memory, **fields: Any) -> Memory:
     unknown = set(fields) - EDITABLE_FIELDS
     if unknown:
         raise ValueError(f"not editable: {', '.join(sorted(unknown))}")
-    text_changed = "text" in fields and fields["text"].strip() != memory.text
+    text = fields["text"].strip() if "text" in fields else memory.text
+    if not text:
+        raise ValueError("a memory needs text")
+    text_changed = text != memory.text
+    # Checked before anything changes: the caller's object stays as stored when the edit is refused.
+    if fields.get("valid_to", memory.valid_to) is None and {"text", "kind", "valid_to"} & set(fields):
+        duplicate = current_duplicate(
+            user=memory.user_id, kind=fields.get("kind", memory.kind), text=text, exclude_id=memory.pk
+        )
+        if duplicate is not None:
+            raise ValueError(duplicate_message(duplicate))
     for name, value in fields.items():
-        setattr(memory, name, value.strip() if name == "text" else value)
+        setattr(memory, name, text if name == "text" else value)
     if text_changed:
         memory.content_hash = content_hash_for(memory.text)
         [vector], model_name = _embed([memory.text])
         memory.embedding = vector
         memory.embedding_model = model_name
-    memory.save()
+    try:
+        with transaction.atomic():
+            memory.save()
+    except IntegrityError as exc:  # the same edit, committed by someone else since the check above
+        memory.refresh_from_db()
+        raise ValueError("Another memory has this text already.") from exc
     return memory
 
 
@@ -201,6 +236,7 @@ def memories_merge(*, memories: Sequence[Memory]) -> Memory:
 def review_apply(*, review: MemoryReview, actor: Any = None) -> Memory:
     """Accept a queued contradicting fact: the old fact is closed, the proposed one becomes current."""
     now = timezone.now()
+    # One transaction: the old fact is never closed without the new one in force, nor the review left pending.
     with transaction.atomic():
         review = MemoryReview.objects.select_for_update().get(pk=review.pk)
         if review.status != MemoryReview.Status.PENDING:
@@ -208,18 +244,18 @@ def review_apply(*, review: MemoryReview, actor: Any = None) -> Memory:
         Memory.objects.filter(pk=review.existing_id, valid_to__isnull=True).update(
             valid_to=now, needs_review=False, updated_at=now
         )
-    new = memory_create(
-        user=review.user,
-        kind=Memory.Kind.SEMANTIC,
-        text=review.proposed_text,
-        fact_key=review.proposed_key,
-        importance=FACT_IMPORTANCE,
-        source_session=review.source_session,
-        source_turn=review.source_turn,
-    )
-    MemoryReview.objects.filter(pk=review.pk).update(
-        status=MemoryReview.Status.APPLIED, resolved_at=now, resolved_by=actor
-    )
+        new = memory_create(
+            user=review.user,
+            kind=Memory.Kind.SEMANTIC,
+            text=review.proposed_text,
+            fact_key=review.proposed_key,
+            importance=FACT_IMPORTANCE,
+            source_session=review.source_session,
+            source_turn=review.source_turn,
+        )
+        MemoryReview.objects.filter(pk=review.pk).update(
+            status=MemoryReview.Status.APPLIED, resolved_at=now, resolved_by=actor
+        )
     return new
 
 
@@ -400,6 +436,11 @@ def _fact_apply(
         Q(valid_to__isnull=True) | Q(valid_to__gt=now), user=user, kind=Memory.Kind.SEMANTIC, archived=False
     )
     if current.filter(content_hash=digest).exists():
+        result.facts_unchanged += 1
+        return
+    if current_duplicate(user=user, kind=Memory.Kind.SEMANTIC, text=text) is not None:
+        # Said before and archived by the user or an operator: their curation stands (and the database
+        # allows one row per current text).
         result.facts_unchanged += 1
         return
     same_key = list(current.filter(fact_key=key)) if key else []

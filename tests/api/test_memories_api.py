@@ -85,3 +85,35 @@ def test_patch_validates(alice_client: APIClient) -> None:
     )
     assert "importance" in error["details"]["fields"]
     assert Memory.objects.get(pk=memory_id).importance == 0.5
+
+
+@pytest.mark.django_db
+def test_the_same_text_again_after_archiving_restores_the_memory(alice_client: APIClient) -> None:
+    body = {"kind": "semantic", "text": "Lives in Lisbon."}
+    first = alice_client.post("/api/memories/", body, format="json").json()
+    assert alice_client.patch(f"/api/memories/{first['id']}/", {"archived": True}, format="json").status_code == 200
+
+    again = alice_client.post("/api/memories/", {**body, "text": "lives in  LISBON."}, format="json")
+
+    assert again.status_code == 201 and again.json()["id"] == first["id"] and again.json()["archived"] is False
+    assert Memory.objects.count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("archived", [False, True])
+@pytest.mark.parametrize("change", ["text", "kind"])
+def test_an_edit_onto_another_memorys_text_is_a_400(alice_client: APIClient, archived: bool, change: str) -> None:
+    """One row per current text and kind (the database's rule, archived rows included): the edit that would
+    break it is refused, saying which memory has the text, and changes nothing."""
+    tea = alice_client.post("/api/memories/", {"kind": "semantic", "text": "Likes tea."}, format="json").json()
+    alice_client.patch(f"/api/memories/{tea['id']}/", {"archived": archived}, format="json")
+    other_kind = "procedural" if change == "kind" else "semantic"
+    other_text = "Likes tea." if change == "kind" else "Likes coffee."
+    other = alice_client.post("/api/memories/", {"kind": other_kind, "text": other_text}, format="json").json()
+
+    edit = {"kind": "semantic"} if change == "kind" else {"text": "Likes tea."}
+    error = assert_error(alice_client.patch(f"/api/memories/{other['id']}/", edit, format="json"), 400, "invalid")
+
+    assert f"#{tea['id']}" in str(error["details"]) and ("archived" in str(error["details"])) == archived
+    stored = Memory.objects.get(pk=other["id"])
+    assert (stored.kind, stored.text) == (other_kind, other_text)

@@ -159,3 +159,16 @@ def test_try_retrieval_leaves_the_users_access_counts(staff_client: Client, alic
     assert response.status_code == 200 and "I sail on Sundays" in response.content.decode()
     memory.refresh_from_db()
     assert memory.access_count == 0 and memory.last_accessed_at is None
+
+
+def test_an_admin_edit_onto_another_memorys_text_is_a_form_error(staff_client: Client, alice: Any) -> None:
+    alpha = memory_create(user=alice, kind="semantic", text="Alpha.")
+    beta = memory_create(user=alice, kind="semantic", text="Beta.")
+    form = {"user": alice.pk, "kind": "semantic", "text": "Alpha.", "importance": "0.5"}
+
+    response = staff_client.post(reverse("admin:memory_memory_change", args=[beta.pk]), form)
+
+    assert response.status_code == 200
+    assert f"Memory #{alpha.pk} has this text already" in response.content.decode()
+    beta.refresh_from_db()
+    assert beta.text == "Beta."

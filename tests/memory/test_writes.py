@@ -214,3 +214,66 @@ def test_selector_query_count_is_bounded(alice: Any) -> None:
         memories_for_prompt(user=alice, query="tomatoes", budget_tokens=2000, use_model_filter=False)
     # Independent of the number of memories: tier-1 lookups, two search arms, one load, one touch.
     assert len(ctx.captured_queries) <= 14
+
+
+@pytest.mark.django_db
+def test_a_fact_said_again_after_it_was_archived_stays_archived_and_the_turn_is_written(
+    alice: Any, make_turn: Any, scripted: Any
+) -> None:
+    """The user (or an operator) archived a fact; the user says it again with something new. The archive
+    stands, and the turn's episode and its new fact are written (the duplicate once failed the whole write)."""
+    fact = memory_create(user=alice, kind="semantic", text="The user lives in Lisbon.", fact_key="home_city")
+    memory_update(memory=fact, archived=True)
+    turn = make_turn(alice, "I live in Lisbon. My name is Ana.", "Hello Ana.")
+    scripted.add(_facts(("home_city", "The user lives in Lisbon.", 0.95), ("name", "The user's name is Ana.", 0.95)))
+
+    result = turn_memories_write(turn_id=turn.id)
+
+    assert result.written and result.facts_unchanged == 1
+    assert Memory.objects.filter(source_turn=turn, kind="episodic").exists()
+    assert Memory.objects.get(user=alice, fact_key="name").text == "The user's name is Ana."
+    fact.refresh_from_db()
+    assert fact.archived and fact.valid_to is None
+    assert Memory.objects.filter(user=alice, text="The user lives in Lisbon.").count() == 1
+
+
+@pytest.mark.django_db
+def test_review_apply_onto_an_archived_text_restores_it_in_one_step(alice: Any, staff: Any) -> None:
+    current = memory_create(user=alice, kind="semantic", text="The user lives in Lisbon.", fact_key="home_city")
+    madrid = memory_create(user=alice, kind="semantic", text="The user lives in Madrid.")
+    memory_update(memory=madrid, archived=True)
+    review = MemoryReview.objects.create(
+        user=alice,
+        existing=current,
+        proposed_text="The user lives in Madrid.",
+        proposed_key="home_city",
+        confidence=0.5,
+    )
+
+    applied = review_apply(review=review, actor=staff)
+
+    assert applied.pk == madrid.pk and not Memory.objects.get(pk=madrid.pk).archived
+    current.refresh_from_db()
+    review.refresh_from_db()
+    assert current.valid_to is not None and review.status == MemoryReview.Status.APPLIED
+
+
+@pytest.mark.django_db
+def test_review_apply_that_fails_changes_nothing(alice: Any, staff: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import memory.services as services
+
+    current = memory_create(user=alice, kind="semantic", text="The user lives in Lisbon.", fact_key="home_city")
+    review = MemoryReview.objects.create(
+        user=alice, existing=current, proposed_text="The user lives in Rome.", proposed_key="home_city", confidence=0.5
+    )
+
+    def broken_embedder(texts: list[str]) -> Any:
+        raise RuntimeError("embedder down")
+
+    monkeypatch.setattr(services, "_embed", broken_embedder)
+    with pytest.raises(RuntimeError):
+        review_apply(review=review, actor=staff)
+
+    current.refresh_from_db()
+    review.refresh_from_db()
+    assert current.valid_to is None and review.status == MemoryReview.Status.PENDING

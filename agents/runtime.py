@@ -614,7 +614,8 @@ def _retrieve(session: ChatSession, agent: Agent, workflow_name: str, message: s
         return retrieved, retrieved.as_report()
     except Exception as exc:  # memory is an aid; its failure must not fail the turn
         logger.exception("memory retrieval failed; answering without memories")
-        return None, {"error": f"retrieval failed: {type(exc).__name__}: {exc}", "items": [], "candidates": []}
+        # Shown to the user (memory panel, composition API): the kind of failure, not its text (in the log).
+        return None, {"error": f"retrieval failed ({type(exc).__name__})", "items": [], "candidates": []}
 
 
 def _decide(
@@ -646,7 +647,9 @@ def _decide(
             "state": session.state,
             "data": session.data,
             "status": session.status,
-            "error": str(exc),
+            # The user sees this; the exception's text (addresses, upstream messages) is in the log and
+            # the checkpoint log, for staff.
+            "error": f"No valid decision from the model ({_error_code(exc)}); nothing was changed.",
         }
         return
     if getattr(decision, "confidence", 1.0) < agent.routing_confidence_threshold:

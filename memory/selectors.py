@@ -667,7 +667,8 @@ def memories_for_prompt(
         except concurrent.futures.TimeoutError:
             mode = f"threshold (model failed: no answer within {settings.MEMORY_RELEVANCE_TIMEOUT:g}s)"
         except Exception as exc:  # noqa: BLE001 - any provider failure must fall back, never break the turn
-            mode = f"threshold (model failed: {type(exc).__name__}: {str(exc)[:120]})"
+            # The report reaches the user (memory panel, API): the kind of failure only; its text is logged.
+            mode = f"threshold (model failed: {type(exc).__name__})"
             logger.warning("relevance filter fell back to the threshold: %s", exc)
     result.filter_mode = mode
     timings["filter"] = (time.perf_counter() - started) * 1000

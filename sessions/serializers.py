@@ -118,6 +118,10 @@ class CheckpointOutputSerializer(serializers.ModelSerializer[Checkpoint]):
 
 class TurnOutputSerializer(serializers.ModelSerializer[Turn]):
     session = serializers.UUIDField(source="session_id", read_only=True)
+    error = serializers.SerializerMethodField(
+        help_text="Why the turn failed, as told to the user (empty unless failed). The internal reason is for staff, "
+        "in the admin."
+    )
 
     class Meta:
         model = Turn
@@ -139,6 +143,10 @@ class TurnOutputSerializer(serializers.ModelSerializer[Turn]):
             "completed_at",
         ]
         read_only_fields = fields
+
+    def get_error(self, turn: Turn) -> str:
+        # Turn.error holds the exception's text (model endpoints, upstream messages): never shown to users.
+        return turn.assistant_message if turn.status == Turn.Status.FAILED else ""
 
 
 class TurnCompositionSerializer(serializers.ModelSerializer[Turn]):

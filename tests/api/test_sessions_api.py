@@ -164,3 +164,26 @@ def test_composition_shows_sections_and_retrieval(
         assert body["composition"] == turn.composition and body["retrieval"] == turn.retrieval
         assert body["composition"]["sections"]["system"] > 0
         assert body["prompt_tokens"] == turn.prompt_tokens > 0
+
+
+@pytest.mark.django_db
+def test_a_failed_turn_tells_the_user_why_without_internals(
+    alice_client: APIClient, chat_agent: Agent, settings: Any
+) -> None:
+    """The exception's text (here the model endpoint's address) stays in ``Turn.error`` for staff; the API
+    answers with what the user was told."""
+    settings.LLM_PROFILES = {
+        "default": {"base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key_env": "", "max_retries": 0}
+    }
+    session = alice_client.post("/api/sessions/", {"agent": chat_agent.slug}, format="json").json()
+    path = f"/api/sessions/{session['id']}/messages/"
+
+    sent = alice_client.post(path, {"message": "Hello"}, format="json")
+    listed = alice_client.get(path)
+
+    turn = Turn.objects.get(session_id=session["id"])
+    assert turn.status == Turn.Status.FAILED and "127.0.0.1:9" in turn.error
+    for body in (sent.json()["turn"], listed.json()["results"][0]):
+        assert body["status"] == "failed" and body["error"] == turn.assistant_message
+        assert "Your message is saved" in body["error"]
+    assert "127.0.0.1" not in sent.content.decode() + listed.content.decode()

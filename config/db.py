@@ -19,6 +19,19 @@ def database_url(name: str | None = None) -> str:
     return url + (f"&port={s['PORT']}" if s.get("PORT") else "")
 
 
+def storable_text(text: str) -> str:
+    """``text`` as PostgreSQL can store it: NUL and lone surrogates (from a JSON "\\ud800" escape) become
+    U+FFFD. For text from outside that must not be refused: model output, tool results. (User input is
+    refused instead, with a clear error: ``agents.runtime.validate_message``.)"""
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+    return text
+
+
 def redis_reachable(host: str = "127.0.0.1", port: int = 6379) -> bool:
     """Does a Redis answer PING at ``host:port`` within half a second?"""
     try:

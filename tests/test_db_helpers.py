@@ -85,3 +85,12 @@ class TestRefreshFrom:
         other = ChatSession.objects.create(user=alice, agent=session.agent, workflow="free_chat", state="CHATTING")
         with pytest.raises(ValueError, match="same row"):
             refresh_from(session, other)
+
+
+def test_storable_text_replaces_what_postgres_refuses() -> None:
+    from config.db import storable_text
+
+    assert storable_text("plain é ✓") == "plain é ✓"
+    assert storable_text("a\x00b") == "a\ufffdb"
+    assert storable_text("x\ud800y\udfffz") == "x\ufffdy\ufffdz"
+    assert storable_text("🙂") == "🙂"  # a whole pair is a character, not a lone surrogate

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from agents.llm.base import (
 from agents.llm.recording import llm_call_record
 from agents.llm.redaction import redact
 from agents.llm.tokens import TokenCounter, counter_for
+from config.db import storable_text
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +83,10 @@ class OpenedStream:
     retries: int = 0
 
 
+# A JSON "\u0000" escape (not preceded by an escaped backslash): parsed, it is a NUL that PostgreSQL refuses.
+_NUL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000", re.IGNORECASE)
+
+
 def parse_structured(text: str, schema: type[SchemaT]) -> SchemaT:
     """Validate a reply as one JSON object of ``schema``; raise ``ValueError`` with a readable reason.
 
@@ -95,6 +101,7 @@ def parse_structured(text: str, schema: type[SchemaT]) -> SchemaT:
         body = body.strip()
     if not body:
         raise ValueError("the reply was empty; expected one JSON object")
+    body = _NUL_ESCAPE.sub(r"\1\\ufffd", body)
     try:
         return schema.model_validate_json(body)
     except ValidationError as exc:
@@ -278,6 +285,12 @@ class BaseProvider:
             wrapped = LLMError(redact(f"{type(exc).__name__}: {exc}", self._secrets))
             self._record_failure(ctx, messages, wrapped, latency_ms=_ms_since(started), tools=tools)
             raise wrapped from exc
+        # What a model says is stored (replies, records, memories): NUL and lone surrogates cannot be.
+        raw.text = storable_text(raw.text)
+        raw.tool_calls = [
+            ToolCallRequest(id=c.id, name=storable_text(c.name), arguments=storable_text(c.arguments))
+            for c in raw.tool_calls
+        ]
         return raw, _ms_since(started)
 
     def _prompt_tokens(self, messages: list[Message], tools: list[ToolSpec] | None) -> int:
@@ -436,13 +449,14 @@ class RecordedStream:
                     if delta.id:
                         slot["id"] = delta.id
                     if delta.name:
-                        slot["name"] += delta.name
-                    slot["arguments"].append(delta.arguments)
+                        slot["name"] += storable_text(delta.name)
+                    slot["arguments"].append(storable_text(delta.arguments))
                 if chunk.text:
                     if ttft_ms is None:
                         ttft_ms = _ms_since(started)
-                    parts.append(chunk.text)
-                    yield chunk.text
+                    text = storable_text(chunk.text)  # shown as it is stored: no NUL, no lone surrogate
+                    parts.append(text)
+                    yield text
             finished = True
         except GeneratorExit:
             # The consumer stopped reading (a client went away): record what was spent, then stop.

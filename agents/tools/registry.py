@@ -40,6 +40,7 @@ from agents.tools.errors import (
     ToolTimeout,
 )
 from agents.tools.faults import apply_fault
+from config.db import storable_text
 
 if TYPE_CHECKING:
     from agents.models import Agent
@@ -444,7 +445,7 @@ def _as_text(value: object) -> str:
         text = str(value)
     if len(text) > RESULT_MAX_CHARS:
         text = text[:RESULT_MAX_CHARS] + f"\n[truncated: the result exceeded {RESULT_MAX_CHARS} characters]"
-    return text
+    return storable_text(text)  # a page with a NUL byte must not lose the invocation's record
 
 
 def _short(value: object, limit: int = _DETAIL_MAX_CHARS) -> str:

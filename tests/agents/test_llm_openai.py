@@ -299,3 +299,35 @@ def test_the_fake_server_serves_embeddings_for_other_tests(fake_openai: FakeOpen
     vectors = [d.embedding for d in result.data]
     assert len(vectors) == 3 and len(vectors[0]) == 384
     assert vectors[0] == vectors[2] != vectors[1]
+
+
+class Note(BaseModel):
+    text: str
+
+
+def test_model_text_is_made_storable_nul_and_lone_surrogates(fake_openai: FakeOpenAIServer) -> None:
+    """PostgreSQL stores neither NUL nor a lone surrogate (both arrive as JSON escapes): what the model says
+    is stored as it is shown, with U+FFFD in their place, so a reply cannot fail its turn at the save."""
+    fake_openai.enqueue(
+        fake.reply("a\x00b\ud800c"),
+        fake.stream("one\x00 two"),
+        fake.json_reply({"text": "x\x00y"}),
+        fake.reply("", tool_calls=[fake.tool_call("lookup", "a\x00b", call_id="c1")], finish_reason="tool_calls"),
+    )
+    provider = make_provider(fake_openai)
+
+    assert provider.complete(MESSAGES, ctx=CTX).text == "a\ufffdb\ufffdc"
+    assert "".join(provider.stream(MESSAGES, ctx=CTX)) == "one\ufffd two"
+    assert provider.structured(MESSAGES, schema=Note, ctx=CTX).text == "x\ufffdy"
+    [call] = provider.complete(MESSAGES, ctx=CTX).tool_calls
+    assert "\x00" not in call.arguments and "\ufffd" in call.arguments
+    assert LLMCall.objects.count() == 4 and set(LLMCall.objects.values_list("outcome", flat=True)) == {"ok"}
+
+
+def test_a_json_nul_escape_in_structured_output_is_made_storable() -> None:
+    from agents.llm.provider_base import parse_structured
+
+    assert parse_structured('{"text": "x\\u0000y"}', Note).text == "x\ufffdy"
+    assert parse_structured('{"text": "x\\U0000y"}', Note).text == "x\ufffdy"
+    # An escaped backslash before "u0000" is the text "\u0000", not a NUL: left alone.
+    assert parse_structured('{"text": "x\\\\u0000y"}', Note).text == "x\\u0000y"

@@ -420,3 +420,14 @@ def test_bad_fault_settings_fail_loudly() -> None:
     for bad in ("search_flights", "x:explode", "x:timeout:0", "x:timeout:two"):
         with pytest.raises(ImproperlyConfigured, match="TOOLS_FAULTS"):
             parse_faults(bad)
+
+
+def test_a_result_with_nul_bytes_is_recorded_storable(context: ToolContext) -> None:
+    """A fetched page may hold NUL bytes: the model gets U+FFFD in their place and the invocation's record is
+    written (it was lost: PostgreSQL refuses NUL in text)."""
+    registry = registry_with(Counting(lambda args, ctx: "page\x00with\x00nul"))
+
+    result = run_tool_call(call=call("echo", {"text": "hi"}), context=context, enabled=["echo"], registry=registry)
+
+    assert result.ok and result.content == "page\ufffdwith\ufffdnul"
+    assert ToolInvocation.objects.get(session=context.session).result == result.content

@@ -187,3 +187,20 @@ def test_a_failed_turn_tells_the_user_why_without_internals(
         assert body["status"] == "failed" and body["error"] == turn.assistant_message
         assert "Your message is saved" in body["error"]
     assert "127.0.0.1" not in sent.content.decode() + listed.content.decode()
+
+
+@pytest.mark.django_db
+def test_a_reply_with_nul_bytes_completes_the_turn(
+    alice_client: APIClient, chat_agent: Agent, settings: Any, fake_openai: Any
+) -> None:
+    """The model's reply had reached the user (streamed) when its save failed on the NUL: the turn failed."""
+    from tests.fakes.openai_server import stream
+
+    settings.LLM_PROFILES = {"default": fake_openai.profile(max_retries=0)}
+    fake_openai.enqueue(stream("a\x00b"))
+    session = alice_client.post("/api/sessions/", {"agent": chat_agent.slug}, format="json").json()
+
+    sent = alice_client.post(f"/api/sessions/{session['id']}/messages/", {"message": "hi"}, format="json")
+
+    assert sent.status_code == 201 and sent.json()["turn"]["status"] == "completed"
+    assert Turn.objects.get(session_id=session["id"]).assistant_message == "a\ufffdb"

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
@@ -64,6 +65,41 @@ class Agent(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        """Values the runtime can use, checked when an operator saves the agent (the admin's form calls this):
+        a typo here would otherwise fail every session of the agent, or every page that lists it."""
+        from agents.llm.providers import DEMO_PROFILE
+        from agents.tools.registry import tool_names
+        from agents.workflows import workflow_choices
+        from sessions.context import DEFAULT_SHARES
+
+        errors: dict[str, str] = {}
+        workflows = [name for name, _title in workflow_choices()]
+        if self.workflow not in workflows:
+            errors["workflow"] = f"Unknown workflow {self.workflow!r}; known: {', '.join(workflows)}."
+        profiles = sorted(getattr(settings, "LLM_PROFILES", {}) or {})
+        if self.endpoint and self.endpoint != DEMO_PROFILE and self.endpoint not in profiles:
+            errors["endpoint"] = (
+                f"No endpoint profile {self.endpoint!r} is configured; configured: {', '.join(profiles) or 'none'} "
+                f"(or blank for the default, {DEMO_PROFILE!r} for the demo model)."
+            )
+        budgets = self.section_budgets
+        if not isinstance(budgets, dict) or not all(
+            name in DEFAULT_SHARES
+            and isinstance(share, int | float)
+            and not isinstance(share, bool)
+            and 0 <= share <= 1
+            for name, share in budgets.items()
+        ):
+            errors["section_budgets"] = (
+                "An object of section shares between 0 and 1, with sections among: " + ", ".join(DEFAULT_SHARES) + "."
+            )
+        known_tools = tool_names()
+        if not isinstance(self.tools, list) or not all(isinstance(t, str) and t in known_tools for t in self.tools):
+            errors["tools"] = "A list of tool names among: " + ", ".join(known_tools) + "."
+        if errors:
+            raise ValidationError(errors)
 
 
 class LLMCall(models.Model):

@@ -12,9 +12,14 @@ from agents.models import Agent
 
 def agent_model_label(agent: Agent) -> dict[str, Any]:
     """Which model answers for ``agent`` (``is_demo`` true for the offline demo model), without any secret."""
+    from agents.llm.base import LLMConfigurationError
     from agents.llm.providers import DEMO_LABEL, get_provider
 
-    provider = get_provider(agent=agent)
+    try:
+        provider = get_provider(agent=agent)
+    except LLMConfigurationError:
+        # Its endpoint profile is gone from the settings: its turns will say so; a listing must not fail.
+        return {"is_demo": False, "model_label": "not configured"}
     is_demo = bool(getattr(provider, "is_demo", False))
     return {
         "is_demo": is_demo,

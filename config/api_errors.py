@@ -45,7 +45,15 @@ def runtime_error_status(exc: Exception) -> tuple[str, str, int] | None:
     or None for any other exception."""
     # The runtime imports half the project: import it only when an error needs classifying.
     from agents.runtime import MessageRejected, SessionBusyError, SessionClosedError
+    from agents.workflows.base import UnknownWorkflowError
 
+    if isinstance(exc, UnknownWorkflowError):
+        # An agent saved around the admin's checks (Agent.clean), or a workflow module since removed.
+        return (
+            "agent_unavailable",
+            "This agent's workflow is not available on this server; an operator has to fix the agent.",
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+        )
     if isinstance(exc, SessionBusyError):
         return "session_busy", str(exc) or "Another turn is running on this session.", status.HTTP_409_CONFLICT
     if isinstance(exc, SessionClosedError):

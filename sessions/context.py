@@ -105,7 +105,8 @@ class ContextBudget:
     def from_agent(cls, agent: Agent) -> ContextBudget:
         """The agent's budget. The reserve is at least ``max_tokens``: a reply must never be cut for lack of room."""
         shares = dict(DEFAULT_SHARES)
-        for name, share in (agent.section_budgets or {}).items():
+        budgets = agent.section_budgets if isinstance(agent.section_budgets, dict) else {}  # validated by Agent.clean
+        for name, share in budgets.items():
             if name in DEFAULT_SHARES and isinstance(share, int | float) and share >= 0:
                 shares[name] = float(share)
         return cls(

@@ -131,7 +131,14 @@ def chat_new(request: HttpRequest) -> HttpResponse:
         else:
             messages.error(request, " ".join(e for errors in form.errors.values() for e in errors))
         return redirect("home")
-    session = session_create(user=request.user, agent=form.cleaned_data["agent"], title=form.cleaned_data["title"])
+    try:
+        session = session_create(user=request.user, agent=form.cleaned_data["agent"], title=form.cleaned_data["title"])
+    except Exception as exc:
+        refusal = runtime_error_status(exc)
+        if refusal is None:
+            raise
+        messages.error(request, refusal[1])
+        return redirect("home")
     return redirect("chat", session_id=session.pk)
 
 

@@ -159,11 +159,32 @@ def chat_panels(request: HttpRequest, session_id: UUID) -> HttpResponse:
     return render(request, "chat_panels.html", _panels_context(request, session))
 
 
+def _messages_throttle_wait(request: HttpRequest) -> int | None:
+    """The API's rate for posting messages (``API_THROTTLE_MESSAGES``), on the same per-user counter: a
+    message costs a model call whichever door it comes through. Seconds to wait, or None when allowed."""
+    from types import SimpleNamespace
+
+    from rest_framework.throttling import ScopedRateThrottle
+
+    throttle = ScopedRateThrottle()
+    if throttle.allow_request(request, SimpleNamespace(throttle_scope="messages")):  # type: ignore[arg-type]
+        return None
+    return max(1, int(throttle.wait() or 1))
+
+
 @login_required
 @require_POST
 def chat_stream(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
     """POST a message; the reply comes back as ``text/event-stream``. CSRF token in the X-CSRFToken header."""
     session = _own_session(request, session_id)
+    wait = _messages_throttle_wait(request)
+    if wait is not None:
+        body = error_body(
+            "throttled", f"Too many messages; try again in {wait} seconds.", {"retry_after_seconds": wait}
+        )
+        response = JsonResponse(body, status=429)
+        response["Retry-After"] = str(wait)
+        return response
     if request.content_type == "application/json":
         try:
             payload = json.loads(request.body or b"{}")

@@ -105,7 +105,7 @@
     errorBox.hidden = true;
     send.disabled = true;
     input.disabled = true;
-    bubble("user", message);
+    const mine = bubble("user", message);
     const reply = bubble("assistant", "");
     reply.classList.add("streaming");
     try {
@@ -123,6 +123,9 @@
       if (!response.ok) {
         let text = "The message was not accepted (" + response.status + ").";
         try { text = (await response.json()).error.message || text; } catch (_) { /* not JSON */ }
+        // Refused (busy, too long, too many): nothing was saved, so the transcript does not show it; the
+        // text stays in the input to send again.
+        mine.remove();
         reply.remove();
         showError(text);
         return;

@@ -186,3 +186,24 @@ def test_staff_open_the_context_inspector(browser: Any, live_server: Any, staff:
     page.screenshot(path=str(SCREENSHOTS / "07-ops-dashboard.png"), full_page=True)
     assert external == [], f"the pages loaded from outside: {external}"
     context.close()
+
+
+def test_a_refused_message_leaves_no_bubble_and_keeps_the_text(
+    browser: Any, live_server: Any, alice: Any, booking_agent: Agent, settings: Any
+) -> None:
+    settings.MAX_MESSAGE_CHARS = 20
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    _sign_in(page, live_server.url, "alice", "alice-pass-123")
+    _start_chat(page, "Flight booker")
+    too_long = "I want to book a flight to Paris"
+
+    page.fill("#message", too_long)
+    page.click("#send")
+    page.wait_for_selector("#send:not([disabled])")
+
+    error = page.locator("#chat-error")
+    assert error.is_visible() and "limit is 20" in error.inner_text()
+    assert page.locator("li.msg").count() == 0  # nothing was saved, so nothing is shown as sent
+    assert page.input_value("#message") == too_long
+    context.close()

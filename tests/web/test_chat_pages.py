@@ -235,3 +235,26 @@ def test_delete_a_chat(alice: Any, chat_agent: Agent) -> None:
     response = _signed_in(alice).post(f"/chats/{session.pk}/delete/")
     assert response.status_code == 302 and response["Location"] == "/"
     assert not ChatSession.objects.filter(pk=session.pk).exists()
+
+
+@pytest.mark.django_db
+def test_the_web_chat_shares_the_apis_message_rate(alice: Any, chat_agent: Agent, monkeypatch: Any) -> None:
+    """Each message is a model call: the web door has the API's per-user rate, on the same counter."""
+    from rest_framework.throttling import SimpleRateThrottle
+
+    from tests.api.conftest import token_client
+
+    monkeypatch.setitem(SimpleRateThrottle.THROTTLE_RATES, "messages", "2/min")
+    session = session_create(user=alice, agent=chat_agent)
+    client = _signed_in(alice)
+    api = token_client(alice)
+    assert api.post(f"/api/sessions/{session.pk}/messages/", {"message": "one"}, format="json").status_code == 201
+    _stream(client, session, "two")
+
+    refused = client.post(
+        f"/chats/{session.pk}/stream/", data=json.dumps({"message": "three"}), content_type="application/json"
+    )
+
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "throttled"
+    assert 0 < int(refused["Retry-After"]) <= 60
+    assert Turn.objects.filter(session=session).count() == 2

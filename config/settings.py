@@ -39,6 +39,8 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
+# The debug page and error reports also hide settings that hold credentials in URLs (config/reporting.py).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "config.reporting.SettingsFilter"
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 

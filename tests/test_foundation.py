@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import Client
@@ -129,3 +131,33 @@ def test_a_test_without_the_worker_sends_its_tasks_to_no_one() -> None:
 
     assert app.conf.task_default_queue == _BROKERS["idle"]["task_default_queue"]
     assert app.conf.broker_url == "filesystem://"
+
+
+# Joined at run time: the debug page shows the source lines around the error, which must not hold them.
+SECRETS = ("TopSecret" + "Pw", "Redis" + "Pw", "Webhook" + "Secret")
+
+
+@pytest.fixture
+def credentials_in_urls(settings: Any) -> None:
+    database, redis, webhook = SECRETS
+    settings.DEBUG = True
+    settings.DATABASE_URL = f"postgres://agents:{database}@db.internal:5432/agents"
+    settings.REDIS_URL = f"redis://:{redis}@cache.internal:6379/0"
+    settings.CELERY_BROKER_URL = settings.REDIS_URL
+    settings.ALERT_WEBHOOK_URL = f"https://hooks.slack.com/services/T000/B000/{webhook}"
+
+
+@pytest.mark.usefixtures("credentials_in_urls")
+def test_the_debug_page_hides_credentials_kept_in_urls() -> None:
+    """DEBUG is on by default (local use): an error page must not print the database or broker password."""
+    from django.test import RequestFactory
+    from django.views.debug import technical_500_response
+
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError as exc:
+        page = technical_500_response(RequestFactory().get("/"), type(exc), exc, exc.__traceback__)
+
+    html = page.content.decode()
+    assert "RuntimeError" in html and "DATABASE_URL" in html and "REDIS_URL" in html
+    assert not [secret for secret in SECRETS if secret in html]

@@ -136,18 +136,26 @@ def metrics_exposition() -> bytes:
     return generate_latest(registry)
 
 
+# Headers a reverse proxy adds (standard, de facto, nginx's and Cloudflare's).
+_PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Real-IP", "CF-Connecting-IP")
+
+
 def metrics_access_allowed(request: HttpRequest) -> bool:
     """Whether this request may read /metrics.
 
     A matching ``Authorization: Bearer <METRICS_TOKEN>`` always may. Without it: loopback and
     private addresses when ``METRICS_ALLOW_INTERNAL`` is on; loopback only when no token is set.
-    The client address is ``REMOTE_ADDR``: forwarded headers are not trusted here.
+    The client address is ``REMOTE_ADDR``: forwarded headers are not trusted here. A request that
+    carries them came through a proxy, so its address is the proxy's (loopback, for gunicorn behind
+    nginx on the same host), not the client's: it gets no address-based access at all.
     """
     token = settings.METRICS_TOKEN
     header = request.headers.get("Authorization", "")
     if token and header.startswith("Bearer "):
         if hmac.compare_digest(header.removeprefix("Bearer ").strip().encode(), token.encode()):
             return True
+    if any(name in request.headers for name in _PROXY_HEADERS):
+        return False
     try:
         address = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
     except ValueError:

@@ -89,6 +89,17 @@ def test_without_a_token_only_loopback_may_scrape(client: Client, settings: Any)
     assert client.get("/metrics", REMOTE_ADDR=PUBLIC).status_code == 401
 
 
+@pytest.mark.parametrize("header", ["HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_REAL_IP"])
+def test_behind_a_proxy_on_the_same_host_loopback_is_not_trusted(client: Client, settings: Any, header: str) -> None:
+    """gunicorn behind nginx sees every internet client as 127.0.0.1: a forwarded request needs the token."""
+    settings.METRICS_TOKEN = ""
+    settings.METRICS_ALLOW_INTERNAL = True
+    assert client.get("/metrics", REMOTE_ADDR="127.0.0.1", **{header: PUBLIC}).status_code == 401
+    settings.METRICS_TOKEN = "s3cret"
+    authorized = client.get("/metrics", REMOTE_ADDR="127.0.0.1", HTTP_AUTHORIZATION="Bearer s3cret", **{header: PUBLIC})
+    assert authorized.status_code == 200
+
+
 def test_allow_internal_admits_private_networks_only(client: Client, settings: Any) -> None:
     settings.METRICS_TOKEN = "s3cret"
     settings.METRICS_ALLOW_INTERNAL = True

@@ -1,7 +1,12 @@
-"""/healthz: is the database (with pgvector), the broker and a worker alive?"""
+"""/healthz: is the database (with pgvector), the broker and a worker alive?
+
+Open to anyone (load balancers, uptime checks): a failure is named, its exception text (hosts, addresses,
+user names) goes to the log only.
+"""
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -11,7 +16,13 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+logger = logging.getLogger(__name__)
 WORKER_FRESH_FOR = timedelta(seconds=60)
+
+
+def _failed(what: str, exc: Exception) -> str:
+    logger.warning("health check: %s: %s: %s", what, type(exc).__name__, exc)
+    return f"{what} ({type(exc).__name__}; details in the server log)"
 
 
 def check_database() -> dict[str, Any]:
@@ -22,7 +33,7 @@ def check_database() -> dict[str, Any]:
             cursor.execute("SHOW server_version")
             version_row = cursor.fetchone()
     except Exception as exc:  # noqa: BLE001 - health reports every failure as data
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        return {"ok": False, "error": _failed("the database is unreachable", exc)}
     if row is None:
         return {"ok": False, "error": "the pgvector extension is not installed (run migrations)"}
     return {"ok": True, "postgres": version_row[0] if version_row else None, "pgvector": row[0]}
@@ -37,7 +48,7 @@ def check_broker() -> dict[str, Any]:
         with app.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, timeout=2)
     except Exception as exc:  # noqa: BLE001
-        return {"ok": False, "transport": transport, "error": f"{type(exc).__name__}: {exc}"}
+        return {"ok": False, "transport": transport, "error": _failed("the broker is unreachable", exc)}
     return {"ok": True, "transport": transport}
 
 
@@ -47,7 +58,7 @@ def check_worker() -> dict[str, Any]:
     try:
         beat = WorkerHeartbeat.objects.order_by("-seen_at").first()
     except Exception as exc:  # noqa: BLE001
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        return {"ok": False, "error": _failed("the worker heartbeat could not be read", exc)}
     if beat is None:
         return {"ok": False, "error": "no worker heartbeat seen yet"}
     age = (timezone.now() - beat.seen_at).total_seconds()

@@ -161,3 +161,16 @@ def test_the_debug_page_hides_credentials_kept_in_urls() -> None:
     html = page.content.decode()
     assert "RuntimeError" in html and "DATABASE_URL" in html and "REDIS_URL" in html
     assert not [secret for secret in SECRETS if secret in html]
+
+
+def test_health_names_a_failure_without_its_details(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/healthz is open to anyone: the broker's address and credentials stay in the server log."""
+    from config.celery import app
+    from config.health import check_broker
+
+    monkeypatch.setattr(app.conf, "broker_url", "redis://agent:BrokerPw@127.0.0.1:1/0")  # nothing listens
+
+    result = check_broker()
+
+    assert result["ok"] is False and result["error"].startswith("the broker is unreachable (")
+    assert "BrokerPw" not in str(result) and "127.0.0.1" not in str(result)

@@ -174,3 +174,25 @@ def test_health_names_a_failure_without_its_details(monkeypatch: pytest.MonkeyPa
 
     assert result["ok"] is False and result["error"].startswith("the broker is unreachable (")
     assert "BrokerPw" not in str(result) and "127.0.0.1" not in str(result)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("login_url", ["/accounts/login/", "/admin/login/"])
+def test_password_guessing_is_stopped(settings: Any, alice: Any, staff: Any, login_url: str) -> None:
+    from django.core.cache import cache
+
+    cache.clear()
+    settings.LOGIN_MAX_FAILURES = 3
+    user, password = (alice, "alice-pass-123") if login_url.startswith("/accounts") else (staff, "staff-pass-123")
+    guesser, other_address = Client(REMOTE_ADDR="203.0.113.9"), Client(REMOTE_ADDR="198.51.100.7")
+
+    for attempt in range(3):
+        wrong = guesser.post(login_url, {"username": user.username, "password": f"guess-{attempt}"})
+        assert wrong.status_code == 200 and "correct username and password" in wrong.content.decode()
+    refused = guesser.post(login_url, {"username": user.username, "password": password})
+
+    assert refused.status_code == 200 and "Too many failed sign-ins" in refused.content.decode()
+    assert "_auth_user_id" not in guesser.session  # not signed in, though the password was right
+    # The account is not locked for everyone: the right password from elsewhere signs in.
+    assert other_address.post(login_url, {"username": user.username, "password": password}).status_code == 302
+    cache.clear()

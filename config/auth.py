@@ -1,0 +1,61 @@
+"""Sign-in forms that stop password guessing: after ``LOGIN_MAX_FAILURES`` failed sign-ins for one username
+from one address within ``LOGIN_FAILURE_WINDOW_SECONDS``, that pair is refused without checking the password
+until the window has passed. The chat's login page and the admin's use the same forms.
+
+Counted per (address, username) so that guessing one account is slowed while nobody can lock another user
+out from elsewhere. The counters live in Django's cache (per process unless a shared cache is configured).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from django.conf import settings
+from django.contrib.admin.forms import AdminAuthenticationForm
+from django.contrib.auth.forms import AuthenticationForm
+from django.core.cache import cache
+from django.core.exceptions import ValidationError
+
+
+def _failures_key(request: Any, username: str) -> str:
+    address = request.META.get("REMOTE_ADDR", "") if request is not None else ""
+    digest = hashlib.sha256(f"{address}\n{username.strip().lower()}".encode()).hexdigest()
+    return f"login-failures:{digest}"
+
+
+class ThrottledLoginMixin:
+    """For ``AuthenticationForm`` subclasses (``self.request`` and ``self.cleaned_data`` come from it)."""
+
+    request: Any
+    cleaned_data: dict[str, Any]
+
+    def clean(self) -> dict[str, Any]:
+        limit = int(settings.LOGIN_MAX_FAILURES)
+        window = int(settings.LOGIN_FAILURE_WINDOW_SECONDS)
+        key = _failures_key(self.request, self.cleaned_data.get("username") or "")
+        if cache.get(key, 0) >= limit:
+            minutes = max(1, round(window / 60))
+            raise ValidationError(
+                f"Too many failed sign-ins for this username from your address. Try again in {minutes} minutes.",
+                code="throttled",
+            )
+        try:
+            data: dict[str, Any] = super().clean()  # type: ignore[misc]
+        except ValidationError:
+            cache.add(key, 0, window)  # the window starts at the first failure
+            try:
+                cache.incr(key)
+            except ValueError:  # expired between the two calls
+                cache.set(key, 1, window)
+            raise
+        cache.delete(key)
+        return data
+
+
+class LoginForm(ThrottledLoginMixin, AuthenticationForm):
+    pass
+
+
+class AdminLoginForm(ThrottledLoginMixin, AdminAuthenticationForm):
+    pass

@@ -67,6 +67,8 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # 413 for oversize bodies before anything reads them (JSON error format under /api/).
     "config.api_errors.RequestSizeLimitMiddleware",
+    # 400 for a page address with a NUL (%00) in its query string (PostgreSQL refuses NUL in a filter).
+    "config.api_errors.NulQueryMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

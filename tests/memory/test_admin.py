@@ -172,3 +172,17 @@ def test_an_admin_edit_onto_another_memorys_text_is_a_form_error(staff_client: C
     assert f"Memory #{alpha.pk} has this text already" in response.content.decode()
     beta.refresh_from_db()
     assert beta.text == "Beta."
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/admin/chat_sessions/chatsession/?status=a%00b",
+        "/admin/chat_sessions/chatsession/?state=a%00b",
+        "/admin/memory/memory/?kind=a%00b",
+        "/ops/?agent=%00",
+    ],
+)
+def test_a_nul_in_a_page_address_is_a_400(staff_client: Client, path: str) -> None:
+    response = staff_client.get(path)
+    assert response.status_code == 400 and "NUL" in response.content.decode()

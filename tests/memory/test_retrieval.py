@@ -294,6 +294,12 @@ def test_the_index_command_builds_keeps_and_drops_per_user_indexes(alice: Any, s
     assert "1 created, 0 kept, 0 dropped" in run() and set(user_indexes_present()) == {alice.pk}
     assert "0 created, 1 kept, 0 dropped" in run()
     assert "0 created, 0 kept, 1 dropped" in run("--min", "100") and user_indexes_present() == {}
+    from django.core.management.base import CommandError
+
+    for below_one in ("0", "-1"):  # would index every user
+        with pytest.raises(CommandError, match="--min must be at least 1"):
+            run("--min", below_one)
+    assert user_indexes_present() == {}
 
 
 def test_word_arm_weights_rare_words_breaks_ties_by_recency_and_stays_per_user(alice: Any, bob: Any) -> None:

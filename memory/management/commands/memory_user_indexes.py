@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from memory.services import user_indexes_sync
@@ -22,6 +22,9 @@ class Command(BaseCommand):
         parser.add_argument("--min", type=int, default=None, help="memories a user needs for an index of their own")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["min"] is not None and options["min"] < 1:
+            # 0 or less would build an HNSW index for every user, each one a full graph build.
+            raise CommandError(f"--min must be at least 1 (got {options['min']})")
         columns = (TextColumn("building per-user HNSW indexes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, disable=not self.stdout.isatty()) as progress:
             task = progress.add_task("indexes", total=None)

@@ -186,6 +186,9 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     # The outbox sweeps: background work whose enqueue was lost while the broker was down is sent again.
     "memory-writes-requeue": {"task": "memory.tasks.requeue_lost_memory_writes", "schedule": 120.0},
     "summaries-requeue": {"task": "sessions.tasks.requeue_lost_summaries", "schedule": 120.0},
+    # Turns whose process died mid-turn (no owner holds their lock) and older than STUCK_TURN_SECONDS are
+    # finished from their checkpoint (agents.runtime.stuck_turns_recover); a new message does it sooner.
+    "turns-recover": {"task": "agents.tasks.recover_stuck_turns", "schedule": 60.0},
     # Per-user HNSW indexes for histories past MEMORY_EXACT_SEARCH_MAX (memory.services.user_indexes_sync).
     "memory-user-indexes": {"task": "memory.tasks.sync_user_indexes", "schedule": 24 * 3600.0},
 }

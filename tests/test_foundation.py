@@ -196,3 +196,18 @@ def test_password_guessing_is_stopped(settings: Any, alice: Any, staff: Any, log
     # The account is not locked for everyone: the right password from elsewhere signs in.
     assert other_address.post(login_url, {"username": user.username, "password": password}).status_code == 302
     cache.clear()
+
+
+def test_every_scheduled_task_exists_and_the_sweeps_are_scheduled(settings: Any) -> None:
+    """Beat sends tasks by name: a name no worker knows would be dropped without a word."""
+    from config.celery import app
+
+    app.loader.import_default_modules()
+    scheduled = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
+    assert scheduled <= set(app.tasks), scheduled - set(app.tasks)
+    assert {
+        "agents.tasks.recover_stuck_turns",
+        "memory.tasks.requeue_lost_memory_writes",
+        "sessions.tasks.requeue_lost_summaries",
+        "config.tasks.record_worker_heartbeat",
+    } <= scheduled

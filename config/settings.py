@@ -267,7 +267,10 @@ LLM_RETRY_BASE_DELAY = env_float("LLM_RETRY_BASE_DELAY", 0.5, minimum=0.0)
 LLM_RETRY_MAX_DELAY = env_float("LLM_RETRY_MAX_DELAY", 8.0, minimum=0.0)
 LLM_MAX_RETRY_AFTER = env_float("LLM_MAX_RETRY_AFTER", 30.0, minimum=0.0)
 LLM_SUPPORTS_JSON_SCHEMA = env_bool("LLM_SUPPORTS_JSON_SCHEMA", True)
-LLM_CONTEXT_WINDOW = env_int("LLM_CONTEXT_WINDOW", 8192, minimum=512)
+# The default endpoint's context window, when known: a ceiling on every agent's own context_window.
+LLM_CONTEXT_WINDOW = env_int("LLM_CONTEXT_WINDOW", 0, minimum=0) or None
+if LLM_CONTEXT_WINDOW is not None and LLM_CONTEXT_WINDOW < 512:
+    raise ImproperlyConfigured(f"LLM_CONTEXT_WINDOW must be at least 512 tokens (got {LLM_CONTEXT_WINDOW})")
 # A cheaper model on the same endpoint for relevance filtering and fact extraction ("" = LLM_MODEL).
 LLM_CHEAP_MODEL = env_str("LLM_CHEAP_MODEL", "") or ""
 # Named endpoint profiles that agents refer to by name (Agent.endpoint). API keys are never stored in

@@ -103,14 +103,19 @@ class ContextBudget:
 
     @classmethod
     def from_agent(cls, agent: Agent) -> ContextBudget:
-        """The agent's budget. The reserve is at least ``max_tokens``: a reply must never be cut for lack of room."""
+        """The agent's budget. The reserve is at least ``max_tokens``: a reply must never be cut for lack of room.
+        The window is the agent's, capped by its endpoint's when one is configured (``LLM_CONTEXT_WINDOW``, or
+        a profile's ``context_window``): an agent set up bigger than its model cannot overflow it."""
+        from agents.llm.providers import endpoint_window
+
         shares = dict(DEFAULT_SHARES)
         budgets = agent.section_budgets if isinstance(agent.section_budgets, dict) else {}  # validated by Agent.clean
         for name, share in budgets.items():
             if name in DEFAULT_SHARES and isinstance(share, int | float) and share >= 0:
                 shares[name] = float(share)
+        ceiling = endpoint_window(agent)
         return cls(
-            window=agent.context_window,
+            window=min(agent.context_window, ceiling) if ceiling else agent.context_window,
             response_reserve=max(agent.response_reserve, agent.max_tokens),
             safety_margin=agent.safety_margin,
             shares=shares,

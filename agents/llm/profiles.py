@@ -22,7 +22,7 @@ _DEFAULTS: dict[str, object] = {
     "read_timeout": 60.0,
     "max_retries": 3,
     "supports_json_schema": True,
-    "context_window": 8192,
+    "context_window": None,  # unknown unless configured; then a ceiling for every agent on the endpoint
     "cheap_model": "",
     # Backoff: base * 2**attempt seconds, capped, with jitter; a Retry-After above the cap is not waited for.
     "retry_base_delay": 0.5,
@@ -42,7 +42,8 @@ class EndpointProfile:
     read_timeout: float
     max_retries: int
     supports_json_schema: bool
-    context_window: int
+    # The model's context window as the operator knows it, if given: agents' budgets never exceed it.
+    context_window: int | None
     cheap_model: str
     retry_base_delay: float
     retry_max_delay: float
@@ -64,7 +65,9 @@ class EndpointProfile:
                 read_timeout=_number(merged["read_timeout"]),
                 max_retries=int(_number(merged["max_retries"])),
                 supports_json_schema=_flag(merged["supports_json_schema"]),
-                context_window=int(_number(merged["context_window"])),
+                context_window=(
+                    None if merged["context_window"] in (None, "") else int(_number(merged["context_window"]))
+                ),
                 cheap_model=str(merged["cheap_model"] or ""),
                 retry_base_delay=_number(merged["retry_base_delay"]),
                 retry_max_delay=_number(merged["retry_max_delay"]),
@@ -77,6 +80,8 @@ class EndpointProfile:
             raise LLMConfigurationError(f"LLM profile {name!r} has no base_url (set LLM_BASE_URL)")
         if not profile.model:
             raise LLMConfigurationError(f"LLM profile {name!r} has no model (set LLM_MODEL)")
+        if profile.context_window is not None and profile.context_window < 512:
+            raise LLMConfigurationError(f"LLM profile {name!r}: context_window must be at least 512 tokens")
         if profile.connect_timeout <= 0 or profile.read_timeout <= 0 or profile.max_retries < 0:
             raise LLMConfigurationError(f"LLM profile {name!r}: timeouts must be > 0 and max_retries >= 0")
         return profile

@@ -14,7 +14,7 @@ from agents.llm.profiles import EndpointProfile
 if TYPE_CHECKING:
     from agents.models import Agent
 
-__all__ = ["DEMO_LABEL", "DEMO_PROFILE", "endpoint_profile", "get_provider"]
+__all__ = ["DEMO_LABEL", "DEMO_PROFILE", "endpoint_profile", "endpoint_window", "get_provider"]
 
 DEFAULT_PROFILE = "default"
 # An agent whose endpoint is "demo" always gets the demo model, even when a real endpoint is configured.
@@ -30,6 +30,19 @@ def endpoint_profile(name: str) -> EndpointProfile | None:
     if data is None:
         return None
     return EndpointProfile.from_mapping(name, data)
+
+
+def endpoint_window(agent: Agent) -> int | None:
+    """The context window configured for ``agent``'s endpoint profile, if any (none for the demo model or a
+    profile that is not configured: the agent's own window stands)."""
+    name = agent.endpoint or DEFAULT_PROFILE
+    if name == DEMO_PROFILE:
+        return None
+    try:
+        profile = endpoint_profile(name)
+    except LLMConfigurationError:
+        return None  # the turn's provider lookup reports it
+    return profile.context_window if profile is not None else None
 
 
 def get_provider(*, agent: Agent | None = None, cheap: bool = False) -> LLMProvider:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -91,6 +92,21 @@ def test_from_agent_reserves_at_least_the_reply_length() -> None:
     assert b.shares["summary"] == 0.2 and "bogus" not in b.shares
     assert b.shares["tools"] == DEFAULT_SHARES["tools"]  # agents without a "tools" share get the default
     assert b.memory_budget_tokens == 123
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "profile_window", "expected"),
+    [("", 2048, 2048), ("", 16384, 4096), ("", None, 4096), ("demo", 2048, 4096), ("other", 2048, 4096)],
+)
+def test_the_endpoints_window_caps_the_agents(
+    settings: Any, endpoint: str, profile_window: int | None, expected: int
+) -> None:
+    """An agent set up with a bigger window than its model's (as configured for the endpoint) cannot overflow
+    it; the demo model and an endpoint without a known window leave the agent's own."""
+    profile = {"base_url": "http://127.0.0.1:9/v1", "model": "m", "context_window": profile_window}
+    settings.LLM_PROFILES = {"default": profile, "other": {**profile, "context_window": None}}
+    agent = Agent(name="a", slug="a", system_prompt="x", context_window=4096, endpoint=endpoint)
+    assert ContextBudget.from_agent(agent).window == expected
 
 
 def full_inputs(**overrides: object) -> PromptInputs:

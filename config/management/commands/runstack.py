@@ -21,6 +21,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
+from config.env import env_int
+
 CREDENTIALS_FILE = "first-staff-user.txt"
 
 
@@ -44,8 +46,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
-        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
-        parser.add_argument("--web-workers", type=int, default=int(os.environ.get("WEB_WORKERS", "2")))
+        # env_int: a value that is not a number stops here with ImproperlyConfigured naming the variable.
+        parser.add_argument("--port", type=int, default=env_int("PORT", 8000, minimum=1, maximum=65535))
+        parser.add_argument("--web-workers", type=int, default=env_int("WEB_WORKERS", 2, minimum=1))
         parser.add_argument("--no-worker", action="store_true", help="Do not start a Celery worker.")
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -1,6 +1,6 @@
 """The turn loop: one user message in, one reply out, with nothing lost on the way.
 
-The order, and why (see ../shared/design/architecture.md, "The turn, end to end"):
+The order, and why (the contracts are in docs/internals.md, "The turn"):
 
 1. ``turn_begin``: validate the message, take the session's turn lock, honour ``Idempotency-Key``,
    save the message as a ``Turn`` (status running) and a ``before_call`` checkpoint, and commit —
@@ -17,7 +17,7 @@ the session id, held by the connection that runs the turn — not a transaction,
 stays open while a model answers. A second request waits up to ``TURN_LOCK_WAIT_SECONDS`` and then
 gets ``SessionBusyError`` (HTTP 409). If the process running a turn dies, its connection closes and
 PostgreSQL releases the lock: a turn found ``running`` while its lock is free was orphaned by a crash,
-and the next request (or the periodic sweep) resumes it from its checkpoint, exactly once.
+and the next request (or the sweep beat runs every minute) resumes it from its checkpoint, exactly once.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ user) through the selector as a turn calls it, and the p50/p95/p99 of:
 - the whole retrieval without the model filter, query vector given;
 - the whole retrieval including embedding the query with the configured embedder.
 
-Run alone: ``python -m bench.memory_scale -- --memories 1000000 --users 1000 --big-user 100000``.
+Run alone: ``python -m bench memory_scale -- --memories 1000000 --users 1000 --big-user 100000``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Used when ``DATABASE_URL`` is unset. The first process that needs it starts the server on a
 Unix socket inside the data folder; every later process (web, worker, tests, ``manage.py``)
 finds it running and connects to it. The server is stopped by ``stop_embedded_postgres`` (the
-run command calls it on Ctrl-C), never by an ordinary process exit, so one process leaving
+run command calls it on Ctrl-C when it started the server; the test session does too), never by an
+ordinary process exit, so one process leaving
 does not pull the database from under the others.
 """
 

@@ -271,7 +271,7 @@ LLM_SUPPORTS_JSON_SCHEMA = env_bool("LLM_SUPPORTS_JSON_SCHEMA", True)
 LLM_CONTEXT_WINDOW = env_int("LLM_CONTEXT_WINDOW", 0, minimum=0) or None
 if LLM_CONTEXT_WINDOW is not None and LLM_CONTEXT_WINDOW < 512:
     raise ImproperlyConfigured(f"LLM_CONTEXT_WINDOW must be at least 512 tokens (got {LLM_CONTEXT_WINDOW})")
-# A cheaper model on the same endpoint for relevance filtering and fact extraction ("" = LLM_MODEL).
+# A cheaper model on the same endpoint for relevance filtering, fact extraction and summaries ("" = LLM_MODEL).
 LLM_CHEAP_MODEL = env_str("LLM_CHEAP_MODEL", "") or ""
 # Named endpoint profiles that agents refer to by name (Agent.endpoint). API keys are never stored in
 # the database: a profile names the environment variable that holds its key. "default" comes from the

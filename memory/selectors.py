@@ -2,13 +2,16 @@
 
 Tiers:
 1. exact lookups: the user's profile facts (semantic, with a ``fact_key``), pinned memories, recent actions;
-2. hybrid candidates for this user only: HNSW cosine search (pgvector 0.8 iterative scans so the user filter
-   cannot starve the result) fused with Postgres full-text search by reciprocal rank fusion;
+2. hybrid candidates for this user only: cosine search (exact for histories under MEMORY_EXACT_SEARCH_MAX;
+   above it the user's own partial HNSW index, or the shared one with pgvector 0.8 iterative scans so the
+   user filter cannot starve it) fused with idf-weighted full-text search by reciprocal rank fusion, with
+   the episodes next to the best candidates pulled in;
 3. a relevance filter: one batched cheap-model call scoring every candidate, or a score threshold when no
    model is configured, the call fails, or it is slower than its time budget;
 4. ranking by relevance, importance and recency, and a cut to the memory token budget.
 
-Every query here filters on the requesting user: no path returns another user's memory.
+Every query here filters on the requesting user: no path returns another user's memory (shared
+procedures, with no user, are everyone's).
 """
 
 from __future__ import annotations
@@ -759,7 +762,9 @@ def _touch(ids: list[int], now: datetime) -> None:
 
 
 def memory_search(*, user: Any, query: str, limit: int = 20, now: datetime | None = None) -> list[Memory]:
-    """Hybrid (vector + full-text) search over one user's current memories, best first: for the admin."""
+    """Hybrid (vector + full-text) search over one user's current memories, best first (tier 2 alone, no
+    ranking or budget). The admin's ``~`` search is plain cosine over its filtered list; this is for code
+    that wants the hybrid order without a prompt budget."""
     now = now or timezone.now()
     if user is None or not getattr(user, "pk", None) or not query.strip():
         return []

@@ -6,7 +6,8 @@ tokenizer before it is sent. Over budget, the builder degrades in a fixed order:
 
 1. ``shrink_window``: drop the oldest recent turns, down to ``min_turns`` (3);
 2. ``drop_memories``: drop the lowest-ranked memories;
-3. ``shorten_summary``: cut the conversation summary (with a visible marker);
+3. ``shorten_summary``: cut the conversation summary (with a visible marker), or drop it when even the
+   shortened one does not fit (``composition["summary"]["dropped"]``);
 4. ``simplify_system``: drop the procedures and keep only the first paragraph of the system prompt.
 
 If the prompt still does not fit, ``ContextOverflowError`` is raised: an over-long prompt is never

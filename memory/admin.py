@@ -89,7 +89,7 @@ class MemoryForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         """One row per current text and kind for a user (the database's rule): say which row has it."""
-        data = super().clean()
+        data = super().clean() or {}
         user = self.instance.user if self.instance.pk else data.get("user")  # an edit never moves a memory
         text, kind = (data.get("text") or "").strip(), data.get("kind")
         if text and kind and data.get("valid_to") is None:

@@ -129,7 +129,7 @@ def chat_new(request: HttpRequest) -> HttpResponse:
         if "agent" in form.errors:
             messages.error(request, "Choose an agent to talk to.")
         else:
-            messages.error(request, " ".join(e for errors in form.errors.values() for e in errors))
+            messages.error(request, " ".join(str(e) for errors in form.errors.values() for e in errors))
         return redirect("home")
     try:
         session = session_create(user=request.user, agent=form.cleaned_data["agent"], title=form.cleaned_data["title"])

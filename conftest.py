@@ -12,10 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 
 from config.db import database_url, redis_reachable
 
 ROOT = Path(__file__).resolve().parent
+
+# The tests' throttle and sign-in counters stay in this process: not in the folder (or Redis) a running
+# app and earlier runs use. Set before anything touches the cache (Django builds it on first use).
+django_settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 # Where tasks go: the idle queue nobody consumes, and the worker's once ``celery_worker`` has started.
 _BROKERS: dict[str, dict[str, Any]] = {}
 

@@ -153,6 +153,20 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 256 * 1024, minimum=1
 # needs no server, so a real worker still runs in another process on a fresh machine.
 REDIS_URL = env_str("REDIS_URL")
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or REDIS_URL or "filesystem://"
+
+# The cache holds the API's throttle counters and the sign-in failure counts, which every process must
+# share: gunicorn runs several, and per-process counters would let each one allow the whole rate. Redis
+# when REDIS_URL is set; otherwise a folder in the data directory (one host, like the embedded default).
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+else:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            "LOCATION": str(DATA_DIR / "cache"),
+            "OPTIONS": {"MAX_ENTRIES": 20000},
+        }
+    }
 BROKER_DIR = Path(env_str("CELERY_FILESYSTEM_BROKER_DIR", str(DATA_DIR / "broker")) or DATA_DIR / "broker")
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 if CELERY_BROKER_URL == "filesystem://":

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -9,7 +10,7 @@ from django.test import Client
 from config.env import database_from_url, env_bool, env_int, env_list
 from config.management.commands.runstack import ensure_first_staff_user
 from config.models import WorkerHeartbeat
-from conftest import wait_for
+from conftest import ROOT, wait_for
 
 
 class TestEnvHelpers:
@@ -211,3 +212,32 @@ def test_every_scheduled_task_exists_and_the_sweeps_are_scheduled(settings: Any)
         "sessions.tasks.requeue_lost_summaries",
         "config.tasks.record_worker_heartbeat",
     } <= scheduled
+
+
+def test_the_tests_count_in_process_and_the_app_shares_its_counters_across_processes(tmp_path: Any) -> None:
+    """Throttle and sign-in counters must be one per app, not one per gunicorn process: without Redis the
+    app's cache is a folder in its data directory, so what one process counts another one reads."""
+    import subprocess
+    import sys
+
+    from django.core.cache import caches
+    from django.core.cache.backends.locmem import LocMemCache
+
+    assert isinstance(caches["default"], LocMemCache)  # the suite's counters never reach a running app's
+    script = (
+        "import django, sys; django.setup(); from django.core.cache import cache; "
+        "cache.set('k', 41, 60) if sys.argv[1] == 'write' else print(cache.incr('k'))"
+    )
+    env = {
+        **os.environ,
+        "APP_DATA_DIR": str(tmp_path),
+        "REDIS_URL": "",
+        "DATABASE_URL": "postgres://never@127.0.0.1:1/never-opened",
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+    }
+    for step in ("write", "read"):
+        done = subprocess.run(
+            [sys.executable, "-c", script, step], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "42" and (tmp_path / "cache").is_dir()

@@ -157,6 +157,7 @@ CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or REDIS_URL or "filesystem://"
 # The cache holds the API's throttle counters and the sign-in failure counts, which every process must
 # share: gunicorn runs several, and per-process counters would let each one allow the whole rate. Redis
 # when REDIS_URL is set; otherwise a folder in the data directory (one host, like the embedded default).
+CACHES: dict[str, dict[str, object]]
 if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
 else:

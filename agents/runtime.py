@@ -305,12 +305,39 @@ def turn_events(handle: TurnHandle) -> Iterator[dict[str, Any]]:
         handle.lock.release()
 
 
+class TurnStream:
+    """A turn's events (``turn_events``) whose ``close()`` always lets the session's lock go.
+
+    A plain generator closed before it started runs no ``finally``: a server that fails to send the
+    first bytes (the client is gone) and closes the response would leave the lock held by this thread's
+    connection, and the session busy until that connection closed. Closing this releases it whatever
+    state the events are in; a turn cut short stays saved, for the next request or the sweep to finish.
+    """
+
+    def __init__(self, handle: TurnHandle) -> None:
+        self._handle = handle
+        self._events = turn_events(handle)
+
+    def __iter__(self) -> TurnStream:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        return next(self._events)
+
+    def close(self) -> None:
+        try:
+            self._events.close()
+        finally:
+            if self._handle.lock is not None:
+                self._handle.lock.release()  # a no-op when turn_events released it already
+
+
 def turn_stream(
     *, session: ChatSession, message: str, idempotency_key: str | None = None, wait_seconds: float | None = None
-) -> Iterator[dict[str, Any]]:
+) -> TurnStream:
     """``turn_begin`` then ``turn_events``: validation and busy errors raise before the first event."""
     handle = turn_begin(session=session, message=message, idempotency_key=idempotency_key, wait_seconds=wait_seconds)
-    return turn_events(handle)
+    return TurnStream(handle)
 
 
 def turn_run(

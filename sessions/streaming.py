@@ -48,9 +48,9 @@ def _with_html(event: dict[str, Any]) -> dict[str, Any]:
 
 
 def _encoded(events: Iterator[dict[str, Any]]) -> Iterator[bytes]:
-    # A comment line first: some proxies hold a response back until the first bytes arrive.
-    yield b": stream open\n\n"
     try:
+        # A comment line first: some proxies hold a response back until the first bytes arrive.
+        yield b": stream open\n\n"
         for event in events:
             yield sse_encode(_with_html(event))
     except GeneratorExit:
@@ -65,6 +65,26 @@ def _encoded(events: Iterator[dict[str, Any]]) -> Iterator[bytes]:
             close()
 
 
+class _EventStream:
+    """The response body: the encoded events, whose ``close()`` (called by the server when it is done
+    with the response, sent or not) closes the turn's events too, even if no byte was ever read."""
+
+    def __init__(self, events: Iterator[dict[str, Any]]) -> None:
+        self._events = events
+        self._bytes = _encoded(events)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self._bytes
+
+    def close(self) -> None:
+        try:
+            self._bytes.close()
+        finally:
+            close = getattr(self._events, "close", None)
+            if close is not None:
+                close()
+
+
 def turn_event_response(
     *, session: ChatSession, message: str, idempotency_key: str | None = None
 ) -> StreamingHttpResponse:
@@ -76,7 +96,7 @@ def turn_event_response(
     from agents.runtime import turn_stream
 
     events = turn_stream(session=session, message=message, idempotency_key=idempotency_key)
-    response = StreamingHttpResponse(_encoded(events), content_type="text/event-stream; charset=utf-8")
+    response = StreamingHttpResponse(_EventStream(events), content_type="text/event-stream; charset=utf-8")
     response["Cache-Control"] = "no-cache"
     # nginx and similar proxies buffer responses unless told not to; a buffered stream is not a stream.
     response["X-Accel-Buffering"] = "no"

@@ -258,3 +258,52 @@ def test_the_web_chat_shares_the_apis_message_rate(alice: Any, chat_agent: Agent
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "throttled"
     assert 0 < int(refused["Retry-After"]) <= 60
     assert Turn.objects.filter(session=session).count() == 2
+
+
+def _locked_elsewhere(session_id: Any) -> bool:
+    """Is the session's turn lock held, asked from another connection (a lock is re-entrant on its own)?"""
+    import threading
+
+    from django.db import connection
+
+    from agents.runtime import session_is_locked
+
+    answer: list[bool] = []
+
+    def ask() -> None:
+        try:
+            answer.append(session_is_locked(session_id))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    thread.join(30)
+    return answer[0]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("chunks_read", [0, 1])
+def test_a_stream_closed_early_lets_the_session_go(alice: Any, chat_agent: Agent, chunks_read: int) -> None:
+    """The server closes the response when the client is gone: before any byte was sent, or after the first.
+    The session's lock goes with it (it stayed held by the thread's connection, and every later message got
+    409); the saved turn is finished by the next message."""
+    session = session_create(user=alice, agent=chat_agent)
+    client = _signed_in(alice)
+    response = client.post(
+        f"/chats/{session.pk}/stream/", data=json.dumps({"message": "hello"}), content_type="application/json"
+    )
+    assert response.status_code == 200 and _locked_elsewhere(session.pk)
+    body = iter(response.streaming_content)
+    for _ in range(chunks_read):
+        assert next(body).startswith(b": stream open")
+
+    response.close()
+
+    assert not _locked_elsewhere(session.pk)
+    events = _stream(client, session, "hello again")
+    assert [e for e, _ in events if e in ("recovered", "done")] == ["recovered", "done"]
+    assert list(Turn.objects.filter(session=session).order_by("seq").values_list("status", flat=True)) == [
+        "completed",
+        "completed",
+    ]

@@ -527,7 +527,10 @@ def _execute(session: ChatSession, turn: Turn, *, resumed: bool, fresh: bool = F
             logger.exception("turn %s failed", turn.pk)
             message = _user_facing_error(exc)
             _fail_turn(session, turn, reason=f"{type(exc).__name__}: {exc}", reply=message)
-            _reload(session)
+            try:
+                _reload(session)
+            except ChatSession.DoesNotExist:
+                pass  # deleted while its turn ran: the error event below is all there is left to say
             yield {
                 "type": "error",
                 "code": getattr(exc, "code", None) or _error_code(exc),
@@ -553,12 +556,27 @@ def _user_facing_error(exc: Exception) -> str:
     return "Something went wrong while answering. Your message is saved; please try again."
 
 
+_UNFINISHED = (Turn.Status.RUNNING, Turn.Status.PENDING)
+
+
+def _finish_turn_row(turn: Turn, **fields: Any) -> None:
+    """Write a turn's outcome, only while the turn is unfinished: the fence against a second runner.
+
+    A runner whose connection was cut during the model call lost its lock with it; the next message or
+    the sweep may have finished the turn meanwhile. The lock check before the write cannot see that (the
+    lock is free again), the turn's status can: a finished turn is never written twice."""
+    if not Turn.objects.filter(pk=turn.pk, status__in=_UNFINISHED).update(**fields):
+        raise TurnLockLost("This turn was finished by another request while this one waited; nothing was written.")
+
+
 def _fail_turn(session: ChatSession, turn: Turn, *, reason: str, reply: str) -> None:
     from sessions.services import turn_failure_record
 
-    Turn.objects.filter(pk=turn.pk).update(
-        status=Turn.Status.FAILED, error=reason[:4000], assistant_message=reply, completed_at=timezone.now()
-    )
+    fields = {"status": Turn.Status.FAILED, "error": reason[:4000], "assistant_message": reply}
+    if not Turn.objects.filter(pk=turn.pk, status__in=_UNFINISHED).update(completed_at=timezone.now(), **fields):
+        # Finished elsewhere (see _finish_turn_row), or deleted with its session: nothing of ours to record.
+        logger.warning("turn %s failed after it was finished elsewhere or deleted; not recorded", turn.pk)
+        return
     turn.refresh_from_db()
     try:
         turn_failure_record(session=session, turn=turn, reason=reason[:500])
@@ -581,9 +599,7 @@ def _execute_inner(session: ChatSession, turn: Turn, *, resumed: bool, fresh: bo
     composition_extra: dict[str, Any] = {}
 
     if session.status == ChatSession.Status.NEEDS_HUMAN:
-        Turn.objects.filter(pk=turn.pk).update(
-            status=Turn.Status.COMPLETED, assistant_message="", completed_at=timezone.now(), state_after=session.state
-        )
+        _finish_turn_row(turn, status=Turn.Status.COMPLETED, completed_at=timezone.now(), state_after=session.state)
         turn.refresh_from_db()
         yield {"type": "state", "state": session.state, "data": session.data, "status": session.status}
         yield _done_event(turn, session)
@@ -702,17 +718,17 @@ def _decide(
 def _handoff(session: ChatSession, turn: Turn, *, reason: str) -> Iterator[dict[str, Any]]:
     from sessions.services import checkpoint_record
 
-    ChatSession.objects.filter(pk=session.pk).update(
-        status=ChatSession.Status.NEEDS_HUMAN, version=F("version") + 1, updated_at=timezone.now()
-    )
-    _reload(session)
-    checkpoint_record(session=session, reason=Checkpoint.Reason.HANDOFF, turn=turn, detail=reason[:500])
-    Turn.objects.filter(pk=turn.pk).update(
-        status=Turn.Status.COMPLETED,
-        assistant_message=HANDOFF_NOTICE,
-        completed_at=timezone.now(),
-        state_after=session.state,
-    )
+    with transaction.atomic():
+        # The turn first: a runner that lost the turn to another changes nothing (_finish_turn_row).
+        _finish_turn_row(
+            turn, status=Turn.Status.COMPLETED, assistant_message=HANDOFF_NOTICE, completed_at=timezone.now()
+        )
+        ChatSession.objects.filter(pk=session.pk).update(
+            status=ChatSession.Status.NEEDS_HUMAN, version=F("version") + 1, updated_at=timezone.now()
+        )
+        _reload(session)
+        checkpoint_record(session=session, reason=Checkpoint.Reason.HANDOFF, turn=turn, detail=reason[:500])
+        Turn.objects.filter(pk=turn.pk).update(state_after=session.state)
     turn.refresh_from_db()
     yield {"type": "delta", "text": HANDOFF_NOTICE}
     yield {"type": "state", "state": session.state, "data": session.data, "status": session.status}
@@ -893,7 +909,7 @@ def _action_decision(workflow: Any, session: ChatSession, result: Any, success: 
 def _at_step_limit(session: ChatSession, turn: Turn, agent: Agent, reply_parts: list[str]) -> Iterator[dict[str, Any]]:
     behaviour = agent.step_limit_behaviour
     note = f"I stopped after {agent.step_limit} steps without finishing."
-    Turn.objects.filter(pk=turn.pk).update(step_limit_hit=True, steps=agent.step_limit)
+    Turn.objects.filter(pk=turn.pk, status__in=_UNFINISHED).update(step_limit_hit=True, steps=agent.step_limit)
     if behaviour == "handoff":
         yield from _handoff(session, turn, reason=f"step limit {agent.step_limit} reached")
         return
@@ -977,8 +993,13 @@ def _complete_turn(
             fields["composition"] = composition
         if is_demo:
             fields["is_demo"] = True
-        saved = update_returning(Turn.objects.filter(pk=turn.pk), **fields)
+        saved = update_returning(Turn.objects.filter(pk=turn.pk, status__in=_UNFINISHED), **fields)
         if not saved:
+            # Rolls the session's write back with it (see _finish_turn_row).
+            if Turn.objects.filter(pk=turn.pk).exists():
+                raise TurnLockLost(
+                    "This turn was finished by another request while this one waited; nothing was written."
+                )
             raise Turn.DoesNotExist("The turn was deleted while it ran.")
         finished = TurnText(seq=turn.seq, user=turn.user_message, assistant=reply)
         transaction.on_commit(lambda: _after_turn(turn, session, history=history, finished=finished))

@@ -438,3 +438,67 @@ def test_a_replys_recorded_prompt_tokens_are_the_builders_count_of_what_was_sent
     call = LLMCall.objects.filter(session_id=session.pk, purpose="reply").latest("id")
     counted = counter_for(scripted.model).count_messages(request.messages)
     assert call.prompt_tokens == counted == sum(call.prompt_sections.values())
+
+
+class _GatedProvider(ScriptedProvider):
+    """Answers on the thread called "runner-A" only once the test opens the gate; notes that thread's backend."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate, self.in_call = threading.Event(), threading.Event()
+        self.backend_pid: int | None = None
+
+    def _open_stream(self, messages: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == "runner-A":
+            self.backend_pid = connection.connection.info.backend_pid
+            self.in_call.set()
+            assert self.gate.wait(30)
+        return super()._open_stream(messages, **kwargs)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("a_gets", ["a reply", "an error"])
+def test_a_turn_finished_elsewhere_while_its_runner_lost_the_connection_is_answered_once(
+    alice: Any, chat_agent: Agent, monkeypatch: pytest.MonkeyPatch, a_gets: str
+) -> None:
+    """Runner A's connection is cut while the model answers: the lock goes with it, and the sweep finishes
+    the turn. When A's model call returns, A writes nothing (it had written a second reply over the first,
+    and enqueued the memory write twice)."""
+    from agents.runtime import stuck_turns_recover
+
+    first = _GatedProvider(["Reply of runner A."] if a_gets == "a reply" else [LLMServerError("upstream 503")])
+    recovery = ScriptedProvider(default="Reply of the recovery.")
+    monkeypatch.setattr(
+        "agents.llm.providers.get_provider",
+        lambda **kw: first if threading.current_thread().name == "runner-A" else recovery,
+    )
+    enqueued: list[int] = []
+    monkeypatch.setattr("memory.services.memory_writes_enqueue", lambda *, turn: enqueued.append(turn.pk))
+    session = session_create(user=alice, agent=chat_agent)
+    outcome: dict[str, Any] = {}
+
+    def run_a() -> None:
+        try:
+            outcome["events"] = list(turn_stream(session=ChatSession.objects.get(pk=session.pk), message="hello"))
+        finally:
+            connection.close()
+
+    runner = threading.Thread(target=run_a, name="runner-A")
+    runner.start()
+    assert first.in_call.wait(30)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [first.backend_pid])
+    wait_for(lambda: stuck_turns_recover(older_than=timedelta(0)) == 1, message="the sweep finishing the turn")
+    turn = Turn.objects.get(session=session)
+    assert (turn.status, turn.assistant_message) == (Turn.Status.COMPLETED, "Reply of the recovery.")
+
+    first.gate.set()
+    runner.join(30)
+
+    turn.refresh_from_db()
+    assert (turn.status, turn.assistant_message) == (Turn.Status.COMPLETED, "Reply of the recovery.")
+    assert outcome["events"][-1]["type"] == "error"
+    if a_gets == "a reply":
+        assert outcome["events"][-1]["code"] == "turn_taken_over"
+    assert enqueued == [turn.pk]
+    assert ChatSession.objects.get(pk=session.pk).retry_count == 0

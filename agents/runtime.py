@@ -526,7 +526,13 @@ def _execute(session: ChatSession, turn: Turn, *, resumed: bool, fresh: bool = F
         except Exception as exc:  # the turn fails cleanly; the message stays saved
             logger.exception("turn %s failed", turn.pk)
             message = _user_facing_error(exc)
-            _fail_turn(session, turn, reason=f"{type(exc).__name__}: {exc}", reply=message)
+            _fail_turn(
+                session,
+                turn,
+                reason=f"{type(exc).__name__}: {exc}",
+                reply=message,
+                summary=f"{getattr(exc, 'code', None) or _error_code(exc)} ({type(exc).__name__})",
+            )
             try:
                 _reload(session)
             except ChatSession.DoesNotExist:
@@ -569,7 +575,9 @@ def _finish_turn_row(turn: Turn, **fields: Any) -> None:
         raise TurnLockLost("This turn was finished by another request while this one waited; nothing was written.")
 
 
-def _fail_turn(session: ChatSession, turn: Turn, *, reason: str, reply: str) -> None:
+def _fail_turn(session: ChatSession, turn: Turn, *, reason: str, reply: str, summary: str | None = None) -> None:
+    """Mark the turn failed. ``reason`` (the exception's text) is for staff, in ``Turn.error`` and the log;
+    ``summary`` goes into the checkpoint log, which the session's owner reads through the API."""
     from sessions.services import turn_failure_record
 
     fields = {"status": Turn.Status.FAILED, "error": reason[:4000], "assistant_message": reply}
@@ -579,7 +587,7 @@ def _fail_turn(session: ChatSession, turn: Turn, *, reason: str, reply: str) -> 
         return
     turn.refresh_from_db()
     try:
-        turn_failure_record(session=session, turn=turn, reason=reason[:500])
+        turn_failure_record(session=session, turn=turn, reason=(summary or reason)[:500])
     except Exception:
         logger.exception("could not record the failure of turn %s", turn.pk)
 
@@ -683,15 +691,16 @@ def _decide(
             )
     except (StructuredOutputError, LLMError) as exc:
         # No valid decision: nothing changes, the failure is counted, and the reply asks again.
-        turn_failure_record(session=session, turn=turn, reason=f"no valid workflow decision: {exc}")
+        logger.warning("turn %s: no valid workflow decision: %s", turn.pk, exc)
+        turn_failure_record(session=session, turn=turn, reason=f"no valid workflow decision ({_error_code(exc)})")
         _reload(session)
         yield {
             "type": "state",
             "state": session.state,
             "data": session.data,
             "status": session.status,
-            # The user sees this; the exception's text (addresses, upstream messages) is in the log and
-            # the checkpoint log, for staff.
+            # The user sees this (and the checkpoint log, through the API): the exception's text
+            # (addresses, upstream messages) is in the log only.
             "error": f"No valid decision from the model ({_error_code(exc)}); nothing was changed.",
         }
         return
@@ -901,7 +910,7 @@ def _action_decision(workflow: Any, session: ChatSession, result: Any, success: 
             {"next_state": success, "slots": slots, "confidence": 1.0, "reasoning": f"{result.name} succeeded"}
         )
     # A failed action counts as a failed attempt; after the retry limit the session moves to FAILED.
-    turn_failure_record(session=session, turn=None, reason=f"{result.name}: {result.content[:300]}")
+    turn_failure_record(session=session, turn=None, reason=f"{result.name} failed ({result.error_kind or 'error'})")
     _reload(session)
     return None
 

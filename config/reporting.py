@@ -14,6 +14,7 @@ from django.views.debug import SafeExceptionReporterFilter
 
 
 class SettingsFilter(SafeExceptionReporterFilter):
+    # Django's own list (API, AUTH — the Authorization header —, TOKEN, KEY, SECRET, PASS …) plus ours.
     hidden_settings = re.compile(
-        r"API|TOKEN|KEY|SECRET|PASS|SIGNATURE|HTTP_COOKIE|URL|DSN|BROKER|ENDPOINT|PROFILES", flags=re.IGNORECASE
+        SafeExceptionReporterFilter.hidden_settings.pattern + r"|URL|DSN|BROKER|ENDPOINT|PROFILES", flags=re.IGNORECASE
     )

@@ -135,12 +135,12 @@ def test_a_test_without_the_worker_sends_its_tasks_to_no_one() -> None:
 
 
 # Joined at run time: the debug page shows the source lines around the error, which must not hold them.
-SECRETS = ("TopSecret" + "Pw", "Redis" + "Pw", "Webhook" + "Secret")
+SECRETS = ("TopSecret" + "Pw", "Redis" + "Pw", "Webhook" + "Secret", "Api" + "TokenValue")
 
 
 @pytest.fixture
 def credentials_in_urls(settings: Any) -> None:
-    database, redis, webhook = SECRETS
+    database, redis, webhook, _token = SECRETS
     settings.DEBUG = True
     settings.DATABASE_URL = f"postgres://agents:{database}@db.internal:5432/agents"
     settings.REDIS_URL = f"redis://:{redis}@cache.internal:6379/0"
@@ -157,7 +157,8 @@ def test_the_debug_page_hides_credentials_kept_in_urls() -> None:
     try:
         raise RuntimeError("boom")
     except RuntimeError as exc:
-        page = technical_500_response(RequestFactory().get("/"), type(exc), exc, exc.__traceback__)
+        request = RequestFactory().get("/", HTTP_AUTHORIZATION="Token " + SECRETS[3])
+        page = technical_500_response(request, type(exc), exc, exc.__traceback__)
 
     html = page.content.decode()
     assert "RuntimeError" in html and "DATABASE_URL" in html and "REDIS_URL" in html

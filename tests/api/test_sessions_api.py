@@ -186,7 +186,10 @@ def test_a_failed_turn_tells_the_user_why_without_internals(
     for body in (sent.json()["turn"], listed.json()["results"][0]):
         assert body["status"] == "failed" and body["error"] == turn.assistant_message
         assert "Your message is saved" in body["error"]
-    assert "127.0.0.1" not in sent.content.decode() + listed.content.decode()
+    checkpoints = alice_client.get(f"/api/sessions/{session['id']}/checkpoints/")
+    retry = [c for c in checkpoints.json()["results"] if c["reason"] == "retry"]
+    assert retry and retry[0]["detail"] == "failure 1: llm_connection_error (LLMConnectionError)"
+    assert "127.0.0.1" not in sent.content.decode() + listed.content.decode() + checkpoints.content.decode()
 
 
 @pytest.mark.django_db

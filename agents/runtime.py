@@ -26,7 +26,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -289,7 +289,7 @@ def _same_message_or_refuse(turn: Turn, text: str) -> None:
         )
 
 
-def turn_events(handle: TurnHandle) -> Iterator[dict[str, Any]]:
+def turn_events(handle: TurnHandle) -> Generator[dict[str, Any], None, None]:
     """Run an accepted turn, yielding events; always releases the session lock at the end."""
     if handle.replay is not None:
         yield from _replay_events(handle.replay)

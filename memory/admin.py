@@ -325,7 +325,11 @@ class MemoryReviewAdmin(admin.ModelAdmin):
     def apply(self, request: HttpRequest, queryset: QuerySet[MemoryReview]) -> None:
         done = 0
         for review in queryset.filter(status=MemoryReview.Status.PENDING):
-            review_apply(review=review, actor=request.user)
+            try:
+                review_apply(review=review, actor=request.user)
+            except ValueError as exc:  # resolved by someone else since the list was read
+                self.message_user(request, str(exc), level=messages.WARNING)
+                continue
             done += 1
         self.message_user(request, f"Applied {done} reviews.")
 
@@ -333,6 +337,10 @@ class MemoryReviewAdmin(admin.ModelAdmin):
     def reject(self, request: HttpRequest, queryset: QuerySet[MemoryReview]) -> None:
         done = 0
         for review in queryset.filter(status=MemoryReview.Status.PENDING):
-            review_reject(review=review, actor=request.user)
+            try:
+                review_reject(review=review, actor=request.user)
+            except ValueError as exc:  # resolved by someone else since the list was read
+                self.message_user(request, str(exc), level=messages.WARNING)
+                continue
             done += 1
         self.message_user(request, f"Rejected {done} reviews.")

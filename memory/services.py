@@ -15,10 +15,11 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 
+from config.db import refresh_from
 from memory.embedding import get_embedder
 from memory.models import Memory, MemoryReview
 from memory.schemas import ExtractedFacts, Fact
@@ -82,6 +83,20 @@ def _embed(texts: list[str]) -> tuple[list[list[float]], str]:
     return embedder.embed(texts), embedder.name
 
 
+# pg_advisory_xact_lock(namespace, user): one writer of a user's facts and procedures at a time.
+_USER_MEMORY_LOCK = 0x4D454D  # "MEM"
+
+
+def lock_user_memories(user_id: int | None) -> None:
+    """Serialize the writes of one user's memories until the end of the current transaction.
+
+    The duplicate checks (one current row per text, one current fact per key) read before they insert;
+    row locks cannot cover a row that does not exist yet, so two writers for one user (two turns' memory
+    writes, an API edit and a write task) could both pass the check. Shared procedures (no user) use 0."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_USER_MEMORY_LOCK, int(user_id or 0) % (2**31)])
+
+
 def memory_create(
     *,
     user: Any,
@@ -95,13 +110,15 @@ def memory_create(
     workflow: str = "",
     source_session: ChatSession | None = None,
     source_turn: Turn | None = None,
+    embedded: tuple[list[float], str] | None = None,
 ) -> Memory:
-    """Create a memory with its embedding (computed now, synchronously: for the admin and the API).
+    """Create a memory with its embedding (computed now, synchronously: for the admin and the API; or
+    ``embedded``, the text's ``(vector, model name)`` computed by a caller that holds a transaction).
 
     ``user=None`` is allowed only for procedural memories shared by an agent or workflow. An identical
     current fact or procedure is returned instead of duplicated (restored first if it was archived: it is
-    asked for again); a semantic fact with a ``fact_key`` supersedes the user's current fact with that key
-    (the old one gets ``valid_to``).
+    asked for again); a semantic fact with a ``fact_key`` supersedes the user's other current facts with
+    that key (they get ``valid_to``), the restored one included.
     """
     text = text.strip()
     if not text:
@@ -109,19 +126,32 @@ def memory_create(
     if user is None and kind != Memory.Kind.PROCEDURAL:
         raise ValueError("only procedural memories may be shared (no user)")
     digest = content_hash_for(text)
-    existing = current_duplicate(user=user, kind=kind, text=text)
-    if existing is not None:
-        if existing.archived:
-            Memory.objects.filter(pk=existing.pk).update(archived=False, updated_at=timezone.now())
-            existing.refresh_from_db()
-        return existing
-    [vector], model_name = _embed([text])
+    # The embedding first, outside the transaction: the user's lock is never held while a model runs.
+    vector: list[float] | None
+    if embedded is not None:
+        vector, model_name = embedded
+    elif current_duplicate(user=user, kind=kind, text=text) is None:
+        vector, model_name = _embed_one(text)
+    else:
+        vector, model_name = None, ""
     now = timezone.now()
     with transaction.atomic():
+        lock_user_memories(getattr(user, "pk", None))
+        existing = current_duplicate(user=user, kind=kind, text=text)
+        if existing is None and vector is None:  # the duplicate went away meanwhile
+            vector, model_name = _embed_one(text)
         if kind == Memory.Kind.SEMANTIC and fact_key:
-            Memory.objects.select_for_update().filter(
-                user=user, kind=kind, fact_key=fact_key, valid_to__isnull=True
-            ).update(valid_to=now)
+            others = Memory.objects.filter(user=user, kind=kind, fact_key=fact_key, valid_to__isnull=True)
+            if existing is not None:
+                others = others.exclude(pk=existing.pk)
+            others.update(valid_to=now, updated_at=now)
+        if existing is not None:
+            changes: dict[str, Any] = {"archived": False, "updated_at": now}
+            if kind == Memory.Kind.SEMANTIC and fact_key:
+                changes["fact_key"] = fact_key
+            Memory.objects.filter(pk=existing.pk).update(**changes)
+            existing.refresh_from_db()
+            return existing
         return Memory.objects.create(
             user=user,
             agent=agent,
@@ -141,8 +171,17 @@ def memory_create(
         )
 
 
+def _embed_one(text: str) -> tuple[list[float], str]:
+    [vector], model_name = _embed([text])
+    return vector, model_name
+
+
 def memory_update(*, memory: Memory, **fields: Any) -> Memory:
-    """Change a memory's editable fields; a new text gets a new content hash and a new embedding."""
+    """Change a memory's editable fields; a new text gets a new content hash and a new embedding.
+
+    Only the fields given are written, on the row as it is now (read again under the user's lock): an
+    edit never writes back a stale copy's other fields (a fact superseded meanwhile stays superseded). A
+    new text for a fact that is no longer in force is refused, as is an edit onto another memory's text."""
     unknown = set(fields) - EDITABLE_FIELDS
     if unknown:
         raise ValueError(f"not editable: {', '.join(sorted(unknown))}")
@@ -150,26 +189,29 @@ def memory_update(*, memory: Memory, **fields: Any) -> Memory:
     if not text:
         raise ValueError("a memory needs text")
     text_changed = text != memory.text
-    # Checked before anything changes: the caller's object stays as stored when the edit is refused.
-    if fields.get("valid_to", memory.valid_to) is None and {"text", "kind", "valid_to"} & set(fields):
-        duplicate = current_duplicate(
-            user=memory.user_id, kind=fields.get("kind", memory.kind), text=text, exclude_id=memory.pk
-        )
-        if duplicate is not None:
-            raise ValueError(duplicate_message(duplicate))
-    for name, value in fields.items():
-        setattr(memory, name, text if name == "text" else value)
-    if text_changed:
-        memory.content_hash = content_hash_for(memory.text)
-        [vector], model_name = _embed([memory.text])
-        memory.embedding = vector
-        memory.embedding_model = model_name
-    try:
-        with transaction.atomic():
-            memory.save()
-    except IntegrityError as exc:  # the same edit, committed by someone else since the check above
-        memory.refresh_from_db()
-        raise ValueError("Another memory has this text already.") from exc
+    embedded = _embed_one(text) if text_changed else None  # outside the transaction, as in memory_create
+    with transaction.atomic():
+        lock_user_memories(memory.user_id)
+        try:
+            stored = Memory.objects.select_for_update().get(pk=memory.pk)
+        except Memory.DoesNotExist:
+            raise ValueError("This memory was deleted meanwhile.") from None
+        if text_changed and stored.valid_to is not None and memory.valid_to is None and "valid_to" not in fields:
+            raise ValueError("This fact was replaced by a newer one meanwhile; edit that one.")
+        kind = fields.get("kind", stored.kind)
+        if fields.get("valid_to", stored.valid_to) is None and {"text", "kind", "valid_to"} & set(fields):
+            duplicate = current_duplicate(user=stored.user_id, kind=kind, text=text, exclude_id=stored.pk)
+            if duplicate is not None:
+                raise ValueError(duplicate_message(duplicate))
+        changed = set(fields)
+        for name, value in fields.items():
+            setattr(stored, name, text if name == "text" else value)
+        if embedded is not None:
+            stored.content_hash = content_hash_for(text)
+            stored.embedding, stored.embedding_model = embedded
+            changed |= {"content_hash", "embedding", "embedding_model"}
+        stored.save(update_fields=sorted(changed | {"updated_at"}))
+    refresh_from(memory, stored)
     return memory
 
 
@@ -236,6 +278,8 @@ def memories_merge(*, memories: Sequence[Memory]) -> Memory:
 def review_apply(*, review: MemoryReview, actor: Any = None) -> Memory:
     """Accept a queued contradicting fact: the old fact is closed, the proposed one becomes current."""
     now = timezone.now()
+    # Embedded before the transaction: the review's and the user's locks are not held while a model runs.
+    embedded = _embed_one(review.proposed_text.strip())
     # One transaction: the old fact is never closed without the new one in force, nor the review left pending.
     with transaction.atomic():
         review = MemoryReview.objects.select_for_update().get(pk=review.pk)
@@ -252,6 +296,7 @@ def review_apply(*, review: MemoryReview, actor: Any = None) -> Memory:
             importance=FACT_IMPORTANCE,
             source_session=review.source_session,
             source_turn=review.source_turn,
+            embedded=embedded,
         )
         MemoryReview.objects.filter(pk=review.pk).update(
             status=MemoryReview.Status.APPLIED, resolved_at=now, resolved_by=actor
@@ -531,6 +576,9 @@ def turn_memories_write(*, turn_id: int) -> TurnMemoryWriteResult:
     now = timezone.now()
     try:
         with transaction.atomic():
+            # One writer of this user's memories at a time (see lock_user_memories): two turns stating the
+            # same fact, or the same key, at once would both pass the duplicate checks below.
+            lock_user_memories(user.pk)
             episode = Memory.objects.create(
                 user=user,
                 agent=session.agent,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from typing import Any
 
 from django.http import StreamingHttpResponse
@@ -47,7 +47,7 @@ def _with_html(event: dict[str, Any]) -> dict[str, Any]:
     return event
 
 
-def _encoded(events: Iterator[dict[str, Any]]) -> Iterator[bytes]:
+def _encoded(events: Iterator[dict[str, Any]]) -> Generator[bytes, None, None]:
     try:
         # A comment line first: some proxies hold a response back until the first bytes arrive.
         yield b": stream open\n\n"

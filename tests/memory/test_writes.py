@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -153,13 +154,14 @@ def test_near_duplicate_fact_is_not_added(alice: Any, make_turn: Any, scripted: 
 @pytest.mark.django_db
 def test_update_reembeds_on_text_change(alice: Any) -> None:
     memory = memory_create(user=alice, kind="semantic", text="The user likes tea.")
+    memory.refresh_from_db()  # the vector as stored (float4), which memory_update hands back
     before = list(memory.embedding)
     memory_update(memory=memory, importance=0.9)
-    assert list(memory.embedding) == before
+    assert list(memory.embedding) == before and memory.importance == 0.9
     memory_update(memory=memory, text="The user likes coffee.")
     memory.refresh_from_db()
     assert list(memory.embedding) != before and memory.text == "The user likes coffee."
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not editable: user_id"):
         memory_update(memory=memory, user_id=123)
 
 
@@ -253,6 +255,7 @@ def test_review_apply_onto_an_archived_text_restores_it_in_one_step(alice: Any, 
     applied = review_apply(review=review, actor=staff)
 
     assert applied.pk == madrid.pk and not Memory.objects.get(pk=madrid.pk).archived
+    assert Memory.objects.get(pk=madrid.pk).fact_key == "home_city"  # the review's key, not the old row's
     current.refresh_from_db()
     review.refresh_from_db()
     assert current.valid_to is not None and review.status == MemoryReview.Status.APPLIED
@@ -277,3 +280,101 @@ def test_review_apply_that_fails_changes_nothing(alice: Any, staff: Any, monkeyp
     current.refresh_from_db()
     review.refresh_from_db()
     assert current.valid_to is None and review.status == MemoryReview.Status.PENDING
+
+
+def _in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    from django.db import connection
+
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            box["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, box
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("writer", ["turn memory write", "API create", "API edit"])
+def test_writes_of_one_users_memories_wait_for_each_other(
+    alice: Any, bob: Any, make_turn: Any, scripted: Any, writer: str
+) -> None:
+    """Two writers of one user's memories both passed the duplicate checks before either inserted: the same
+    fact from two turns at once lost one turn's whole write (episode included) for good, and one key got two
+    current values. A writer now waits for the other's commit; another user's writes do not wait."""
+    from django.db import transaction
+
+    from memory.services import lock_user_memories
+
+    edited = memory_create(user=alice, kind="semantic", text="The user likes tea.")
+    turn = make_turn(alice, "I live in Paris.")
+    scripted.add(_facts(("home_city", "The user lives in Paris.", 0.95)))
+    write = {
+        "turn memory write": lambda: turn_memories_write(turn_id=turn.id),
+        "API create": lambda: memory_create(user=alice, kind="semantic", text="The user lives in Paris."),
+        "API edit": lambda: memory_update(memory=edited, text="The user likes green tea."),
+    }[writer]
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_alices_lock() -> None:
+        with transaction.atomic():
+            lock_user_memories(alice.pk)
+            holding.set()
+            assert release.wait(30)
+
+    holder, _ = _in_thread(hold_alices_lock)
+    assert holding.wait(30)
+    waiting, box = _in_thread(write)
+    waiting.join(1.0)
+    assert waiting.is_alive(), "the write did not wait for the other writer of alice's memories"
+    assert memory_create(user=bob, kind="semantic", text="Bob likes tea.").pk  # bob's do not wait
+    release.set()
+    holder.join(30)
+    waiting.join(30)
+    assert "error" not in box, box.get("error")
+    current = set(
+        Memory.objects.filter(user=alice, valid_to__isnull=True, kind="semantic").values_list("text", flat=True)
+    )
+    expected = (
+        {"The user likes green tea."} if writer == "API edit" else {"The user likes tea.", "The user lives in Paris."}
+    )
+    assert current == expected
+
+
+@pytest.mark.django_db
+def test_restoring_an_archived_fact_by_key_supersedes_the_current_one(
+    alice: Any, make_turn: Any, scripted: Any
+) -> None:
+    paris = memory_create(user=alice, kind="semantic", text="The user lives in Paris.", fact_key="home_city")
+    memory_update(memory=paris, archived=True)
+    turn = make_turn(alice, "I moved to Berlin.")
+    scripted.add(_facts(("home_city", "The user lives in Berlin.", 0.95)))
+    turn_memories_write(turn_id=turn.id)  # Berlin becomes the current home_city; archived Paris is left alone
+
+    again = memory_create(user=alice, kind="semantic", text="The user lives in Paris.", fact_key="home_city")
+
+    assert again.pk == paris.pk and not again.archived
+    current = Memory.objects.filter(user=alice, fact_key="home_city", valid_to__isnull=True)
+    assert list(current.values_list("text", flat=True)) == ["The user lives in Paris."]
+
+
+@pytest.mark.django_db
+def test_an_edit_from_a_stale_copy_never_brings_a_superseded_fact_back(alice: Any) -> None:
+    london = memory_create(user=alice, kind="semantic", text="The user lives in Londn.", fact_key="home_city")
+    stale = Memory.objects.get(pk=london.pk)  # what an API request read before the write task ran
+    memory_create(user=alice, kind="semantic", text="The user lives in Paris.", fact_key="home_city")
+
+    with pytest.raises(ValueError, match="replaced by a newer one"):
+        memory_update(memory=stale, text="The user lives in London.")
+    memory_update(memory=stale, importance=0.9)  # another field: written alone
+
+    london.refresh_from_db()
+    assert london.valid_to is not None and london.importance == 0.9 and london.text == "The user lives in Londn."
+    current = Memory.objects.filter(user=alice, fact_key="home_city", valid_to__isnull=True)
+    assert list(current.values_list("text", flat=True)) == ["The user lives in Paris."]

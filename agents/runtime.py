@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
-from django.db.models import Case, Exists, F, OuterRef, PositiveIntegerField, Subquery, When
+from django.db.models import Case, Exists, F, OuterRef, PositiveIntegerField, Subquery, TextField, Value, When
+from django.db.models.functions import Concat
 from django.utils import timezone
 
 from agents.llm.base import CallContext, LLMError, Message, StructuredOutputError, TruncatedOutputError
@@ -399,8 +400,16 @@ def handoff_reply(*, session: ChatSession, text: str, author: Any) -> Turn:
     if turn is None:
         raise MessageRejected("no_turn", "This session has no message to answer yet.")
     signed = f"[{author.get_username()} (staff)] {text}"
-    turn.assistant_message = f"{turn.assistant_message}\n\n{signed}".strip() if turn.assistant_message else signed
-    turn.save(update_fields=["assistant_message"])
+    # Appended in the database, in one statement: two staff replying at once both land (a read-modify-write
+    # of the text kept only the last one).
+    Turn.objects.filter(pk=turn.pk).update(
+        assistant_message=Case(
+            When(assistant_message="", then=Value(signed)),
+            default=Concat(F("assistant_message"), Value("\n\n" + signed)),
+            output_field=TextField(),
+        )
+    )
+    turn.refresh_from_db(fields=["assistant_message"])
     return turn
 
 

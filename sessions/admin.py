@@ -229,6 +229,31 @@ class ChatSessionAdmin(admin.ModelAdmin):
             self.message_user(request, "Reply sent; it shows in the user's chat.")
         return HttpResponseRedirect(reverse("admin:chat_sessions_chatsession_change", args=[session.pk]))
 
+    def delete_model(self, request: HttpRequest, obj: ChatSession) -> None:
+        """Through the service: a session whose turn is running is not deleted under it."""
+        from agents.runtime import SessionBusyError
+        from sessions.services import session_delete
+
+        try:
+            session_delete(session=obj)
+        except SessionBusyError:
+            self.message_user(request, f"{obj} was not deleted: a turn is running on it.", level=messages.ERROR)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> None:
+        from agents.runtime import SessionBusyError
+        from sessions.services import session_delete
+
+        busy = []
+        for session in queryset:
+            try:
+                session_delete(session=session)
+            except SessionBusyError:
+                busy.append(str(session))
+        if busy:
+            self.message_user(
+                request, f"Not deleted, a turn is running on them: {', '.join(busy)}.", level=messages.ERROR
+            )
+
     @admin.action(description="Hand back to the agent (sessions waiting for a human)", permissions=["change"])
     def hand_back_to_agent(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> None:
         from agents.runtime import handoff_resume

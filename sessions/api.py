@@ -23,7 +23,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.api_errors import error_body
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.rendering import markdown_to_safe_html
 from sessions.serializers import (
@@ -101,16 +100,9 @@ class SessionDetailApi(APIView):
         responses={204: None, 409: OpenApiResponse(description="A turn is running on this session.")},
     )
     def delete(self, request: Request, session_id: UUID) -> Response:
-        from agents.runtime import session_is_locked
+        from sessions.services import session_delete
 
-        session = _own_session(request, session_id)
-        if session_is_locked(session.pk):
-            # Deleting under a running turn would leave it writing into rows that are gone.
-            return Response(
-                error_body("session_busy", "A message on this session is still being answered; try again later."),
-                status=status.HTTP_409_CONFLICT,
-            )
-        session.delete()
+        session_delete(session=_own_session(request, session_id))  # 409 session_busy while a turn runs
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

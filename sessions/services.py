@@ -119,6 +119,23 @@ def session_create(*, user: Any, agent: Any, title: str = "") -> ChatSession:
     )
 
 
+def session_delete(*, session: ChatSession) -> None:
+    """Delete a session with its turns and checkpoints, holding its turn lock while doing it.
+
+    Raises ``agents.runtime.SessionBusyError`` when a turn is running: deleting under it would leave it
+    writing into rows that are gone. Holding the lock (not just looking at it) keeps a turn from starting
+    between the look and the delete."""
+    from agents.runtime import SessionBusyError, SessionTurnLock
+
+    lock = SessionTurnLock(session.pk)
+    if not lock.try_acquire():
+        raise SessionBusyError("A message on this session is still being answered; try again when it has finished.")
+    try:
+        session.delete()
+    finally:
+        lock.release()
+
+
 # --- the checkpoint log -----------------------------------------------------------------------------------
 def checkpoint_record(
     *,

@@ -212,12 +212,14 @@ def chat_stream(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
 @login_required
 @require_POST
 def chat_delete(request: HttpRequest, session_id: UUID) -> HttpResponse:
-    from agents.runtime import session_is_locked
+    from agents.runtime import SessionBusyError
+    from sessions.services import session_delete
 
     session = _own_session(request, session_id)
-    if session_is_locked(session.pk):
+    try:
+        session_delete(session=session)
+    except SessionBusyError:
         messages.error(request, "A reply is still being written; delete the chat when it has finished.")
         return redirect("chat", session_id=session.pk)
-    session.delete()
     messages.success(request, "Chat deleted.")
     return redirect("home")

@@ -502,3 +502,66 @@ def test_a_turn_finished_elsewhere_while_its_runner_lost_the_connection_is_answe
         assert outcome["events"][-1]["code"] == "turn_taken_over"
     assert enqueued == [turn.pk]
     assert ChatSession.objects.get(pk=session.pk).retry_count == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_staff_replies_at_once_both_land(alice: Any, chat_agent: Agent, staff: Any) -> None:
+    from django.contrib.auth import get_user_model
+
+    from agents.runtime import handoff_reply
+
+    session = session_create(user=alice, agent=chat_agent)
+    turn_run(session=session, message="I want a human")
+    ChatSession.objects.filter(pk=session.pk).update(status=ChatSession.Status.NEEDS_HUMAN)
+    other = get_user_model().objects.create_user(username="ben", password="ben-pass-123", is_staff=True)
+    barrier = threading.Barrier(2, timeout=20)
+
+    class Author:  # both read the turn, then both write: the read-modify-write kept only one reply
+        def __init__(self, user: Any) -> None:
+            self.user = user
+
+        def get_username(self) -> str:
+            barrier.wait()
+            return str(self.user.username)
+
+    def reply(user: Any) -> None:
+        try:
+            handoff_reply(session=session, text=f"hello from {user.username}", author=Author(user))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=reply, args=(user,)) for user in (staff, other)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    text = Turn.objects.get(session=session, seq=1).assistant_message
+    assert "hello from staff" in text and "hello from ben" in text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_session_is_not_deleted_under_its_running_turn(alice: Any, chat_agent: Agent, staff: Any) -> None:
+    """Deleting under a running turn failed that turn with a 500; the delete now waits for the lock."""
+    from django.test import Client
+
+    from sessions.services import session_delete
+
+    session = session_create(user=alice, agent=chat_agent)
+    holding, release = threading.Event(), threading.Event()
+    thread = threading.Thread(target=_hold_in_another_connection, args=(session.pk, holding, release))
+    thread.start()
+    assert holding.wait(10)
+    try:
+        with pytest.raises(SessionBusyError):
+            session_delete(session=session)
+        admin = Client()
+        admin.force_login(staff)
+        page = admin.post(f"/admin/chat_sessions/chatsession/{session.pk}/delete/", {"post": "yes"}, follow=True)
+        assert "a turn is running on it" in page.content.decode()
+        assert ChatSession.objects.filter(pk=session.pk).exists()
+    finally:
+        release.set()
+        thread.join(10)
+    session_delete(session=session)
+    assert not ChatSession.objects.filter(pk=session.pk).exists()

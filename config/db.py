@@ -32,6 +32,18 @@ def storable_text(text: str) -> str:
     return text
 
 
+def storable_json(value: Any) -> Any:
+    """``storable_text`` over every string (keys included) of a parsed JSON value: a JSON "\\u0000" escape
+    parses to a NUL, which a jsonb column refuses as much as a text one."""
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, dict):
+        return {storable_json(k): storable_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [storable_json(v) for v in value]
+    return value
+
+
 def redis_reachable(host: str = "127.0.0.1", port: int = 6379) -> bool:
     """Does a Redis answer PING at ``host:port`` within half a second?"""
     try:

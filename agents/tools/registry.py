@@ -40,7 +40,7 @@ from agents.tools.errors import (
     ToolTimeout,
 )
 from agents.tools.faults import apply_fault
-from config.db import storable_text
+from config.db import storable_json, storable_text
 
 if TYPE_CHECKING:
     from agents.models import Agent
@@ -228,8 +228,8 @@ def _run(
 
     raw = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
     try:
-        data = json.loads(raw) if raw.strip() else {}
-    except ValueError as exc:
+        data = storable_json(json.loads(raw)) if raw.strip() else {}  # arguments are recorded (jsonb)
+    except (ValueError, RecursionError) as exc:
         return _failure(
             name,
             "invalid_arguments",

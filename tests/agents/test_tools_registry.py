@@ -431,3 +431,15 @@ def test_a_result_with_nul_bytes_is_recorded_storable(context: ToolContext) -> N
 
     assert result.ok and result.content == "page\ufffdwith\ufffdnul"
     assert ToolInvocation.objects.get(session=context.session).result == result.content
+
+
+def test_arguments_with_json_nul_escapes_are_recorded(context: ToolContext) -> None:
+    """A model sends {"text": "a\\u0000b"}: parsed, that is a NUL, which the invocation's jsonb refused."""
+    registry = registry_with(Counting())
+
+    result = run_tool_call(
+        call=call("echo", '{"text": "a\\u0000b"}'), context=context, enabled=["echo"], registry=registry
+    )
+
+    assert result.ok and result.content == "echo a\ufffdb"
+    assert ToolInvocation.objects.get(session=context.session).arguments == {"text": "a\ufffdb"}

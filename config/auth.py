@@ -3,7 +3,10 @@ from one address within ``LOGIN_FAILURE_WINDOW_SECONDS``, that pair is refused w
 until the window has passed. The chat's login page and the admin's use the same forms.
 
 Counted per (address, username) so that guessing one account is slowed while nobody can lock another user
-out from elsewhere. The counters live in Django's cache (per process unless a shared cache is configured).
+out from elsewhere. The counters live in Django's cache, which every process shares (settings.CACHES).
+Behind a reverse proxy every request comes from the proxy's address: the count is then per username, and
+guesses from anywhere can lock that username out for the window (the server must be given the client's
+address, e.g. by the proxy protocol, for the per-address count to hold).
 """
 
 from __future__ import annotations
@@ -34,21 +37,17 @@ class ThrottledLoginMixin:
         limit = int(settings.LOGIN_MAX_FAILURES)
         window = int(settings.LOGIN_FAILURE_WINDOW_SECONDS)
         key = _failures_key(self.request, self.cleaned_data.get("username") or "")
-        if cache.get(key, 0) >= limit:
+        # Counted before the password is checked, so parallel guesses cannot all pass the check at once;
+        # a sign-in that succeeds clears the count. The window restarts with each attempt.
+        attempts = int(cache.get(key, 0)) + 1
+        cache.set(key, attempts, window)
+        if attempts > limit:
             minutes = max(1, round(window / 60))
             raise ValidationError(
                 f"Too many failed sign-ins for this username from your address. Try again in {minutes} minutes.",
                 code="throttled",
             )
-        try:
-            data: dict[str, Any] = super().clean()  # type: ignore[misc]
-        except ValidationError:
-            cache.add(key, 0, window)  # the window starts at the first failure
-            try:
-                cache.incr(key)
-            except ValueError:  # expired between the two calls
-                cache.set(key, 1, window)
-            raise
+        data: dict[str, Any] = super().clean()  # type: ignore[misc]
         cache.delete(key)
         return data
 

@@ -134,8 +134,8 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 
 LOGIN_URL = "/accounts/login/"
 # Failed sign-ins for one username from one address before that pair is refused, and for how long.
-LOGIN_MAX_FAILURES = env_int("LOGIN_MAX_FAILURES", 10)
-LOGIN_FAILURE_WINDOW_SECONDS = env_int("LOGIN_FAILURE_WINDOW_SECONDS", 900)
+LOGIN_MAX_FAILURES = env_int("LOGIN_MAX_FAILURES", 10, minimum=1)
+LOGIN_FAILURE_WINDOW_SECONDS = env_int("LOGIN_FAILURE_WINDOW_SECONDS", 900, minimum=1)
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 
@@ -203,7 +203,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "summaries-requeue": {"task": "sessions.tasks.requeue_lost_summaries", "schedule": 120.0},
     # Turns whose process died mid-turn (no owner holds their lock) and older than STUCK_TURN_SECONDS are
     # finished from their checkpoint (agents.runtime.stuck_turns_recover); a new message does it sooner.
-    "turns-recover": {"task": "agents.tasks.recover_stuck_turns", "schedule": 60.0},
+    # A sweep not started within its minute is dropped (the next one comes): a backlog never piles them up.
+    "turns-recover": {"task": "agents.tasks.recover_stuck_turns", "schedule": 60.0, "options": {"expires": 60}},
     # Per-user HNSW indexes for histories past MEMORY_EXACT_SEARCH_MAX (memory.services.user_indexes_sync).
     "memory-user-indexes": {"task": "memory.tasks.sync_user_indexes", "schedule": 24 * 3600.0},
 }

@@ -234,6 +234,8 @@ class TurnCompositionApi(APIView):
     def get(self, request: Request, turn_id: int) -> Response:
         viewer: Any = request.user
         # Anyone's turn for staff the admin lets view turns (the context inspector); one's own for the rest.
-        may_view_all = viewer.is_staff and viewer.has_perm("chat_sessions.view_turn")
+        may_view_all = viewer.is_staff and (
+            viewer.has_perm("chat_sessions.view_turn") or viewer.has_perm("chat_sessions.change_turn")
+        )
         turns = Turn.objects.all() if may_view_all else Turn.objects.filter(session__user=viewer)
         return Response(TurnCompositionSerializer(get_object_or_404(turns, pk=turn_id)).data)

@@ -115,9 +115,23 @@ class ContextBudget:
             if name in DEFAULT_SHARES and isinstance(share, int | float) and share >= 0:
                 shares[name] = float(share)
         ceiling = endpoint_window(agent)
+        window = min(agent.context_window, ceiling) if ceiling else agent.context_window
+        reserve = max(agent.response_reserve, agent.max_tokens)
+        if (
+            ceiling
+            and window < agent.context_window
+            and window - reserve - math.ceil(window * agent.safety_margin) <= 0
+        ):
+            from agents.llm.base import LLMConfigurationError
+
+            raise LLMConfigurationError(
+                f"the endpoint's context window ({ceiling} tokens, LLM_CONTEXT_WINDOW or the profile's "
+                f"context_window) leaves no room for a prompt after agent {agent.slug!r}'s reply reserve of "
+                f"{reserve} tokens and its safety margin"
+            )
         return cls(
-            window=min(agent.context_window, ceiling) if ceiling else agent.context_window,
-            response_reserve=max(agent.response_reserve, agent.max_tokens),
+            window=window,
+            response_reserve=reserve,
             safety_margin=agent.safety_margin,
             shares=shares,
             window_turns=max(agent.window_turns, MIN_TURNS),

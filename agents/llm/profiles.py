@@ -65,9 +65,10 @@ class EndpointProfile:
                 read_timeout=_number(merged["read_timeout"]),
                 max_retries=int(_number(merged["max_retries"])),
                 supports_json_schema=_flag(merged["supports_json_schema"]),
-                context_window=(
-                    None if merged["context_window"] in (None, "") else int(_number(merged["context_window"]))
-                ),
+                # 0 or blank: not known (as when unset).
+                context_window=int(_number(merged["context_window"])) or None
+                if merged["context_window"] not in (None, "")
+                else None,
                 cheap_model=str(merged["cheap_model"] or ""),
                 retry_base_delay=_number(merged["retry_base_delay"]),
                 retry_max_delay=_number(merged["retry_max_delay"]),

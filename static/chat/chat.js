@@ -123,9 +123,9 @@
       if (!response.ok) {
         let text = "The message was not accepted (" + response.status + ").";
         try { text = (await response.json()).error.message || text; } catch (_) { /* not JSON */ }
-        // Refused (busy, too long, too many): nothing was saved, so the transcript does not show it; the
-        // text stays in the input to send again.
-        mine.remove();
+        // Refused (4xx: busy, too long, too many): nothing was saved, so the transcript does not show it;
+        // the text stays in the input to send again. A 5xx (a proxy's 502/504) may come after the save.
+        if (response.status < 500) mine.remove();
         reply.remove();
         showError(text);
         return;

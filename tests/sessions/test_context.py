@@ -328,3 +328,12 @@ def test_recent_turns_are_the_window_and_the_unsummarized_turns(
     assert (turns[0].user, turns[0].assistant) == (f"u{expected[0]}", f"a{expected[0]}")
     # The cap keeps the newest turns, never fewer than the window.
     assert [t.seq for t in recent_turns_for(session=session, before_seq=before, cap=4)] == expected[-10:]
+
+
+def test_an_endpoint_window_without_room_for_the_reply_is_a_configuration_error(settings: Any) -> None:
+    from agents.llm.base import LLMConfigurationError
+
+    settings.LLM_PROFILES = {"default": {"base_url": "http://127.0.0.1:9/v1", "model": "m", "context_window": 600}}
+    agent = Agent(name="a", slug="a", system_prompt="x", context_window=4096, max_tokens=512, response_reserve=768)
+    with pytest.raises(LLMConfigurationError, match="leaves no room for a prompt"):
+        ContextBudget.from_agent(agent)

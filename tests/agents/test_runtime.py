@@ -565,3 +565,28 @@ def test_a_session_is_not_deleted_under_its_running_turn(alice: Any, chat_agent:
         thread.join(10)
     session_delete(session=session)
     assert not ChatSession.objects.filter(pk=session.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sweep_leaves_a_turn_whose_runner_is_alive(alice: Any, chat_agent: Agent) -> None:
+    """A slow model past STUCK_TURN_SECONDS is not a crash: while its runner holds the lock, the sweep must
+    not answer the turn a second time."""
+    from agents.runtime import stuck_turns_recover
+
+    session = session_create(user=alice, agent=chat_agent)
+    handle = turn_stream(session=session, message="hello")  # saved and running
+    handle.close()  # as if its process had died ...
+    turn = Turn.objects.get(session=session)
+    holding, release = threading.Event(), threading.Event()
+    runner = threading.Thread(target=_hold_in_another_connection, args=(session.pk, holding, release))
+    runner.start()  # ... but a live runner holds the session's lock
+    assert holding.wait(10)
+    try:
+        assert stuck_turns_recover(older_than=timedelta(0)) == 0
+        turn.refresh_from_db()
+        assert turn.status == Turn.Status.RUNNING and turn.assistant_message == ""
+        assert not LLMCall.objects.filter(turn=turn).exists()
+    finally:
+        release.set()
+        runner.join(10)
+    assert stuck_turns_recover(older_than=timedelta(0)) == 1  # once the runner is gone, the sweep finishes it

@@ -242,3 +242,21 @@ def test_the_tests_count_in_process_and_the_app_shares_its_counters_across_proce
         )
         assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "42" and (tmp_path / "cache").is_dir()
+
+
+@pytest.mark.django_db
+def test_healthz_is_503_when_the_worker_heartbeat_is_stale(client: Client) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    beat = WorkerHeartbeat.objects.create(hostname="celery@gone", seen_at=timezone.now() - timedelta(seconds=120))
+
+    response = client.get("/healthz")
+
+    body = response.json()
+    assert response.status_code == 503 and body["database"]["ok"] is True
+    assert body["worker"]["ok"] is False and body["worker"]["hostname"] == "celery@gone"
+    assert "last heartbeat 120s ago" in body["worker"]["error"]
+    WorkerHeartbeat.objects.filter(pk=beat.pk).update(seen_at=timezone.now())
+    assert client.get("/healthz").json()["worker"]["ok"] is True

@@ -21,6 +21,16 @@ from sessions.models import ChatSession
 DAY = date.today() + timedelta(days=45)
 
 
+def _first_day(origin: str, destination: str, fits: Any) -> tuple[date, list[Any]]:
+    """The first day from DAY whose generated timetable ``fits`` (so no test skips on an unlucky day)."""
+    for offset in range(90):
+        day = DAY + timedelta(days=offset)
+        flights = timetable(origin=origin, destination=destination, on=day)
+        if fits(flights):
+            return day, flights
+    raise AssertionError(f"no day in 90 with a fitting timetable {origin} → {destination}")
+
+
 @pytest.fixture(autouse=True)
 def fast_retries(settings: Any) -> Iterator[None]:
     settings.TOOLS_RETRY_BASE_DELAY = 0.01
@@ -78,15 +88,13 @@ def test_search_flights_lists_the_timetable(alice: Any) -> None:
 @pytest.mark.django_db(transaction=True)
 def test_booking_once_per_session_flight_and_day(alice: Any, bob: Any) -> None:
     context = context_for(alice)
-    flights = timetable(origin="Paris", destination="Rome", on=DAY)
-    chosen = next((f for f in flights if f.seats_left >= 2), None)
-    if chosen is None:  # pragma: no cover - depends on the generated day
-        pytest.skip("no flight with two seats on this generated day")
+    day, flights = _first_day("Paris", "Rome", lambda fs: any(f.seats_left >= 2 for f in fs))
+    chosen = next(f for f in flights if f.seats_left >= 2)
     args = {
         "origin": "Paris",
         "destination": "Rome",
-        "depart_date": DAY.isoformat(),
-        "return_date": (DAY + timedelta(days=7)).isoformat(),
+        "depart_date": day.isoformat(),
+        "return_date": (day + timedelta(days=7)).isoformat(),
         "passengers": 2,
         "flight_number": chosen.number.lower(),
     }
@@ -95,7 +103,7 @@ def test_booking_once_per_session_flight_and_day(alice: Any, bob: Any) -> None:
     assert first.ok, first.content
     booking = Booking.objects.get()
     assert (booking.user, booking.session, booking.flight_number) == (alice, context.session, chosen.number)
-    assert (booking.depart_date, booking.return_date, booking.passengers) == (DAY, DAY + timedelta(days=7), 2)
+    assert (booking.depart_date, booking.return_date, booking.passengers) == (day, day + timedelta(days=7), 2)
     assert first.content.startswith(f"Booked. reference {booking.reference}: flight {chosen.number} Paris → Rome")
     assert f"Total EUR {chosen.price_eur * 2}" in first.content
 
@@ -116,12 +124,11 @@ def test_booking_once_per_session_flight_and_day(alice: Any, bob: Any) -> None:
 @pytest.mark.django_db(transaction=True)
 def test_booking_without_a_number_takes_the_first_flight_and_survives_a_503(alice: Any) -> None:
     context = context_for(alice)
-    first = timetable(origin="Oslo", destination="Madrid", on=DAY)[0]
-    if first.seats_left < 1:  # pragma: no cover - depends on the generated day
-        pytest.skip("first flight full on this generated day")
+    day, flights = _first_day("Oslo", "Madrid", lambda fs: fs[0].seats_left >= 1)
+    first = flights[0]
     with inject_fault("book_flight", "http_503", times=1):
         result = run_tool_call(
-            call=call("book_flight", origin="Oslo", destination="Madrid", depart_date=DAY.isoformat(), passengers=1),
+            call=call("book_flight", origin="Oslo", destination="Madrid", depart_date=day.isoformat(), passengers=1),
             context=context,
         )
     assert result.ok, result.content
@@ -180,11 +187,10 @@ def test_inside_a_transaction_the_tool_sees_the_callers_uncommitted_rows(alice: 
     # The test's transaction is still open: user, agent and session are not committed. The tool's thread
     # borrows the caller's connection, so the booking can refer to them.
     context = context_for(alice)
-    first = timetable(origin="Vienna", destination="Prague", on=DAY)[0]
-    if first.seats_left < 1:  # pragma: no cover - depends on the generated day
-        pytest.skip("first flight full on this generated day")
+    day, flights = _first_day("Vienna", "Prague", lambda fs: fs[0].seats_left >= 1)
+    first = flights[0]
     result = run_tool_call(
-        call=call("book_flight", origin="Vienna", destination="Prague", depart_date=DAY.isoformat(), passengers=1),
+        call=call("book_flight", origin="Vienna", destination="Prague", depart_date=day.isoformat(), passengers=1),
         context=context,
     )
     assert result.ok, result.content

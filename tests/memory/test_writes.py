@@ -178,13 +178,17 @@ def test_merge_keeps_one_and_refuses_across_users(alice: Any, bob: Any) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_enqueue_runs_after_commit_on_a_real_worker(celery_worker: Any, alice: Any, make_turn: Any) -> None:
-    turn = make_turn(alice, "My name is Ana")
+def test_enqueue_runs_after_commit_on_a_real_worker(
+    celery_worker: Any, alice: Any, make_turn: Any, django_capture_on_commit_callbacks: Any
+) -> None:
     from django.db import transaction
 
     with transaction.atomic():
-        memory_writes_enqueue(turn=turn)
-        # Nothing is sent before the commit: the worker could not see the turn yet.
+        turn = make_turn(alice, "My name is Ana")  # the worker cannot see it before the commit
+        with django_capture_on_commit_callbacks() as callbacks:
+            memory_writes_enqueue(turn=turn)
+        # Nothing is sent yet: the enqueue waits for the commit (a task sent now would find no turn).
+        assert len(callbacks) == 1
         assert not Memory.objects.filter(source_turn=turn).exists()
     wait_for(lambda: Memory.objects.filter(source_turn=turn, kind="episodic").exists(), message="episode written")
     # Enqueue again (a retried turn): still one episode and one name fact.

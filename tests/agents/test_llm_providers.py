@@ -11,7 +11,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import Client
 
-from agents.llm.base import CallContext, LLMRateLimited
+from agents.llm.base import CallContext, LLMRateLimited, TruncatedOutputError
 from agents.llm.demo import DemoModel
 from agents.llm.openai_compat import OpenAICompatibleProvider
 from agents.llm.providers import get_provider
@@ -121,7 +121,7 @@ def test_scripted_errors_are_recorded_with_their_outcome() -> None:
     with pytest.raises(LLMRateLimited):
         provider.complete(MESSAGES, ctx=CallContext())
     stream = provider.stream(MESSAGES, ctx=CallContext())
-    with pytest.raises(Exception, match="cut off"):
+    with pytest.raises(TruncatedOutputError, match="cut off"):
         list(stream)
     assert list(LLMCall.objects.order_by("id").values_list("outcome", flat=True)) == ["rate_limited", "truncated"]
     assert [r.streamed for r in provider.requests] == [False, True]

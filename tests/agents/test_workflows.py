@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from agents.workflows import (
     FLIGHT_BOOKING,
@@ -66,9 +67,9 @@ def test_booking_states_and_back_edges_follow_the_seed() -> None:
 def test_decision_schema_is_a_literal_of_the_states() -> None:
     schema = WF.decision_schema.model_json_schema()
     assert schema["properties"]["next_state"]["enum"] == list(WF.states)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValidationError, match="next_state"):
         WF.decision_schema.model_validate({"next_state": "TELEPORTING", "slots": {}, "confidence": 0.5})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValidationError, match="confidence"):
         WF.decision_schema.model_validate({"next_state": "IDLE", "slots": {}, "confidence": 1.5})
     # "slots": null from a model means "nothing said", not an error.
     assert (

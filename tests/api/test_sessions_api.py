@@ -207,3 +207,27 @@ def test_a_reply_with_nul_bytes_completes_the_turn(
 
     assert sent.status_code == 201 and sent.json()["turn"]["status"] == "completed"
     assert Turn.objects.get(session_id=session["id"]).assistant_message == "a\ufffdb"
+
+
+@pytest.mark.django_db
+def test_a_reply_with_a_script_streams_as_text_and_arrives_sanitized(
+    alice_client: APIClient, chat_agent: Agent, settings: Any, fake_openai: Any
+) -> None:
+    from tests.fakes.openai_server import stream
+
+    settings.LLM_PROFILES = {"default": fake_openai.profile(max_retries=0)}
+    fake_openai.enqueue(stream("Hello <script>alert(1)</script> **there** <img src=x onerror=alert(2)>"))
+    session = alice_client.post("/api/sessions/", {"agent": chat_agent.slug}, format="json").json()
+
+    response = alice_client.post(
+        f"/api/sessions/{session['id']}/messages/stream/",
+        {"message": "hi"},
+        format="json",
+        HTTP_ACCEPT="text/event-stream",
+    )
+
+    done = _events(response)[-1][1]
+    assert "<script>alert(1)</script>" in done["reply"]  # the text as the model wrote it (shown as text)
+    html = done["html"].lower()
+    assert "<strong>there</strong>" in html  # rendered as markdown ...
+    assert "<script" not in html and "alert(1)" not in html and "onerror" not in html  # ... and sanitized

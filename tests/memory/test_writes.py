@@ -106,7 +106,7 @@ def test_low_confidence_contradiction_goes_to_review(alice: Any, make_turn: Any,
     review.refresh_from_db()
     assert current.valid_to is not None and applied.is_current and applied.fact_key == "home_city"
     assert review.status == "applied" and review.resolved_by == staff
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="already applied"):
         review_reject(review=review, actor=staff)
 
 
@@ -173,7 +173,7 @@ def test_merge_keeps_one_and_refuses_across_users(alice: Any, bob: Any) -> None:
     a.refresh_from_db()
     assert kept.id == b.id and a.archived and kept.importance == 0.8
     c = memory_create(user=bob, kind="episodic", text="User: I love Lisbon")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="different users"):
         memories_merge(memories=[kept, c])
 
 

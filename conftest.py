@@ -175,8 +175,12 @@ def _tasks_reach_the_worker_only_in_its_tests(request: pytest.FixtureRequest) ->
     """
     from config.celery import app
 
-    wanted = "worker" if "celery_worker" in request.fixturenames and "worker" in _BROKERS else "idle"
-    _use_broker(app, wanted)
+    _use_broker(app, broker_for(request.fixturenames, started=_BROKERS))
+
+
+def broker_for(fixturenames: Any, *, started: dict[str, Any]) -> str:
+    """Which broker a test's tasks go to: the worker's only when the test asked for the worker (and it runs)."""
+    return "worker" if "celery_worker" in fixturenames and "worker" in started else "idle"
 
 
 def _use_broker(app: Any, name: str) -> None:

@@ -49,6 +49,3 @@ def test_with_the_summarizer_down_slow_and_huge_tool_outputs_nothing_overflows(a
     # ... and keeps the user's early facts, which no collected data holds.
     assert result.facts["QX-4471"] == "summary"
     assert result.facts["peanuts"] == "summary"
-    last = result.last_prompt[-1]["content"] if result.last_prompt[-1]["role"] == "tool" else ""
-    if len(last) > 5000:
-        assert "tokens cut: the input exceeded its" in last

@@ -266,24 +266,34 @@ def test_review_apply_onto_an_archived_text_restores_it_in_one_step(alice: Any, 
 
 
 @pytest.mark.django_db
-def test_review_apply_that_fails_changes_nothing(alice: Any, staff: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import memory.services as services
+def test_review_apply_that_fails_changes_nothing(
+    alice: Any, staff: Any, settings: Any, fake_openai: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedder (a remote endpoint here, the fake server) refuses the proposed text: the old fact stays in
+    force and the review stays pending (it had closed the old fact first, and left the user with none)."""
+    import dataclasses
+
+    import openai
+
+    from memory import embedding
+    from tests.fakes.openai_server import EMBEDDINGS_PATH, error
 
     current = memory_create(user=alice, kind="semantic", text="The user lives in Lisbon.", fact_key="home_city")
     review = MemoryReview.objects.create(
         user=alice, existing=current, proposed_text="The user lives in Rome.", proposed_key="home_city", confidence=0.5
     )
+    settings.EMBEDDING_BACKEND, settings.EMBEDDING_BASE_URL = "openai", fake_openai.base_url
+    settings.EMBEDDING_MODEL = "fake-embedding"
+    monkeypatch.delitem(embedding._instances, "openai", raising=False)  # built again, for this server
+    fake_openai.enqueue(dataclasses.replace(error(400, "input refused"), path=EMBEDDINGS_PATH))
 
-    def broken_embedder(texts: list[str]) -> Any:
-        raise RuntimeError("embedder down")
-
-    monkeypatch.setattr(services, "_embed", broken_embedder)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(openai.BadRequestError, match="input refused"):
         review_apply(review=review, actor=staff)
 
     current.refresh_from_db()
     review.refresh_from_db()
     assert current.valid_to is None and review.status == MemoryReview.Status.PENDING
+    assert not Memory.objects.filter(user=alice, text="The user lives in Rome.").exists()
 
 
 def _in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:

@@ -535,13 +535,18 @@ def _execute(session: ChatSession, turn: Turn, *, resumed: bool, fresh: bool = F
         except Exception as exc:  # the turn fails cleanly; the message stays saved
             logger.exception("turn %s failed", turn.pk)
             message = _user_facing_error(exc)
-            _fail_turn(
+            recorded = _fail_turn(
                 session,
                 turn,
                 reason=f"{type(exc).__name__}: {exc}",
                 reply=message,
                 summary=f"{getattr(exc, 'code', None) or _error_code(exc)} ({type(exc).__name__})",
             )
+            if not recorded and Turn.objects.filter(pk=turn.pk).exists():
+                # Another request finished this turn while this one failed: its reply stands.
+                lost = TurnLockLost("This turn was finished by another request; its reply stands.")
+                yield {"type": "error", "code": lost.code, "message": str(lost), "turn_id": turn.pk}
+                return
             try:
                 _reload(session)
             except ChatSession.DoesNotExist:
@@ -584,21 +589,23 @@ def _finish_turn_row(turn: Turn, **fields: Any) -> None:
         raise TurnLockLost("This turn was finished by another request while this one waited; nothing was written.")
 
 
-def _fail_turn(session: ChatSession, turn: Turn, *, reason: str, reply: str, summary: str | None = None) -> None:
+def _fail_turn(session: ChatSession, turn: Turn, *, reason: str, reply: str, summary: str | None = None) -> bool:
     """Mark the turn failed. ``reason`` (the exception's text) is for staff, in ``Turn.error`` and the log;
-    ``summary`` goes into the checkpoint log, which the session's owner reads through the API."""
+    ``summary`` goes into the checkpoint log, which the session's owner reads through the API. False when
+    the turn was finished elsewhere meanwhile (or deleted): nothing is written."""
     from sessions.services import turn_failure_record
 
     fields = {"status": Turn.Status.FAILED, "error": reason[:4000], "assistant_message": reply}
     if not Turn.objects.filter(pk=turn.pk, status__in=_UNFINISHED).update(completed_at=timezone.now(), **fields):
         # Finished elsewhere (see _finish_turn_row), or deleted with its session: nothing of ours to record.
         logger.warning("turn %s failed after it was finished elsewhere or deleted; not recorded", turn.pk)
-        return
+        return False
     turn.refresh_from_db()
     try:
         turn_failure_record(session=session, turn=turn, reason=(summary or reason)[:500])
     except Exception:
         logger.exception("could not record the failure of turn %s", turn.pk)
+    return True
 
 
 def _execute_inner(session: ChatSession, turn: Turn, *, resumed: bool, fresh: bool) -> Iterator[dict[str, Any]]:

@@ -37,10 +37,16 @@ class ThrottledLoginMixin:
         limit = int(settings.LOGIN_MAX_FAILURES)
         window = int(settings.LOGIN_FAILURE_WINDOW_SECONDS)
         key = _failures_key(self.request, self.cleaned_data.get("username") or "")
-        # Counted before the password is checked, so parallel guesses cannot all pass the check at once;
-        # a sign-in that succeeds clears the count. The window restarts with each attempt.
-        attempts = int(cache.get(key, 0)) + 1
-        cache.set(key, attempts, window)
+        # Counted before the password is checked; a sign-in that succeeds clears the count. The increment is
+        # atomic on Redis; the database cache reads then writes, so guesses sent at the very same moment may
+        # share a number (a few extra guesses, not a bypass). The window restarts with each attempt.
+        cache.add(key, 0, window)
+        try:
+            attempts = cache.incr(key)
+        except ValueError:  # expired between the two calls
+            cache.set(key, 1, window)
+            attempts = 1
+        cache.touch(key, window)
         if attempts > limit:
             minutes = max(1, round(window / 60))
             raise ValidationError(

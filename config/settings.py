@@ -156,16 +156,16 @@ CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or REDIS_URL or "filesystem://"
 
 # The cache holds the API's throttle counters and the sign-in failure counts, which every process must
 # share: gunicorn runs several, and per-process counters would let each one allow the whole rate. Redis
-# when REDIS_URL is set; otherwise a folder in the data directory (one host, like the embedded default).
+# when REDIS_URL is set; otherwise a table in the app's PostgreSQL (created by a migration of config/).
 CACHES: dict[str, dict[str, object]]
 if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
 else:
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
-            "LOCATION": str(DATA_DIR / "cache"),
-            "OPTIONS": {"MAX_ENTRIES": 20000},
+            "BACKEND": "django.core.cache.backends.db.DatabaseCache",
+            "LOCATION": "app_cache",
+            "OPTIONS": {"MAX_ENTRIES": 50000},
         }
     }
 BROKER_DIR = Path(env_str("CELERY_FILESYSTEM_BROKER_DIR", str(DATA_DIR / "broker")) or DATA_DIR / "broker")

@@ -188,14 +188,20 @@ def memory_update(*, memory: Memory, **fields: Any) -> Memory:
     text = fields["text"].strip() if "text" in fields else memory.text
     if not text:
         raise ValueError("a memory needs text")
-    text_changed = text != memory.text
-    embedded = _embed_one(text) if text_changed else None  # outside the transaction, as in memory_create
+    # Outside the transaction, as in memory_create (when the text differs from the caller's copy).
+    embedded = _embed_one(text) if text != memory.text else None
     with transaction.atomic():
         lock_user_memories(memory.user_id)
         try:
             stored = Memory.objects.select_for_update().get(pk=memory.pk)
         except Memory.DoesNotExist:
             raise ValueError("This memory was deleted meanwhile.") from None
+        if "text" not in fields:
+            text = stored.text  # an edit of other fields keeps the text as it is now
+        # Against the row as it is now, not the caller's copy: hash and vector always belong to the text.
+        text_changed = text != stored.text
+        if text_changed and embedded is None:
+            embedded = _embed_one(text)  # the caller's copy was stale: its text is the stored one's old text
         if text_changed and stored.valid_to is not None and memory.valid_to is None and "valid_to" not in fields:
             raise ValueError("This fact was replaced by a newer one meanwhile; edit that one.")
         kind = fields.get("kind", stored.kind)
@@ -203,10 +209,12 @@ def memory_update(*, memory: Memory, **fields: Any) -> Memory:
             duplicate = current_duplicate(user=stored.user_id, kind=kind, text=text, exclude_id=stored.pk)
             if duplicate is not None:
                 raise ValueError(duplicate_message(duplicate))
-        changed = set(fields)
+        changed = set(fields) - ({"text"} if not text_changed else set())
         for name, value in fields.items():
-            setattr(stored, name, text if name == "text" else value)
-        if embedded is not None:
+            if name != "text":
+                setattr(stored, name, value)
+        if text_changed and embedded is not None:
+            stored.text = text
             stored.content_hash = content_hash_for(text)
             stored.embedding, stored.embedding_model = embedded
             changed |= {"content_hash", "embedding", "embedding_model"}
@@ -282,6 +290,9 @@ def review_apply(*, review: MemoryReview, actor: Any = None) -> Memory:
     embedded = _embed_one(review.proposed_text.strip())
     # One transaction: the old fact is never closed without the new one in force, nor the review left pending.
     with transaction.atomic():
+        # The user's lock first, as every writer takes it (before any row lock): else a turn's memory write
+        # holding it and waiting for the old fact's row deadlocks with this holding the row.
+        lock_user_memories(review.user_id)
         review = MemoryReview.objects.select_for_update().get(pk=review.pk)
         if review.status != MemoryReview.Status.PENDING:
             raise ValueError(f"review {review.pk} is already {review.status}")
@@ -308,6 +319,7 @@ def review_reject(*, review: MemoryReview, actor: Any = None) -> MemoryReview:
     """Discard a queued contradicting fact; the existing fact stays current."""
     now = timezone.now()
     with transaction.atomic():
+        lock_user_memories(review.user_id)  # first, as in review_apply; a write may be queueing a review now
         review = MemoryReview.objects.select_for_update().get(pk=review.pk)
         if review.status != MemoryReview.Status.PENDING:
             raise ValueError(f"review {review.pk} is already {review.status}")

@@ -12,7 +12,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
-from django.shortcuts import get_object_or_404
+from django.shortcuts import get_object_or_404, redirect
 from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html
 
@@ -229,26 +229,49 @@ class ChatSessionAdmin(admin.ModelAdmin):
             self.message_user(request, "Reply sent; it shows in the user's chat.")
         return HttpResponseRedirect(reverse("admin:chat_sessions_chatsession_change", args=[session.pk]))
 
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: Any = None) -> Any:
+        """A session whose turn is running is not offered for deletion (the confirmation page says why)."""
+        from agents.runtime import session_is_locked
+
+        if request.method == "POST" and session_is_locked(object_id):
+            self.message_user(request, "Not deleted: a turn is running on this session.", level=messages.ERROR)
+            return redirect("admin:chat_sessions_chatsession_change", object_id)
+        return super().delete_view(request, object_id, extra_context)
+
     def delete_model(self, request: HttpRequest, obj: ChatSession) -> None:
-        """Through the service: a session whose turn is running is not deleted under it."""
+        """Through the service, which holds the session's lock to the commit (a turn may start meanwhile)."""
         from agents.runtime import SessionBusyError
         from sessions.services import session_delete
 
         try:
             session_delete(session=obj)
-        except SessionBusyError:
+        except SessionBusyError:  # a turn started between delete_view's check and this
             self.message_user(request, f"{obj} was not deleted: a turn is running on it.", level=messages.ERROR)
 
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> None:
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions: dict[str, Any] = dict(super().get_actions(request))
+        if "delete_selected" in actions:  # Django's own deletes under a running turn
+            actions["delete_selected"] = (
+                type(self).delete_idle_sessions,
+                "delete_selected",
+                "Delete selected sessions (not those with a running turn)",
+            )
+        return actions
+
+    @admin.action(permissions=["delete"])
+    def delete_idle_sessions(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> None:
         from agents.runtime import SessionBusyError
         from sessions.services import session_delete
 
-        busy = []
+        deleted, busy = 0, []
         for session in queryset:
             try:
                 session_delete(session=session)
+                deleted += 1
             except SessionBusyError:
                 busy.append(str(session))
+        if deleted:
+            self.message_user(request, f"Deleted {deleted} session(s).")
         if busy:
             self.message_user(
                 request, f"Not deleted, a turn is running on them: {', '.join(busy)}.", level=messages.ERROR

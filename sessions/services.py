@@ -16,7 +16,7 @@ from datetime import date
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
@@ -120,20 +120,21 @@ def session_create(*, user: Any, agent: Any, title: str = "") -> ChatSession:
 
 
 def session_delete(*, session: ChatSession) -> None:
-    """Delete a session with its turns and checkpoints, holding its turn lock while doing it.
+    """Delete a session with its turns and checkpoints, holding its turn lock until the delete commits.
 
     Raises ``agents.runtime.SessionBusyError`` when a turn is running: deleting under it would leave it
-    writing into rows that are gone. Holding the lock (not just looking at it) keeps a turn from starting
-    between the look and the delete."""
+    writing into rows that are gone. The lock is the transaction-level form of the turn lock (the same key,
+    so the two exclude each other): held to the commit of the caller's transaction (the admin's delete view
+    runs in one), so no turn starts on the session before the rows are gone."""
     from agents.runtime import SessionBusyError, SessionTurnLock
 
-    lock = SessionTurnLock(session.pk)
-    if not lock.try_acquire():
-        raise SessionBusyError("A message on this session is still being answered; try again when it has finished.")
-    try:
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [SessionTurnLock(session.pk).key])
+            (taken,) = cursor.fetchone() or (False,)
+        if not taken:
+            raise SessionBusyError("A message on this session is still being answered; try again when it has finished.")
         session.delete()
-    finally:
-        lock.release()
 
 
 # --- the checkpoint log -----------------------------------------------------------------------------------

@@ -342,16 +342,18 @@ def test_writes_of_one_users_memories_wait_for_each_other(
             holding.set()
             assert release.wait(30)
 
-    holder, _ = _in_thread(hold_alices_lock)
+    holder, held = _in_thread(hold_alices_lock)
     assert holding.wait(30)
     waiting, box = _in_thread(write)
     waiting.join(1.0)
     assert waiting.is_alive(), "the write did not wait for the other writer of alice's memories"
-    assert memory_create(user=bob, kind="semantic", text="Bob likes tea.").pk  # bob's do not wait
+    bobs, bobs_box = _in_thread(lambda: memory_create(user=bob, kind="semantic", text="Bob likes tea."))
+    bobs.join(5.0)
+    assert not bobs.is_alive() and "error" not in bobs_box, "bob's write waited for alice's lock"
     release.set()
     holder.join(30)
     waiting.join(30)
-    assert "error" not in box, box.get("error")
+    assert "error" not in held and "error" not in box, (held.get("error"), box.get("error"))
     current = set(
         Memory.objects.filter(user=alice, valid_to__isnull=True, kind="semantic").values_list("text", flat=True)
     )

@@ -394,3 +394,42 @@ def test_an_edit_from_a_stale_copy_never_brings_a_superseded_fact_back(alice: An
     assert london.valid_to is not None and london.importance == 0.9 and london.text == "The user lives in Londn."
     current = Memory.objects.filter(user=alice, fact_key="home_city", valid_to__isnull=True)
     assert list(current.values_list("text", flat=True)) == ["The user lives in Paris."]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_applying_a_review_while_a_turn_writes_the_same_users_memories_does_not_deadlock(
+    alice: Any, staff: Any
+) -> None:
+    """The write holds the user's lock and then wants the old fact's row; applying the review locked that row
+    and then wanted the user's lock: PostgreSQL aborted one of them. Both now take the user's lock first."""
+    from django.db import transaction
+
+    from memory.services import lock_user_memories
+
+    current = memory_create(user=alice, kind="semantic", text="The user lives in Lisbon.", fact_key="home_city")
+    review = MemoryReview.objects.create(
+        user=alice, existing=current, proposed_text="The user lives in Rome.", proposed_key="home_city", confidence=0.5
+    )
+    holding, go_on = threading.Event(), threading.Event()
+
+    def a_turns_write() -> None:
+        with transaction.atomic():
+            lock_user_memories(alice.pk)
+            holding.set()
+            assert go_on.wait(30)
+            list(Memory.objects.select_for_update().filter(pk=current.pk))  # as _fact_apply locks same-key facts
+
+    writer, written = _in_thread(a_turns_write)
+    assert holding.wait(30)
+    applier, applied = _in_thread(lambda: review_apply(review=review, actor=staff))
+    applier.join(1.0)  # let it take whatever it takes first
+    go_on.set()
+    writer.join(30)
+    applier.join(30)
+
+    assert "error" not in written and "error" not in applied, (written.get("error"), applied.get("error"))
+    review.refresh_from_db()
+    assert review.status == MemoryReview.Status.APPLIED
+    assert list(
+        Memory.objects.filter(user=alice, fact_key="home_city", valid_to__isnull=True).values_list("text", flat=True)
+    ) == ["The user lives in Rome."]

@@ -370,13 +370,13 @@ MEMORY_WRITES_LOOKBACK = timedelta(days=1)
 def turns_with_lost_memory_writes(
     *, older_than: timedelta = MEMORY_WRITES_LOST_AFTER, lookback: timedelta = MEMORY_WRITES_LOOKBACK
 ) -> QuerySet[Turn]:
-    """Completed turns whose memory write never ran: no episode, and no fact-extraction call either.
+    """Completed turns whose memory write never committed: no ``memories_written_at``, and no episode.
 
-    The extraction call (an ``LLMCall`` with purpose ``extract``, written whatever its outcome) is the
-    proof that the write task ran, so an episode a user deleted later is never written again. Handoff
-    turns and turns answered by a person (no agent reply) never get a write, so they are not lost ones.
+    ``Turn.memories_written_at`` is set in the write's own transaction, so it is there exactly when the
+    write committed: an episode a user deleted later is never written again, and a write that died after
+    its model call (a soft time limit, retries run out) is found and sent again. Handoff turns and turns
+    answered by a person (no agent reply) never get a write, so they are not lost ones.
     """
-    from agents.models import LLMCall
     from sessions.models import Checkpoint, Turn
 
     now = timezone.now()
@@ -387,8 +387,8 @@ def turns_with_lost_memory_writes(
             completed_at__gte=now - lookback,
         )
         .exclude(assistant_message="")
+        .filter(memories_written_at__isnull=True)
         .exclude(Exists(Memory.objects.filter(source_turn=OuterRef("pk"), kind=Memory.Kind.EPISODIC)))
-        .exclude(Exists(LLMCall.objects.filter(turn=OuterRef("pk"), purpose="extract")))
         .exclude(Exists(Checkpoint.objects.filter(turn=OuterRef("pk"), reason=Checkpoint.Reason.HANDOFF)))
         .order_by("completed_at")
     )
@@ -571,6 +571,9 @@ def turn_memories_write(*, turn_id: int) -> TurnMemoryWriteResult:
     result = TurnMemoryWriteResult(turn_id=turn_id, written=False)
     if not turn.user_message.strip():
         return result
+    # Written before (the proof, set in the write's transaction; an episode a user deleted stays deleted).
+    if turn.memories_written_at is not None:
+        return result
     if Memory.objects.filter(source_turn_id=turn_id, kind=Memory.Kind.EPISODIC).exists():
         return result
     session = turn.session
@@ -591,6 +594,8 @@ def turn_memories_write(*, turn_id: int) -> TurnMemoryWriteResult:
             # One writer of this user's memories at a time (see lock_user_memories): two turns stating the
             # same fact, or the same key, at once would both pass the duplicate checks below.
             lock_user_memories(user.pk)
+            # The proof the write ran commits with the writes, or not at all (see turns_with_lost_memory_writes).
+            Turn.objects.filter(pk=turn.pk).update(memories_written_at=now)
             episode = Memory.objects.create(
                 user=user,
                 agent=session.agent,

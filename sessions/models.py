@@ -81,6 +81,8 @@ class Turn(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     completed_at = models.DateTimeField(null=True, blank=True)
+    # Set in the transaction that writes the turn's memories: the proof the write ran (memory.services).
+    memories_written_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["session", "seq"]

@@ -433,3 +433,41 @@ def test_applying_a_review_while_a_turn_writes_the_same_users_memories_does_not_
     assert list(
         Memory.objects.filter(user=alice, fact_key="home_city", valid_to__isnull=True).values_list("text", flat=True)
     ) == ["The user lives in Rome."]
+
+
+@pytest.mark.django_db
+def test_the_proof_of_a_write_commits_with_it(alice: Any, make_turn: Any, scripted: Any) -> None:
+    """``memories_written_at`` is set by the write's own transaction: a write that fails leaves it unset (the
+    sweep sends it again), one that commits sets it, and a later run writes nothing even without the episode."""
+    turn = make_turn(alice, "My home airport is LIS", "Got it.")
+    scripted.add(_facts(("home_airport", "The user's home airport is LIS.", 0.95)))
+    turn_memories_write(turn_id=turn.id)
+    turn.refresh_from_db()
+    assert turn.memories_written_at is not None
+
+    Memory.objects.filter(source_turn=turn).delete()  # the user deletes what was written
+    again = turn_memories_write(turn_id=turn.id)
+    assert not again.written and not Memory.objects.filter(source_turn=turn).exists()
+
+
+@pytest.mark.django_db
+def test_the_migration_marks_the_writes_that_ran_before_the_proof_existed(
+    alice: Any, make_turn: Any, scripted: Any
+) -> None:
+    import importlib
+
+    from django.apps import apps
+
+    from agents.models import LLMCall
+
+    with_episode, with_extraction, never = (make_turn(alice, f"message {i}") for i in range(3))
+    scripted.add(_facts())
+    turn_memories_write(turn_id=with_episode.id)
+    LLMCall.objects.create(turn=with_extraction, purpose="extract", provider="demo", model="x", outcome="ok")
+    Turn = type(never)
+    Turn.objects.update(memories_written_at=None)  # as every row was before the field existed
+
+    importlib.import_module("sessions.migrations.0002_turn_memories_written_at").mark_written(apps, None)
+
+    marked = set(Turn.objects.filter(memories_written_at__isnull=False).values_list("pk", flat=True))
+    assert marked == {with_episode.pk, with_extraction.pk}

@@ -108,14 +108,17 @@ def test_the_sweep_leaves_alone_what_is_not_a_lost_write(alice: Any, chat_agent:
     too_recent = turn(2, completed_at=timezone.now())  # the normal enqueue may still be on its way
     too_old = turn(3, completed_at=timezone.now() - timedelta(days=3))
     failed = turn(4, status=Turn.Status.FAILED)
-    written_then_deleted = turn(5)  # the write ran (its extraction call exists); a user deleted the episode
-    LLMCall.objects.create(
-        session=session, turn=written_then_deleted, purpose="extract", provider="demo", model="x", outcome="ok"
-    )
+    written_then_deleted = turn(5, memories_written_at=old)  # the write committed; a user deleted the episode
     handed_off = turn(6)
     checkpoint_record(session=session, reason=Checkpoint.Reason.HANDOFF, turn=handed_off, detail="to a person")
     answered_by_nobody = turn(7, assistant_message="")
-    assert {too_recent.pk, too_old.pk, failed.pk, answered_by_nobody.pk}.isdisjoint(
+    # The write task called the model, then died before its commit (a soft time limit, retries run out): lost
+    # too. (Taking its extraction call as the proof had left it lost for good.)
+    died_after_extraction = turn(8, completed_at=old + timedelta(seconds=1))
+    LLMCall.objects.create(
+        session=session, turn=died_after_extraction, purpose="extract", provider="demo", model="x", outcome="ok"
+    )
+    assert {too_recent.pk, too_old.pk, failed.pk, answered_by_nobody.pk, written_then_deleted.pk}.isdisjoint(
         turns_with_lost_memory_writes().values_list("pk", flat=True)
     )
-    assert list(turns_with_lost_memory_writes().values_list("pk", flat=True)) == [lost.pk]
+    assert list(turns_with_lost_memory_writes().values_list("pk", flat=True)) == [lost.pk, died_after_extraction.pk]

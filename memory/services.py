@@ -1,7 +1,9 @@
 """Writes to memory: create and edit (embedding synchronously), turn writes (off the request path),
 fact extraction with supersede / review, and the curation operations the admin offers.
 
-Model calls (the embedder, the fact extractor) always happen outside database transactions.
+Model calls (the embedder, the fact extractor) happen outside database transactions, so no lock is held
+while a model runs; the one exception is an edit whose row changed between its read and its lock (the new
+text is embedded then, under the user's lock).
 """
 
 from __future__ import annotations

@@ -227,6 +227,16 @@ def staff(django_user_model: Any) -> Any:
 
 
 @pytest.fixture
+def staff_client(staff: Any) -> Any:
+    """The admin's staff user, signed in to a browser-like client (tests/api has its own, a token client)."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(staff)
+    return client
+
+
+@pytest.fixture
 def viewer_staff(django_user_model: Any) -> Any:
     """Staff with only the admin's view permissions (no superuser): may look, may not change."""
     from django.contrib.auth.models import Permission

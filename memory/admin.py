@@ -7,6 +7,7 @@ All memory text is rendered through Django templates and ``format_html``: it is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -323,24 +324,21 @@ class MemoryReviewAdmin(admin.ModelAdmin):
 
     @admin.action(description="Apply: the proposed fact replaces the current one", permissions=["change"])
     def apply(self, request: HttpRequest, queryset: QuerySet[MemoryReview]) -> None:
-        done = 0
-        for review in queryset.filter(status=MemoryReview.Status.PENDING):
-            try:
-                review_apply(review=review, actor=request.user)
-            except ValueError as exc:  # resolved by someone else since the list was read
-                self.message_user(request, str(exc), level=messages.WARNING)
-                continue
-            done += 1
-        self.message_user(request, f"Applied {done} reviews.")
+        self._resolve_each(request, queryset, review_apply, "Applied")
 
     @admin.action(description="Reject: keep the current fact", permissions=["change"])
     def reject(self, request: HttpRequest, queryset: QuerySet[MemoryReview]) -> None:
+        self._resolve_each(request, queryset, review_reject, "Rejected")
+
+    def _resolve_each(
+        self, request: HttpRequest, queryset: QuerySet[MemoryReview], resolve: Callable[..., Any], done_verb: str
+    ) -> None:
         done = 0
         for review in queryset.filter(status=MemoryReview.Status.PENDING):
             try:
-                review_reject(review=review, actor=request.user)
+                resolve(review=review, actor=request.user)
             except ValueError as exc:  # resolved by someone else since the list was read
                 self.message_user(request, str(exc), level=messages.WARNING)
                 continue
             done += 1
-        self.message_user(request, f"Rejected {done} reviews.")
+        self.message_user(request, f"{done_verb} {done} reviews.")

@@ -7,6 +7,7 @@ and checkpointed). Nothing on these pages shows endpoint settings or keys; an ag
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from django.contrib import admin, messages
@@ -240,13 +241,7 @@ class ChatSessionAdmin(admin.ModelAdmin):
 
     def delete_model(self, request: HttpRequest, obj: ChatSession) -> None:
         """Through the service, which holds the session's lock to the commit (a turn may start meanwhile)."""
-        from agents.runtime import SessionBusyError
-        from sessions.services import session_delete
-
-        try:
-            session_delete(session=obj)
-        except SessionBusyError:  # a turn started between delete_view's check and this
-            self.message_user(request, f"{obj} was not deleted: a turn is running on it.", level=messages.ERROR)
+        self._delete_idle(request, [obj])
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         actions: dict[str, Any] = dict(super().get_actions(request))
@@ -260,22 +255,27 @@ class ChatSessionAdmin(admin.ModelAdmin):
 
     @admin.action(permissions=["delete"])
     def delete_idle_sessions(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> None:
+        deleted = self._delete_idle(request, queryset)
+        if deleted:
+            self.message_user(request, f"Deleted {deleted} session(s).")
+
+    def _delete_idle(self, request: HttpRequest, sessions: Iterable[ChatSession]) -> int:
+        """Delete each session through ``session_delete``; say which were not, a turn running on them."""
         from agents.runtime import SessionBusyError
         from sessions.services import session_delete
 
         deleted, busy = 0, []
-        for session in queryset:
+        for session in sessions:
             try:
                 session_delete(session=session)
                 deleted += 1
             except SessionBusyError:
                 busy.append(str(session))
-        if deleted:
-            self.message_user(request, f"Deleted {deleted} session(s).")
         if busy:
             self.message_user(
                 request, f"Not deleted, a turn is running on them: {', '.join(busy)}.", level=messages.ERROR
             )
+        return deleted
 
     @admin.action(description="Hand back to the agent (sessions waiting for a human)", permissions=["change"])
     def hand_back_to_agent(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> None:

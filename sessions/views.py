@@ -19,7 +19,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from agents.models import Agent
-from config.api_errors import error_body, runtime_error_status
+from config.api_errors import error_body, error_response, runtime_error_status
 from sessions.models import ChatSession, Turn
 from sessions.streaming import idempotency_key_from, turn_event_response
 
@@ -179,10 +179,12 @@ def chat_stream(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
     session = _own_session(request, session_id)
     wait = _messages_throttle_wait(request)
     if wait is not None:
-        body = error_body(
-            "throttled", f"Too many messages; try again in {wait} seconds.", {"retry_after_seconds": wait}
+        response = error_response(
+            code="throttled",
+            message=f"Too many messages; try again in {wait} seconds.",
+            status_code=429,
+            details={"retry_after_seconds": wait},
         )
-        response = JsonResponse(body, status=429)
         response["Retry-After"] = str(wait)
         return response
     if request.content_type == "application/json":

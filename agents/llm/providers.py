@@ -14,7 +14,7 @@ from agents.llm.profiles import EndpointProfile
 if TYPE_CHECKING:
     from agents.models import Agent
 
-__all__ = ["DEMO_LABEL", "DEMO_PROFILE", "endpoint_profile", "endpoint_window", "get_provider"]
+__all__ = ["DEMO_LABEL", "DEMO_PROFILE", "agent_profile", "endpoint_profile", "endpoint_window", "get_provider"]
 
 DEFAULT_PROFILE = "default"
 # An agent whose endpoint is "demo" always gets the demo model, even when a real endpoint is configured.
@@ -32,42 +32,47 @@ def endpoint_profile(name: str) -> EndpointProfile | None:
     return EndpointProfile.from_mapping(name, data)
 
 
-def endpoint_window(agent: Agent) -> int | None:
-    """The context window configured for ``agent``'s endpoint profile, if any (none for the demo model or a
-    profile that is not configured: the agent's own window stands)."""
-    name = agent.endpoint or DEFAULT_PROFILE
-    if name == DEMO_PROFILE:
-        return None
-    try:
-        profile = endpoint_profile(name)
-    except LLMConfigurationError:
-        return None  # the turn's provider lookup reports it
-    return profile.context_window if profile is not None else None
-
-
-def get_provider(*, agent: Agent | None = None, cheap: bool = False) -> LLMProvider:
-    """The provider for ``agent`` (or the default profile); the demo model when none is configured.
+def agent_profile(agent: Agent | None) -> EndpointProfile | None:
+    """The endpoint profile that answers for ``agent`` (or the default one), None for the demo model.
 
     - ``agent.endpoint`` blank → the "default" profile; when that is not configured either, the demo model.
     - ``agent.endpoint == "demo"`` → the demo model.
     - ``agent.endpoint`` names a profile that does not exist → ``LLMConfigurationError`` (an
       ``ImproperlyConfigured``): an operator asked for it explicitly, so silently answering with the
       demo model would hide the mistake.
-    - ``agent.model`` overrides the profile's model; ``cheap=True`` uses the profile's ``cheap_model``
-      (falling back to the main model).
     """
     explicit = (agent.endpoint if agent is not None else "") or ""
     if explicit == DEMO_PROFILE:
-        return _demo
-    name = explicit or DEFAULT_PROFILE
-    profile = endpoint_profile(name)
+        return None
+    profile = endpoint_profile(explicit or DEFAULT_PROFILE)
+    if profile is None and explicit:
+        known = ", ".join(sorted(getattr(settings, "LLM_PROFILES", {}) or {})) or "none"
+        raise LLMConfigurationError(
+            f"agent {getattr(agent, 'slug', '?')!r} uses LLM endpoint profile {explicit!r}, which is not "
+            f"configured (known profiles: {known}; see LLM_PROFILES_JSON)"
+        )
+    return profile
+
+
+def endpoint_window(agent: Agent) -> int | None:
+    """The context window configured for ``agent``'s endpoint profile, if any (none for the demo model or a
+    profile that is not configured: the agent's own window stands)."""
+    try:
+        profile = agent_profile(agent)
+    except LLMConfigurationError:
+        return None  # the turn's provider lookup reports it
+    return profile.context_window if profile is not None else None
+
+
+def get_provider(*, agent: Agent | None = None, cheap: bool = False) -> LLMProvider:
+    """The provider for ``agent`` (or the default profile); the demo model when none is configured
+    (``agent_profile`` says which, and raises for a profile that is named but not configured).
+
+    ``agent.model`` overrides the profile's model; ``cheap=True`` uses the profile's ``cheap_model``
+    (falling back to the main model).
+    """
+    profile = agent_profile(agent)
     if profile is None:
-        if explicit:
-            known = ", ".join(sorted(getattr(settings, "LLM_PROFILES", {}) or {})) or "none"
-            raise LLMConfigurationError(
-                f"agent {getattr(agent, 'slug', '?')!r} uses LLM endpoint profile {explicit!r}, which is not "
-                f"configured (known profiles: {known}; see LLM_PROFILES_JSON)"
-            )
         return _demo
     model = (agent.model if agent is not None and agent.model else "") or profile.model
     if cheap and profile.cheap_model:

@@ -44,13 +44,6 @@ def _form(**changes: str) -> dict[str, str]:
     return data
 
 
-@pytest.fixture
-def staff_client(staff: Any) -> Client:
-    client = Client()
-    client.force_login(staff)
-    return client
-
-
 def test_a_valid_agent_is_saved(staff_client: Client) -> None:
     response = staff_client.post(reverse("admin:agents_agent_add"), _form(endpoint="demo"))
     assert response.status_code == 302, response.content.decode()[:2000]

@@ -3,8 +3,10 @@ routing, the step limit, handoff and model failures."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+from collections.abc import Iterator
 from datetime import date, timedelta
 from typing import Any
 
@@ -326,6 +328,20 @@ def _hold_in_another_connection(session_id: Any, holding: threading.Event, relea
     connection.close()
 
 
+@contextlib.contextmanager
+def _lock_held_elsewhere(session_id: Any) -> Iterator[None]:
+    """The session's turn lock, held by another connection (a live runner) for the block."""
+    holding, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=_hold_in_another_connection, args=(session_id, holding, release))
+    holder.start()
+    assert holding.wait(10)
+    try:
+        yield
+    finally:
+        release.set()
+        holder.join(10)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_lost_turn_lock_is_retaken_or_the_turn_stops_without_writing(alice: Any, chat_agent: Agent) -> None:
     """Django reconnects silently after a lost connection; the advisory lock dies with the old one."""
@@ -344,19 +360,12 @@ def test_a_lost_turn_lock_is_retaken_or_the_turn_stops_without_writing(alice: An
     turn = Turn.objects.get(session=session)
     with connection.cursor() as cursor:  # lose our lock, as a reconnect would
         cursor.execute("SELECT pg_advisory_unlock_all()")
-    holding, release = threading.Event(), threading.Event()
-    thief = threading.Thread(target=_hold_in_another_connection, args=(session.pk, holding, release))
-    thief.start()
-    assert holding.wait(10)
-    try:
+    with _lock_held_elsewhere(session.pk):
         with pytest.raises(TurnLockLost):
             _complete_turn(
                 session, turn, reply="dup", steps=1, composition={}, retrieval={}, prompt_tokens=0, is_demo=True
             )
         rest = list(events)
-    finally:
-        release.set()
-        thief.join()
     assert rest[-1]["type"] == "error" and rest[-1]["code"] == "turn_taken_over"
     turn.refresh_from_db()
     assert turn.assistant_message == "" and turn.status == Turn.Status.RUNNING  # left to the new owner
@@ -546,15 +555,11 @@ def test_a_session_is_not_deleted_under_its_running_turn(alice: Any, chat_agent:
     from sessions.services import session_delete
 
     session = session_create(user=alice, agent=chat_agent)
-    holding, release = threading.Event(), threading.Event()
-    thread = threading.Thread(target=_hold_in_another_connection, args=(session.pk, holding, release))
-    thread.start()
-    assert holding.wait(10)
-    try:
+    admin = Client()
+    admin.force_login(staff)
+    with _lock_held_elsewhere(session.pk):
         with pytest.raises(SessionBusyError):
             session_delete(session=session)
-        admin = Client()
-        admin.force_login(staff)
         page = admin.post(f"/admin/chat_sessions/chatsession/{session.pk}/delete/", {"post": "yes"}, follow=True)
         body = page.content.decode()
         assert "a turn is running on this session" in body and "deleted successfully" not in body
@@ -565,9 +570,6 @@ def test_a_session_is_not_deleted_under_its_running_turn(alice: Any, chat_agent:
         ).content.decode()
         assert "Not deleted, a turn is running on them" in bulk and "Successfully deleted" not in bulk
         assert ChatSession.objects.filter(pk=session.pk).exists()
-    finally:
-        release.set()
-        thread.join(10)
     done = admin.post(
         "/admin/chat_sessions/chatsession/",
         {"action": "delete_selected", "_selected_action": [str(session.pk)]},
@@ -587,16 +589,9 @@ def test_the_sweep_leaves_a_turn_whose_runner_is_alive(alice: Any, chat_agent: A
     handle = turn_stream(session=session, message="hello")  # saved and running
     handle.close()  # as if its process had died ...
     turn = Turn.objects.get(session=session)
-    holding, release = threading.Event(), threading.Event()
-    runner = threading.Thread(target=_hold_in_another_connection, args=(session.pk, holding, release))
-    runner.start()  # ... but a live runner holds the session's lock
-    assert holding.wait(10)
-    try:
+    with _lock_held_elsewhere(session.pk):  # ... but a live runner holds the session's lock
         assert stuck_turns_recover(older_than=timedelta(0)) == 0
         turn.refresh_from_db()
         assert turn.status == Turn.Status.RUNNING and turn.assistant_message == ""
         assert not LLMCall.objects.filter(turn=turn).exists()
-    finally:
-        release.set()
-        runner.join(10)
     assert stuck_turns_recover(older_than=timedelta(0)) == 1  # once the runner is gone, the sweep finishes it

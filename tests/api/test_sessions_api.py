@@ -192,16 +192,22 @@ def test_a_failed_turn_tells_the_user_why_without_internals(
     assert "127.0.0.1" not in sent.content.decode() + listed.content.decode() + checkpoints.content.decode()
 
 
+@pytest.fixture
+def fake_model_session(alice_client: APIClient, chat_agent: Agent, settings: Any, fake_openai: Any) -> dict[str, Any]:
+    """Alice's chat session answered by the fake OpenAI-compatible server (``fake_openai`` queues the replies)."""
+    settings.LLM_PROFILES = {"default": fake_openai.profile(max_retries=0)}
+    return dict(alice_client.post("/api/sessions/", {"agent": chat_agent.slug}, format="json").json())
+
+
 @pytest.mark.django_db
 def test_a_reply_with_nul_bytes_completes_the_turn(
-    alice_client: APIClient, chat_agent: Agent, settings: Any, fake_openai: Any
+    alice_client: APIClient, fake_model_session: dict[str, Any], fake_openai: Any
 ) -> None:
     """The model's reply had reached the user (streamed) when its save failed on the NUL: the turn failed."""
     from tests.fakes.openai_server import stream
 
-    settings.LLM_PROFILES = {"default": fake_openai.profile(max_retries=0)}
     fake_openai.enqueue(stream("a\x00b"))
-    session = alice_client.post("/api/sessions/", {"agent": chat_agent.slug}, format="json").json()
+    session = fake_model_session
 
     sent = alice_client.post(f"/api/sessions/{session['id']}/messages/", {"message": "hi"}, format="json")
 
@@ -211,13 +217,12 @@ def test_a_reply_with_nul_bytes_completes_the_turn(
 
 @pytest.mark.django_db
 def test_a_reply_with_a_script_streams_as_text_and_arrives_sanitized(
-    alice_client: APIClient, chat_agent: Agent, settings: Any, fake_openai: Any
+    alice_client: APIClient, fake_model_session: dict[str, Any], fake_openai: Any
 ) -> None:
     from tests.fakes.openai_server import stream
 
-    settings.LLM_PROFILES = {"default": fake_openai.profile(max_retries=0)}
     fake_openai.enqueue(stream("Hello <script>alert(1)</script> **there** <img src=x onerror=alert(2)>"))
-    session = alice_client.post("/api/sessions/", {"agent": chat_agent.slug}, format="json").json()
+    session = fake_model_session
 
     response = alice_client.post(
         f"/api/sessions/{session['id']}/messages/stream/",

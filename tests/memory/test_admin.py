@@ -14,13 +14,6 @@ pytestmark = pytest.mark.django_db
 TRY_URL = "admin:memory_memory_try_retrieval"
 
 
-@pytest.fixture
-def staff_client(staff: Any) -> Client:
-    client = Client()
-    client.force_login(staff)
-    return client
-
-
 def test_try_retrieval_as_bob_never_shows_alice(staff_client: Client, alice: Any, bob: Any) -> None:
     memory_create(user=alice, kind="episodic", text="User: my locker code is 4471", pinned=True)
     memory_create(user=bob, kind="episodic", text="User: my locker is on floor two")

@@ -27,13 +27,6 @@ def walked(alice: Any) -> ChatSession:
     return session
 
 
-@pytest.fixture
-def staff_client(staff: Any) -> Client:
-    client = Client()
-    client.force_login(staff)
-    return client
-
-
 @pytest.mark.django_db
 def test_session_page_shows_state_and_checkpoint_timeline_without_keys(
     walked: ChatSession, staff_client: Client, settings: Any, monkeypatch: pytest.MonkeyPatch

@@ -18,8 +18,9 @@ from config.db import database_url, redis_reachable
 
 ROOT = Path(__file__).resolve().parent
 
-# The tests' throttle and sign-in counters stay in this process: not in the folder (or Redis) a running
-# app and earlier runs use. Set before anything touches the cache (Django builds it on first use).
+# The tests' cache (throttle and sign-in counters, the sweeps' requeue claims) stays in this process: not
+# in the table (or Redis) a running app and earlier runs use. Set before anything touches the cache
+# (Django builds it on first use); emptied around every test (``_fresh_cache``).
 django_settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 # Where tasks go: the idle queue nobody consumes, and the worker's once ``celery_worker`` has started.
 _BROKERS: dict[str, dict[str, Any]] = {}
@@ -164,6 +165,16 @@ def _isolated_broker(tmp_path_factory: pytest.TempPathFactory) -> None:
         "task_default_queue": f"idle-{uuid.uuid4().hex[:8]}",
     }
     _use_broker(app, "idle")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> Iterator[None]:
+    """One test's counters and claims must not throttle, lock out or hold back the next test's."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+    cache.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -1,10 +1,15 @@
 from __future__ import annotations
 
+import logging
 import socket
+from datetime import timedelta
 
+from django.core.cache import cache
 from django.utils import timezone
 
 from config.models import WorkerHeartbeat
+
+logger = logging.getLogger(__name__)
 
 
 def worker_heartbeat_record(*, hostname: str | None = None) -> WorkerHeartbeat:
@@ -12,3 +17,32 @@ def worker_heartbeat_record(*, hostname: str | None = None) -> WorkerHeartbeat:
     name = hostname or socket.gethostname()
     beat, _ = WorkerHeartbeat.objects.update_or_create(hostname=name, defaults={"seen_at": timezone.now()})
     return beat
+
+
+# --- the outbox sweeps' claims ------------------------------------------------------------------------
+def _requeue_key(kind: str, ident: object) -> str:
+    return f"requeued:{kind}:{ident}"
+
+
+def requeue_claim(kind: str, ident: object, *, within: timedelta) -> bool:
+    """May a sweep enqueue ``kind`` ``ident`` again? True, and claimed, unless a sweep sent it within ``within``.
+
+    The outbox sweeps (lost memory writes, lost summaries) call work lost by its age. With the workers
+    behind by more than that age the work is still queued, and every sweep would add another copy: a
+    backlog that feeds itself, each copy a model call when two run at once. The claim, in the shared
+    cache (Redis, or the database table), lets one copy through per window. A cache that fails lets the
+    sweep send, as it would without claims: a duplicate costs less than a write lost for good.
+    """
+    try:
+        return bool(cache.add(_requeue_key(kind, ident), 1, timeout=max(1, int(within.total_seconds()))))
+    except Exception:  # the claim only saves duplicates; the sweep must go on without it
+        logger.warning("requeue claim for %s %s unavailable; sending anyway", kind, ident, exc_info=True)
+        return True
+
+
+def requeue_release(kind: str, ident: object) -> None:
+    """Give a claim back (its enqueue failed): the next sweep sends it again."""
+    try:
+        cache.delete(_requeue_key(kind, ident))
+    except Exception:  # an unreleased claim only delays the next try by its window
+        logger.warning("could not release the requeue claim for %s %s", kind, ident, exc_info=True)

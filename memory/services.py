@@ -367,6 +367,9 @@ def memory_writes_enqueue(*, turn: Turn) -> None:
 MEMORY_WRITES_LOST_AFTER = timedelta(minutes=5)
 # How far back the sweep looks (bounds its query; older losses are left alone).
 MEMORY_WRITES_LOOKBACK = timedelta(days=1)
+# A write the sweep sent is not sent again before this long (config.services.requeue_claim): with the
+# workers behind, it is still in the queue.
+MEMORY_WRITES_REQUEUE_AGAIN_AFTER = timedelta(minutes=30)
 
 
 def turns_with_lost_memory_writes(
@@ -401,22 +404,34 @@ def memory_writes_requeue(
     older_than: timedelta = MEMORY_WRITES_LOST_AFTER,
     lookback: timedelta = MEMORY_WRITES_LOOKBACK,
     limit: int = 500,
+    again_after: timedelta = MEMORY_WRITES_REQUEUE_AGAIN_AFTER,
 ) -> int:
     """Enqueue again the memory writes that were lost (see ``turns_with_lost_memory_writes``).
 
-    Safe to run any number of times: the write is idempotent (one episode per turn). Returns how many
-    were enqueued; stops at the first enqueue that fails (the broker is still down: the next run retries).
+    Safe to run any number of times: the write is idempotent (one episode per turn), and a write sent
+    within ``again_after`` is not sent again (``requeue_claim``), so a backlog does not grow by a copy of
+    every pending write per run. Returns how many were enqueued (at most ``limit``); stops at the first
+    enqueue that fails (the broker is still down: the next run retries).
     """
+    from config.services import requeue_claim, requeue_release
     from memory.tasks import write_turn_memories
 
+    # Past the ones sent recently (still queued), up to ``limit`` more.
     turn_ids = list(
-        turns_with_lost_memory_writes(older_than=older_than, lookback=lookback).values_list("pk", flat=True)[:limit]
+        turns_with_lost_memory_writes(older_than=older_than, lookback=lookback).values_list("pk", flat=True)[
+            : limit * 4
+        ]
     )
     sent = 0
     for turn_id in turn_ids:
+        if sent >= limit:
+            break
+        if not requeue_claim("memory-write", turn_id, within=again_after):
+            continue
         try:
             write_turn_memories.delay(turn_id)
         except Exception:  # the broker is still unreachable; everything stays found for the next run
+            requeue_release("memory-write", turn_id)
             logger.warning("could not re-enqueue the memory write of turn %s; will retry", turn_id, exc_info=True)
             break
         sent += 1
@@ -597,7 +612,10 @@ def turn_memories_write(*, turn_id: int) -> TurnMemoryWriteResult:
             # same fact, or the same key, at once would both pass the duplicate checks below.
             lock_user_memories(user.pk)
             # The proof the write ran commits with the writes, or not at all (see turns_with_lost_memory_writes).
-            Turn.objects.filter(pk=turn.pk).update(memories_written_at=now)
+            # Set only where it is not yet: a copy of this task that committed while this one called the
+            # model has written the turn (its episode may be deleted since; it stays so).
+            if not Turn.objects.filter(pk=turn.pk, memories_written_at__isnull=True).update(memories_written_at=now):
+                return result
             episode = Memory.objects.create(
                 user=user,
                 agent=session.agent,

@@ -138,15 +138,24 @@ def summary_request_if_due(
 # The sweep sends requests that are still open after this long again (the task is idempotent).
 SUMMARY_LOST_AFTER = timedelta(minutes=5)
 SUMMARY_LOOKBACK = timedelta(days=1)
+# A request the sweep sent is not sent again before this long (config.services.requeue_claim).
+SUMMARY_REQUEUE_AGAIN_AFTER = timedelta(minutes=30)
 
 
 def summaries_requeue(
-    *, older_than: timedelta = SUMMARY_LOST_AFTER, lookback: timedelta = SUMMARY_LOOKBACK, limit: int = 500
+    *,
+    older_than: timedelta = SUMMARY_LOST_AFTER,
+    lookback: timedelta = SUMMARY_LOOKBACK,
+    limit: int = 500,
+    again_after: timedelta = SUMMARY_REQUEUE_AGAIN_AFTER,
 ) -> int:
     """Enqueue again the summaries requested but not done after ``older_than`` (the outbox sweep).
 
-    Returns how many were sent; stops at the first failed enqueue (the broker is still down).
+    A request sent within ``again_after`` is not sent again (``requeue_claim``: with the workers behind
+    it is still queued). Returns how many were sent (at most ``limit``); stops at the first failed
+    enqueue (the broker is still down).
     """
+    from config.services import requeue_claim, requeue_release
     from sessions.tasks import summarize_session
 
     now = timezone.now()
@@ -157,13 +166,19 @@ def summaries_requeue(
             updated_at__gte=now - lookback,
         )
         .order_by("updated_at")
-        .values_list("pk", "summary_requested_seq")[:limit]
+        .values_list("pk", "summary_requested_seq")[: limit * 4]
     )
     sent = 0
     for session_id, through_seq in pending:
+        if sent >= limit:
+            break
+        claim = f"{session_id}:{through_seq}"
+        if not requeue_claim("summary", claim, within=again_after):
+            continue
         try:
             summarize_session.delay(str(session_id), through_seq)
         except Exception:  # the broker is still unreachable; the next run retries
+            requeue_release("summary", claim)
             logger.warning("could not re-enqueue the summary of session %s; will retry", session_id, exc_info=True)
             break
         sent += 1

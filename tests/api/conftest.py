@@ -1,12 +1,10 @@
-"""API test fixtures: agents, token clients for each persona, and a fresh throttle cache per test."""
+"""API test fixtures: agents and token clients for each persona (the root conftest empties the cache per test)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.core.cache import cache
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -17,14 +15,6 @@ from agents.models import Agent
 def _fast_passwords(settings: Any) -> None:
     # Three personas per test: the default PBKDF2 rounds would dominate the run time.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture(autouse=True)
-def _fresh_throttles() -> Iterator[None]:
-    # Throttle counters live in the cache; one test's requests must not throttle the next test.
-    cache.clear()
-    yield
-    cache.clear()
 
 
 @pytest.fixture

@@ -45,6 +45,35 @@ def test_write_twice_writes_once(alice: Any, make_turn: Any, scripted: Any) -> N
 
 
 @pytest.mark.django_db
+def test_a_copy_that_called_the_model_while_another_wrote_the_turn_writes_nothing(
+    alice: Any, make_turn: Any, scripted: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memory import services
+
+    turn = make_turn(alice, "I collect vintage maps", "Nice.")
+    scripted.add(_facts())
+    extract = services._extract_facts
+    calls: list[int] = []
+
+    def slow_model(*, turn: Any, known_keys: list[str]) -> Any:
+        calls.append(turn.pk)
+        if len(calls) > 1:
+            return extract(turn=turn, known_keys=known_keys)
+        # While this copy waits for the model, another copy (a requeue) writes the turn, and its user
+        # deletes the episode it wrote.
+        assert turn_memories_write(turn_id=turn.pk).written
+        Memory.objects.filter(source_turn_id=turn.pk, kind="episodic").delete()
+        return [], ""
+
+    monkeypatch.setattr(services, "_extract_facts", slow_model)
+    result = turn_memories_write(turn_id=turn.pk)
+
+    assert len(calls) == 2 and not result.written
+    # The deleted episode stays deleted: the turn was written once.
+    assert not Memory.objects.filter(source_turn=turn, kind="episodic").exists()
+
+
+@pytest.mark.django_db
 def test_the_write_counts_the_access_of_the_memories_the_turn_used_once(
     alice: Any, bob: Any, make_turn: Any, scripted: Any
 ) -> None:

@@ -5,6 +5,7 @@ again once the broker is back; a real worker then writes each turn's memories ex
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -122,3 +123,39 @@ def test_the_sweep_leaves_alone_what_is_not_a_lost_write(alice: Any, chat_agent:
         turns_with_lost_memory_writes().values_list("pk", flat=True)
     )
     assert list(turns_with_lost_memory_writes().values_list("pk", flat=True)) == [lost.pk, died_after_extraction.pk]
+
+
+@pytest.mark.django_db
+def test_a_sweep_sends_lost_work_once_a_window_not_once_a_run(alice: Any, chat_agent: Agent) -> None:
+    """With the workers behind, what a sweep sent is still queued: the next runs must not add copies of it
+    (a backlog that feeds itself). Once the window has passed it is sent again, in case that copy was lost
+    too; an enqueue that fails is tried again by the next run."""
+    session = session_create(user=alice, agent=chat_agent)
+    old = timezone.now() - timedelta(minutes=10)
+    turns = [
+        Turn.objects.create(
+            session=session,
+            seq=seq,
+            user_message=f"message {seq}",
+            assistant_message="A reply.",
+            status=Turn.Status.COMPLETED,
+            completed_at=old,
+        )
+        for seq in (1, 2, 3)
+    ]
+    ChatSession.objects.filter(pk=session.pk).update(summary_requested_seq=3, updated_at=old)
+    window = {"again_after": timedelta(seconds=1)}
+
+    with broker_down():
+        assert memory_writes_requeue(**window) == 0
+        assert summaries_requeue(**window) == 0
+    # The failed enqueues claimed nothing; at most ``limit`` a run, the next run goes past those sent.
+    assert memory_writes_requeue(limit=2, **window) == 2
+    assert memory_writes_requeue(limit=2, **window) == 1
+    assert summaries_requeue(**window) == 1
+    assert memory_writes_requeue(**window) == 0
+    assert summaries_requeue(**window) == 0
+
+    time.sleep(1.2)  # the window is over: still not written, so sent again
+    assert memory_writes_requeue(**window) == len(turns)
+    assert summaries_requeue(**window) == 1

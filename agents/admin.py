@@ -1,12 +1,31 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from django.conf import settings
 from django.contrib import admin
 from django.http import HttpRequest
 
+from agents.llm.base import Outcome, Purpose
 from agents.models import Agent, LLMCall, ToolInvocation
+from agents.tools.errors import ErrorKind
+from config.admin_lists import LogAdmin, known_values_filter
+
+# The finish reasons of OpenAI-compatible endpoints (the model-call log's filter offers these).
+FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter", "function_call")
+
+
+def _provider_names() -> list[str]:
+    from agents.llm.demo import DemoModel
+    from agents.llm.openai_compat import OpenAICompatibleProvider
+
+    return [OpenAICompatibleProvider.name, DemoModel.name]
+
+
+def _tool_names() -> list[str]:
+    from agents.tools import tool_names
+
+    return tool_names()
 
 
 @admin.register(Agent)
@@ -76,7 +95,7 @@ class AgentAdmin(admin.ModelAdmin):
 
 
 @admin.register(LLMCall)
-class LLMCallAdmin(admin.ModelAdmin):
+class LLMCallAdmin(LogAdmin):
     """Every model call, as recorded: read-only, since it is evidence."""
 
     list_display = [
@@ -93,9 +112,15 @@ class LLMCallAdmin(admin.ModelAdmin):
         "ttft_ms",
         "retries",
     ]
-    list_filter = ["outcome", "purpose", "provider", "finish_reason", "agent", "created_at"]
+    list_filter = [
+        known_values_filter("outcome", "outcome", lambda: get_args(Outcome)),
+        known_values_filter("purpose", "purpose", lambda: get_args(Purpose)),
+        known_values_filter("provider", "provider", _provider_names),
+        known_values_filter("finish_reason", "finish reason", lambda: FINISH_REASONS),
+        "agent",
+        "created_at",
+    ]
     search_fields = ["model", "error", "=session__id"]
-    date_hierarchy = "created_at"
     list_select_related = ["agent"]
     ordering = ["-created_at"]
 
@@ -113,14 +138,19 @@ class LLMCallAdmin(admin.ModelAdmin):
 
 
 @admin.register(ToolInvocation)
-class ToolInvocationAdmin(admin.ModelAdmin):
+class ToolInvocationAdmin(LogAdmin):
     """Every tool run, read-only: what the model asked for and the string it got back (TOOL_ERROR or not)."""
 
     list_display = ["name", "ok", "error_kind", "attempts", "latency_ms", "session", "turn", "created_at"]
-    list_filter = ["ok", "name", "error_kind"]
-    search_fields = ["name", "result", "session__id"]
+    list_filter = [
+        "ok",
+        known_values_filter("name", "tool", _tool_names),
+        known_values_filter("error_kind", "error kind", lambda: get_args(ErrorKind)),
+        "created_at",
+    ]
+    search_fields = ["=name", "result", "=session__id"]
     list_select_related = ["session", "turn"]
-    date_hierarchy = "created_at"
+    ordering = ["-id"]  # newest first, on the primary key
     readonly_fields = [
         "session",
         "turn",

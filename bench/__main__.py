@@ -21,6 +21,7 @@ PARTS: dict[str, str] = {
     "soak": "bench.soak",
     "memory_locomo": "bench.memory_locomo",
     "memory_scale": "bench.memory_scale",
+    "admin_scale": "bench.admin_scale",
 }
 
 

@@ -13,7 +13,8 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
-from django.db.models import Case, IntegerField, QuerySet, Value, When
+from django.contrib.postgres.search import SearchQuery, SearchRank
+from django.db.models import Case, F, IntegerField, Q, QuerySet, Value, When
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
@@ -22,6 +23,7 @@ from django.utils.html import format_html
 from pgvector.django import CosineDistance
 
 from agents.models import Agent
+from config.admin_lists import LogAdmin
 from memory.embedding import get_embedder
 from memory.models import Memory, MemoryReview
 from memory.selectors import memories_for_prompt
@@ -100,8 +102,31 @@ class MemoryForm(forms.ModelForm):
         return data
 
 
+def _search_kind(term: str) -> tuple[str, str]:
+    """("semantic", query) for "~query", ("words", query) for any other text, ("", "") for nothing to search."""
+    if term.startswith(SEMANTIC_PREFIX):
+        query = term[len(SEMANTIC_PREFIX) :].strip()
+        return ("semantic", query) if query else ("", "")
+    return ("words", term.strip()) if term.strip() else ("", "")
+
+
+def _word_search(queryset: QuerySet[Memory], term: str) -> QuerySet[Memory]:
+    """Memories whose text has the words (the full-text index, as retrieval's word arm reads it), of the user
+    with that username, or with that fact key: each an index lookup, where ``icontains`` read every row.
+    Annotated with ``search_rank`` (how well the text matches), the list's order: ranking needs every match,
+    which keeps the planner from walking the whole table in id order looking for a rare word's few rows."""
+    words = SearchQuery(term, config="english", search_type="websearch")
+    match = Q(search_vector=words) | Q(fact_key=term)
+    # The user's id as a value, not a subquery: the planner then ORs three index scans (with a subquery it
+    # reads the table in id order, testing every row).
+    users = list(get_user_model().objects.filter(username__iexact=term).values_list("pk", flat=True)[:10])
+    if users:
+        match |= Q(user_id__in=users)
+    return queryset.filter(match).annotate(search_rank=SearchRank(F("search_vector"), words))
+
+
 @admin.register(Memory)
-class MemoryAdmin(admin.ModelAdmin):
+class MemoryAdmin(LogAdmin):
     form = MemoryForm
     list_display = (
         "id",
@@ -122,13 +147,18 @@ class MemoryAdmin(admin.ModelAdmin):
         "archived",
         "needs_review",
         CurrentFilter,
-        ("user", admin.RelatedOnlyFieldListFilter),
-        ("agent", admin.RelatedOnlyFieldListFilter),
+        # Every agent (a short list), not the distinct agents of the memories (a scan of the table). No user
+        # list: a thousand users would make a sidebar of a thousand links; search for a username instead.
+        "agent",
+        "created_at",
     )
-    search_fields = ("text", "fact_key", "trigger", "user__username")
+    # The full-text index (words, with stemming), a username or a fact key: see get_search_results.
+    search_fields = ("text",)
     search_help_text = (
-        f'Words match the text; start with "{SEMANTIC_PREFIX}" for semantic search (e.g. ~where does she live).'
+        'Words of the text (all of them; "quoted phrase", or, -not), a username, or a fact key (home_city); '
+        f'start with "{SEMANTIC_PREFIX}" for semantic search (e.g. ~where does she live).'
     )
+    ordering = ("-id",)  # newest first, on the primary key
     list_select_related = ("user", "agent")
     raw_id_fields = ("user",)
     readonly_fields = (
@@ -160,10 +190,11 @@ class MemoryAdmin(admin.ModelAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Memory], search_term: str
     ) -> tuple[QuerySet[Memory], bool]:
-        if not search_term.startswith(SEMANTIC_PREFIX):
-            return super().get_search_results(request, queryset, search_term)
-        query = search_term[len(SEMANTIC_PREFIX) :].strip()
-        if not query:
+        kind, query = _search_kind(search_term)
+        # The change list orders before it searches: a search's own order (best match first) replaces that.
+        if kind == "words":
+            return _word_search(queryset, query).order_by("-search_rank", "-id"), False
+        if kind != "semantic":
             return queryset, False
         vector = get_embedder().embed_query(query)
         ids = list(
@@ -174,11 +205,6 @@ class MemoryAdmin(admin.ModelAdmin):
         )
         order = Case(*[When(id=pk, then=Value(i)) for i, pk in enumerate(ids)], output_field=IntegerField())
         return queryset.filter(id__in=ids).annotate(semantic_rank=order).order_by("semantic_rank"), False
-
-    def get_ordering(self, request: HttpRequest) -> list[str] | tuple[str, ...]:
-        if request.GET.get("q", "").startswith(SEMANTIC_PREFIX):
-            return []  # keep the similarity order
-        return super().get_ordering(request)
 
     def save_model(self, request: HttpRequest, obj: Memory, form: forms.ModelForm, change: bool) -> None:
         data = {name: form.cleaned_data[name] for name in form.changed_data}

@@ -94,6 +94,8 @@ class Memory(models.Model):
                 condition=models.Q(kind="semantic", valid_to__isnull=True) & ~models.Q(fact_key=""),
                 name="memory_user_profile",
             ),
+            # The admin's search by fact key, over all users: WHERE fact_key = ? (facts only: a small index).
+            models.Index(fields=["fact_key"], condition=~models.Q(fact_key=""), name="memory_fact_key"),
         ]
         constraints = [
             # Only procedural memories may be shared (no owner); episodes and facts always have one.

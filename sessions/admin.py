@@ -17,6 +17,7 @@ from django.shortcuts import get_object_or_404, redirect
 from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html
 
+from config.admin_lists import LogAdmin, known_values_filter, workflow_states
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import StaleSessionError, session_reset, session_resume_from, session_resume_last_good
 
@@ -314,14 +315,14 @@ class ChatSessionAdmin(admin.ModelAdmin):
 
 
 @admin.register(Checkpoint)
-class CheckpointAdmin(admin.ModelAdmin):
+class CheckpointAdmin(LogAdmin):
     """The append-only log; rows are read-only. Select one to resume its session from it."""
 
     list_display = ("session", "seq", "reason", "state", "transition", "retry_count", "created_at")
-    list_filter = ("reason", "state")
-    search_fields = ("session__id", "session__title", "session__user__username", "transition", "detail")
+    list_filter = ("reason", known_values_filter("state", "state", workflow_states), "created_at")
+    search_fields = ("=session__id", "session__title", "session__user__username", "transition", "detail")
     list_select_related = ("session",)
-    ordering = ("-created_at",)
+    ordering = ("-id",)  # newest first, on the primary key
     actions = ("resume_session_here",)
     readonly_fields = (
         "session",
@@ -361,7 +362,7 @@ class CheckpointAdmin(admin.ModelAdmin):
 
 
 @admin.register(Turn)
-class TurnAdmin(admin.ModelAdmin):
+class TurnAdmin(LogAdmin):
     """Turns are records: read-only, linked to their session, model calls, tool calls and memories."""
 
     list_display = (
@@ -375,10 +376,11 @@ class TurnAdmin(admin.ModelAdmin):
         "is_demo",
         "created_at",
     )
-    list_filter = ("status", "step_limit_hit", "is_demo")
-    search_fields = ("user_message", "assistant_message", "session__id", "session__user__username")
+    list_filter = ("status", "step_limit_hit", "is_demo", "created_at")
+    search_fields = ("user_message", "assistant_message", "=session__id", "session__user__username")
+    search_help_text = "Words in the messages (reads every turn: filter first on a big log), or a session id."
     list_select_related = ("session",)
-    date_hierarchy = "created_at"
+    ordering = ("-id",)  # newest first, on the primary key
     readonly_fields = (
         "session_link",
         "seq",

@@ -37,6 +37,11 @@ def get_workflow(name: str) -> Workflow:
         raise UnknownWorkflowError(f"unknown workflow {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
 
 
+def registered_workflows() -> list[Workflow]:
+    """Every registered workflow."""
+    return list(_REGISTRY.values())
+
+
 def workflow_choices() -> list[tuple[str, str]]:
     """(name, title) pairs for form fields, sorted by title."""
     return sorted(((w.name, w.title) for w in _REGISTRY.values()), key=lambda pair: pair[1])
@@ -56,5 +61,6 @@ __all__ = [
     "WorkflowDecision",
     "get_workflow",
     "register",
+    "registered_workflows",
     "workflow_choices",
 ]

@@ -20,7 +20,8 @@ requested turns into the summary (``OurSide.summary_worker``). Both databases ge
 The two run interleaved (one turn each, alternately) so machine noise hits both alike. LangGraph's fake
 model call skips our provider's bookkeeping (the ``LLMCall`` row is counted on our side only).
 
-Run alone: ``python -m bench turn_overhead [-- --turns 200 --warmup 20 --memories 300 --profile --phases]``;
+Run alone: ``python -m bench turn_overhead [-- --turns 200 --warmup 20 --memories 300 --profile --phases]``
+(``--turns 1000 --buckets 100``: how both sides grow with the length of the conversation);
 needs ``requirements-bench.txt`` (``make bench`` installs it into ``.venv-peers``).
 """
 
@@ -414,6 +415,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--phases", action="store_true", help="then time the runtime's steps over 200 more of our turns"
     )
+    parser.add_argument(
+        "--buckets",
+        type=int,
+        default=0,
+        help="also print both sides' p50 per this many measured turns (how each grows with the thread's length)",
+    )
     parser.add_argument("--no-write", action="store_true")
     args, _ = parser.parse_known_args(argv)
 
@@ -508,6 +515,14 @@ def main(argv: list[str]) -> int:
         print(f"{name:<22}{s['p50_ms']:>10.2f}{s['p95_ms']:>10.2f}{s['mean_ms']:>10.2f}")
     print(f"{'ratio ours/LangGraph':<22}{ratio['p50']:>10.3f}{ratio['p95']:>10.3f}")
     print(f"goal (<= {GOAL_RATIO}): {'met' if report['goal_met'] else 'NOT met'}")
+    if args.buckets > 0:
+        print(f"p50 per {args.buckets} turns (after {args.warmup} warm-up turns):")
+        for start in range(0, len(ours_ms), args.buckets):
+            a = statistics.median(ours_ms[start : start + args.buckets])
+            b = statistics.median(theirs_ms[start : start + args.buckets])
+            print(
+                f"  turns {start + 1:>5}-{start + args.buckets:<5} ours {a:7.2f}  LangGraph {b:7.2f}  ratio {a / b:.2f}"
+            )
     print(
         f"one of our turns: {queries['statements']} SQL statements {queries['by_kind']}, "
         f"{queries['sql_ms']:.0f} of {queries['turn_ms']:.0f} ms in the database"

@@ -1,7 +1,9 @@
 """Prometheus exposition of the death-spiral figures, computed from the database at scrape time.
 
 Reading the database (not in-process counters) keeps the figures right with many web and
-worker processes, and across restarts: every process answers the same numbers.
+worker processes, and across restarts: every process answers the same numbers. The all-time totals of
+rows older than an hour are kept in the shared cache (``observability.selectors.metric_totals_by_agent``):
+a scrape reads only the newer rows.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import datetime as dt
 import hmac
 import ipaddress
 from collections.abc import Iterator
+from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest
@@ -20,11 +23,16 @@ from prometheus_client.registry import Collector
 
 from agents.models import Agent
 from observability.models import Alert
-from observability.selectors import histogram_counts, indicators, metric_totals_by_agent
+from observability.selectors import HistogramSpec, indicators, metric_totals_by_agent
 
 PROMPT_TOKEN_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 TTFT_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 RECENT_WINDOW = dt.timedelta(minutes=15)
+# Bucket counts of model-call fields: (field, bounds, field units per bound unit).
+HISTOGRAMS: dict[str, HistogramSpec] = {
+    "prompt_tokens_buckets": ("prompt_tokens", PROMPT_TOKEN_BUCKETS, 1.0),
+    "ttft_buckets": ("ttft_ms", TTFT_BUCKETS_S, 1000.0),
+}
 
 _COUNTERS = {
     # name: (key in the totals, help)
@@ -45,7 +53,7 @@ class DatabaseCollector(Collector):
     """Counters, histograms and gauges for every agent (label ``agent`` = slug, ``none`` without one)."""
 
     def collect(self) -> Iterator[Metric]:
-        totals = metric_totals_by_agent()
+        totals = metric_totals_by_agent(histograms=HISTOGRAMS)
         for name, (key, help_text) in _COUNTERS.items():
             family = CounterMetricFamily(name, help_text, labels=["agent"])
             for slug, values in sorted(totals.items()):
@@ -58,9 +66,7 @@ class DatabaseCollector(Collector):
         yield self._histogram(
             "agent_llm_prompt_tokens",
             "Prompt tokens per model call.",
-            field_name="prompt_tokens",
-            bounds=PROMPT_TOKEN_BUCKETS,
-            scale=1.0,
+            histogram="prompt_tokens_buckets",
             totals=totals,
             count_key="calls",
             sum_key="prompt_tokens",
@@ -69,9 +75,7 @@ class DatabaseCollector(Collector):
         yield self._histogram(
             "agent_llm_ttft_seconds",
             "Time to first token per streamed model call.",
-            field_name="ttft_ms",
-            bounds=TTFT_BUCKETS_S,
-            scale=1000.0,
+            histogram="ttft_buckets",
             totals=totals,
             count_key="ttft_count",
             sum_key="ttft_sum_ms",
@@ -88,17 +92,18 @@ class DatabaseCollector(Collector):
         name: str,
         help_text: str,
         *,
-        field_name: str,
-        bounds: tuple[float, ...],
-        scale: float,
-        totals: dict[str, dict[str, float]],
+        histogram: str,
+        totals: dict[str, dict[str, Any]],
         count_key: str,
         sum_key: str,
         sum_scale: float,
     ) -> HistogramMetricFamily:
         family = HistogramMetricFamily(name, help_text, labels=["agent"])
-        for slug, counts in sorted(histogram_counts(field_name=field_name, bounds=bounds, scale=scale).items()):
-            values = totals.get(slug, {})
+        bounds = HISTOGRAMS[histogram][1]
+        for slug, values in sorted(totals.items()):
+            counts = values.get(histogram)
+            if counts is None:  # no model call of this agent (turns or sessions only)
+                continue
             count = float(values.get(count_key, 0))
             buckets = [(str(b), float(c)) for b, c in zip(bounds, counts, strict=True)] + [("+Inf", count)]
             family.add_metric([slug], buckets, float(values.get(sum_key, 0)) * sum_scale)

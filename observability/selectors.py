@@ -9,16 +9,21 @@ available overall or for one agent (``agent_id``), for a window or as a time ser
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.db.models import Aggregate, Avg, Count, DateTimeField, DurationField, F, FloatField, Func, Q, Sum, Value
 from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from agents.models import Agent, LLMCall, ToolInvocation
 from observability.models import Alert, AlertRule
 from sessions.models import ChatSession, Checkpoint, Turn
+
+logger = logging.getLogger(__name__)
 
 
 class Percentile(Aggregate):
@@ -496,100 +501,174 @@ def _signals(health: SessionHealth, *, retried: int, turns: int) -> list[str]:
 
 
 def sessions_at_risk(*, start: dt.datetime, end: dt.datetime, limit: int = 10) -> list[dict[str, Any]]:
-    """Sessions with the most resets, FAILED moves, retried calls and step-limit hits in the window."""
-    sessions = (
-        ChatSession.objects.annotate(
-            w_resets=Count(
-                "checkpoints",
-                filter=Q(
-                    checkpoints__reason__in=[Checkpoint.Reason.RESET, Checkpoint.Reason.FAILED],
-                    checkpoints__created_at__gte=start,
-                    checkpoints__created_at__lt=end,
-                ),
-                distinct=True,
-            ),
-            w_retried=Count(
-                "llm_calls",
-                filter=Q(llm_calls__retries__gt=0, llm_calls__created_at__gte=start, llm_calls__created_at__lt=end),
-                distinct=True,
-            ),
-            w_limits=Count(
-                "turns",
-                filter=Q(turns__step_limit_hit=True, turns__created_at__gte=start, turns__created_at__lt=end),
-                distinct=True,
-            ),
-        )
-        .annotate(score=F("w_resets") * 3 + F("w_retried") + F("w_limits") * 2)
-        .filter(score__gt=0)
-        .select_related("agent", "user")
-        .order_by("-score", "-updated_at")[:limit]
-    )
+    """Sessions with the most resets, FAILED moves, retried calls and step-limit hits in the window.
+
+    Each is counted in its own query over the window's rows (a partial index each, on rows that are rare),
+    then scored here. One query joining a session's checkpoints, model calls and turns to count them read
+    the product of the three for every session: 26 GB of temporary files and no answer at a million rows.
+    """
+    window = {"created_at__gte": start, "created_at__lt": end}
+    counts: dict[str, dict[Any, int]] = {}
+    for name, rows in (
+        (
+            "resets",
+            Checkpoint.objects.filter(reason__in=[Checkpoint.Reason.RESET, Checkpoint.Reason.FAILED], **window),
+        ),
+        ("retried_calls", LLMCall.objects.filter(retries__gt=0, session__isnull=False, **window)),
+        ("step_limit_hits", Turn.objects.filter(step_limit_hit=True, **window)),
+    ):
+        counts[name] = dict(rows.order_by().values("session_id").annotate(n=Count("id")).values_list("session_id", "n"))
+    weights = {"resets": 3, "retried_calls": 1, "step_limit_hits": 2}
+    scores: dict[Any, int] = {}
+    for name, by_session in counts.items():
+        for session_id, n in by_session.items():
+            scores[session_id] = scores.get(session_id, 0) + weights[name] * n
+    if not scores:
+        return []
+    recency = dict(ChatSession.objects.filter(pk__in=list(scores)).values_list("pk", "updated_at"))
+    ranked = sorted(
+        (pk for pk in scores if pk in recency), key=lambda pk: (-scores[pk], -recency[pk].timestamp(), str(pk))
+    )[:limit]
+    sessions = ChatSession.objects.select_related("agent", "user").in_bulk(ranked)
     return [
         {
-            "session": s,
-            "resets": s.w_resets,
-            "retried_calls": s.w_retried,
-            "step_limit_hits": s.w_limits,
-            "score": s.score,
+            "session": sessions[pk],
+            "resets": counts["resets"].get(pk, 0),
+            "retried_calls": counts["retried_calls"].get(pk, 0),
+            "step_limit_hits": counts["step_limit_hits"].get(pk, 0),
+            "score": scores[pk],
         }
-        for s in sessions
+        for pk in ranked
+        if pk in sessions
     ]
 
 
-def metric_totals_by_agent() -> dict[str, dict[str, Any]]:
-    """All-time counts per agent slug ("none" for calls without an agent), for the /metrics exporter."""
-    slugs = dict(Agent.objects.values_list("id", "slug"))
-    totals: dict[str, dict[str, Any]] = {}
+# --- the Prometheus totals ---------------------------------------------------------------------------
+# All-time counters and histogram buckets per agent. Rows older than METRICS_SEAL_AFTER no longer change
+# (a turn is finished within minutes, the logs are append-only), so their totals are summed once and kept in
+# the shared cache with the hour they reach up to (the seal); a scrape adds only the rows after the seal,
+# an index range of an hour or two. Summing every row on every scrape took 0.5 s at a million rows a table,
+# every 15 s per Prometheus server. A deleted session's rows stay counted once sealed: counters only go up.
+METRICS_SEAL_AFTER = dt.timedelta(hours=1)
+_SEALED_KEY = "observability:metric-totals:v1"
+
+# name -> (LLMCall field, upper bounds of the buckets, scale of the field per bound unit)
+HistogramSpec = tuple[str, tuple[float, ...], float]
+
+
+def _merge(into: dict[Any, dict[str, Any]], more: dict[Any, dict[str, Any]]) -> dict[Any, dict[str, Any]]:
+    out = {agent: dict(values) for agent, values in into.items()}
+    for agent, values in more.items():
+        bucket = out.setdefault(agent, {})
+        for key, value in values.items():
+            if isinstance(value, list):
+                previous = bucket.get(key) or [0] * len(value)
+                bucket[key] = [a + b for a, b in zip(previous, value, strict=True)]
+            else:
+                bucket[key] = bucket.get(key, 0) + (value or 0)
+    return out
+
+
+def _totals_between(
+    *, since: dt.datetime | None, before: dt.datetime | None, histograms: dict[str, HistogramSpec]
+) -> dict[int | None, dict[str, Any]]:
+    """Counters and histogram buckets per agent id over the rows with ``since <= created_at < before``."""
+    window: dict[str, dt.datetime] = {}
+    if since is not None:
+        window["created_at__gte"] = since
+    if before is not None:
+        window["created_at__lt"] = before
+    totals: dict[int | None, dict[str, Any]] = {}
 
     def add(agent_id: int | None, values: dict[str, Any]) -> None:
-        slug = slugs.get(agent_id, "none") if agent_id is not None else "none"
-        bucket = totals.setdefault(slug, {})
-        for key, value in values.items():
-            bucket[key] = bucket.get(key, 0) + (value or 0)
+        totals.update(_merge(totals, {agent_id: values}))
 
+    buckets = {
+        f"{name}__le_{i}": Count("id", filter=Q(**{f"{field}__lte": bound * scale}))
+        for name, (field, bounds, scale) in histograms.items()
+        for i, bound in enumerate(bounds)
+    }
     for row in (
-        LLMCall.objects.order_by()
+        LLMCall.objects.filter(**window)
+        .order_by()
         .values("agent_id")
         .annotate(
             calls=Count("id"),
             calls_retried=Count("id", filter=Q(retries__gt=0)),
             retries=Coalesce(Sum("retries"), 0),
-            prompt_tokens=Coalesce(Sum("prompt_tokens"), 0),
+            # Not named after the field: the buckets' filters read the field.
+            prompt_tokens_sum=Coalesce(Sum("prompt_tokens"), 0),
             ttft_count=Count("ttft_ms"),
             ttft_sum_ms=Coalesce(Sum("ttft_ms"), 0.0),
+            **buckets,
         )
     ):
-        add(row.pop("agent_id"), row)
-    for row in Turn.objects.order_by().values("session__agent_id").annotate(**_turn_aggregates()):
-        add(row.pop("session__agent_id"), row)
-    for row in Checkpoint.objects.order_by().values("session__agent_id").annotate(**_checkpoint_aggregates()):
-        add(row.pop("session__agent_id"), row)
-    for row in ToolInvocation.objects.order_by().values("session__agent_id").annotate(**_tool_aggregates()):
-        add(row.pop("session__agent_id"), row)
-    for row in (
+        agent_id = row.pop("agent_id")
+        row["prompt_tokens"] = row.pop("prompt_tokens_sum")
+        for name, (_, bounds, _) in histograms.items():
+            row[name] = [int(row.pop(f"{name}__le_{i}")) for i in range(len(bounds))]
+        add(agent_id, row)
+    for model, aggregates in (
+        (Turn, _turn_aggregates()),
+        (Checkpoint, _checkpoint_aggregates()),
+        (ToolInvocation, _tool_aggregates()),
+    ):
+        for row in model.objects.filter(**window).order_by().values("session__agent_id").annotate(**aggregates):
+            add(row.pop("session__agent_id"), row)
+    return totals
+
+
+def _sealed_totals(
+    seal: dt.datetime, histograms: dict[str, HistogramSpec]
+) -> tuple[dt.datetime, dict[int | None, dict[str, Any]]]:
+    """The totals of the rows before ``seal`` (or before a later seal another process has stored): from the
+    cache, topped up by the rows since the cached seal, or summed in full when the cache has none."""
+    from django.core.cache import cache
+
+    # One set of totals per set of histograms (a digest: cache keys are short, without spaces).
+    key = f"{_SEALED_KEY}:{hashlib.sha256(repr(sorted(histograms.items())).encode()).hexdigest()[:16]}"
+    try:
+        cached = cache.get(key)
+    except Exception:
+        logger.warning("metric totals: cache unavailable", exc_info=True)
+        cached = None
+    if cached is not None and cached[0] >= seal:
+        return cached[0], cached[1]
+    if cached is not None:
+        totals = _merge(cached[1], _totals_between(since=cached[0], before=seal, histograms=histograms))
+    else:
+        totals = _totals_between(since=None, before=seal, histograms=histograms)
+    try:
+        cache.set(key, (seal, totals), timeout=None)
+    except Exception:
+        logger.warning("metric totals: could not store the sealed totals", exc_info=True)
+    return seal, totals
+
+
+def metric_totals_by_agent(
+    *, histograms: dict[str, HistogramSpec] | None = None, now: dt.datetime | None = None
+) -> dict[str, dict[str, Any]]:
+    """All-time counters per agent slug ("none" for rows without an agent), for the /metrics exporter, with
+    each histogram of ``histograms`` as a list of cumulative bucket counts under its name, and the sessions
+    waiting for a summary (a gauge, read live)."""
+    histograms = histograms or {}
+    now = now or timezone.now()
+    seal = (now - METRICS_SEAL_AFTER).replace(minute=0, second=0, microsecond=0)
+    seal, sealed = _sealed_totals(seal, histograms)
+    by_agent = _merge(sealed, _totals_between(since=seal, before=None, histograms=histograms))
+    pending = (
         ChatSession.objects.filter(summary_requested_seq__gt=F("summary_through_seq"))
         .order_by()
         .values("agent_id")
         .annotate(summaries_pending=Count("id"))
-    ):
-        add(row.pop("agent_id"), row)
-    return totals
-
-
-def histogram_counts(*, field_name: str, bounds: Sequence[float], scale: float = 1.0) -> dict[str, list[int]]:
-    """Cumulative counts of ``LLMCall.<field_name>`` at or below each bound (bounds in units of ``scale``), per agent slug."""
+    )
+    by_agent = _merge(by_agent, {row["agent_id"]: {"summaries_pending": row["summaries_pending"]} for row in pending})
     slugs = dict(Agent.objects.values_list("id", "slug"))
-    aggregates = {f"le_{i}": Count("id", filter=Q(**{f"{field_name}__lte": b * scale})) for i, b in enumerate(bounds)}
-    result: dict[str, list[int]] = {}
-    for row in (
-        LLMCall.objects.filter(**{f"{field_name}__isnull": False}).order_by().values("agent_id").annotate(**aggregates)
-    ):
-        agent_id = row.pop("agent_id")
+    by_slug: dict[str, dict[str, Any]] = {}
+    for agent_id, values in by_agent.items():
         slug = slugs.get(agent_id, "none") if agent_id is not None else "none"
-        counts = [int(row[f"le_{i}"]) for i in range(len(bounds))]
-        previous = result.get(slug)
-        result[slug] = [a + b for a, b in zip(previous, counts, strict=True)] if previous else counts
-    return result
+        by_slug = _merge(by_slug, {slug: values})
+    return by_slug
 
 
 def window_choices() -> dict[str, tuple[dt.timedelta, dt.timedelta]]:

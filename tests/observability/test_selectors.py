@@ -4,6 +4,8 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from observability.selectors import (
@@ -11,10 +13,13 @@ from observability.selectors import (
     indicator_series,
     indicators,
     least_squares_slope,
+    metric_totals_by_agent,
     relative_change,
     session_health,
+    sessions_at_risk,
     summaries_pending,
 )
+from sessions.models import ChatSession, Checkpoint
 from tests.observability.builders import (
     make_agent,
     make_call,
@@ -139,3 +144,75 @@ def test_session_health_signals(alice: Any) -> None:
     assert health.verdict == "spiralling"
     assert any("prompt tokens" in s for s in health.signals)
     assert any("retries" in s for s in health.signals)
+
+
+@pytest.mark.django_db
+def test_sessions_at_risk_scores_each_kind_of_trouble_in_the_window(alice: Any, bob: Any) -> None:
+    now = timezone.now()
+    start, end = now - dt.timedelta(hours=1), now + dt.timedelta(minutes=1)
+    agent = make_agent("risky")
+    first, second, calm = (make_session(user=u, agent=agent) for u in (alice, bob, alice))
+    # First: a reset (3), two retried calls (1 each), a step-limit hit (2) = 7; an older reset and a call
+    # without retries do not count. Many turns and checkpoints besides, as a long session has.
+    make_checkpoint(session=first, seq=1, at=now - dt.timedelta(minutes=5), reason=Checkpoint.Reason.RESET)
+    make_checkpoint(session=first, seq=2, at=now - dt.timedelta(hours=3), reason=Checkpoint.Reason.RESET)
+    for seq in range(3, 40):
+        make_checkpoint(session=first, seq=seq, at=now - dt.timedelta(minutes=2), reason="before_call")
+    for seq in range(1, 30):
+        make_turn(session=first, seq=seq, at=now - dt.timedelta(minutes=3), step_limit_hit=seq == 1)
+    for retries in (1, 2, 0):
+        make_call(at=now - dt.timedelta(minutes=4), agent=agent, session=first, retries=retries)
+    # Second: a FAILED move (3) and two step-limit hits (2 each) = 7, and touched later: first on the tie.
+    make_checkpoint(session=second, seq=1, at=now - dt.timedelta(minutes=5), reason=Checkpoint.Reason.FAILED)
+    for seq in (1, 2):
+        make_turn(session=second, seq=seq, at=now - dt.timedelta(minutes=3), step_limit_hit=True)
+    make_call(at=now - dt.timedelta(minutes=4), agent=agent, session=calm, retries=0)
+    ChatSession.objects.filter(pk=first.pk).update(updated_at=now - dt.timedelta(minutes=10))
+    ChatSession.objects.filter(pk=second.pk).update(updated_at=now - dt.timedelta(minutes=1))
+
+    with CaptureQueriesContext(connection) as ctx:
+        risky = sessions_at_risk(start=start, end=end)
+
+    # No statement joins two of the logs: that join reads the product of a session's rows in each.
+    logs = ("chat_sessions_checkpoint", "agents_llmcall", "chat_sessions_turn")
+    assert all(sum(table in q["sql"] for table in logs) <= 1 for q in ctx.captured_queries)
+
+    assert [(r["session"].pk, r["score"]) for r in risky] == [(second.pk, 7), (first.pk, 7)]
+    assert {k: risky[1][k] for k in ("resets", "retried_calls", "step_limit_hits")} == {
+        "resets": 1,
+        "retried_calls": 2,
+        "step_limit_hits": 1,
+    }
+    assert risky[0]["session"].user == bob and risky[0]["session"].agent == agent
+    assert sessions_at_risk(start=start, end=end, limit=1)[0]["session"].pk == second.pk
+    assert sessions_at_risk(start=now - dt.timedelta(days=2), end=now - dt.timedelta(days=1)) == []
+
+
+@pytest.mark.django_db
+def test_metric_totals_sum_the_old_rows_once_and_only_count_up(alice: Any) -> None:
+    now = timezone.now()
+    agent = make_agent("sealed")
+    old, new = make_session(user=alice, agent=agent), make_session(user=alice, agent=agent)
+    for _ in range(3):
+        make_call(at=now - dt.timedelta(hours=3), agent=agent, session=old, retries=1, prompt_tokens=300)
+    make_turn(session=old, seq=1, at=now - dt.timedelta(hours=3), step_limit_hit=True)
+    make_call(at=now - dt.timedelta(minutes=5), agent=agent, session=new, prompt_tokens=5000)
+    histograms = {"tokens": ("prompt_tokens", (512.0, 8192.0), 1.0)}
+
+    first = metric_totals_by_agent(histograms=histograms, now=now)["sealed"]
+    assert (first["calls"], first["calls_retried"], first["prompt_tokens"]) == (4, 3, 5900)
+    assert (first["turns"], first["step_limit_hits"], first["tokens"]) == (1, 1, [3, 4])
+
+    # The rows from before the seal were summed once: deleting them (a session deleted with its turns) takes
+    # nothing off the counters, which Prometheus would read as a restart.
+    old.delete()
+    with CaptureQueriesContext(connection) as ctx:
+        again = metric_totals_by_agent(histograms=histograms, now=now)["sealed"]
+    assert again == first
+    assert all('"created_at" >=' in q["sql"] for q in ctx.captured_queries if '"agents_llmcall"' in q["sql"])
+
+    # Newer rows are read on every scrape; two hours on, the seal passes them and they are counted once.
+    make_call(at=now - dt.timedelta(minutes=1), agent=agent, session=new, prompt_tokens=100)
+    assert metric_totals_by_agent(histograms=histograms, now=now)["sealed"]["calls"] == 5
+    later = metric_totals_by_agent(histograms=histograms, now=now + dt.timedelta(hours=2))["sealed"]
+    assert (later["calls"], later["tokens"], later["prompt_tokens"]) == (5, [4, 5], 6000)

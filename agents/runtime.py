@@ -239,7 +239,13 @@ def turn_begin(
             "Another message on this session is still being answered; try again when it has finished."
         )
     try:
-        last, orphans = _reload_with_last_seq(session)
+        try:
+            last, orphans = _reload_with_last_seq(session)
+        except ChatSession.DoesNotExist:
+            # Deleted after the door read it and before the lock (the delete holds the lock to its commit).
+            raise MessageRejected(
+                "not_found", "This session was deleted; the message was not saved.", status=404
+            ) from None
         if session.status == ChatSession.Status.CLOSED:
             raise SessionClosedError("This session is closed.")
         if key:

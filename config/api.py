@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.decorators import api_view
@@ -47,6 +48,7 @@ def metrics(request: Request) -> Response:
     return Response(usage_summary_for_user(user=request.user))
 
 
+@csrf_exempt  # a POST to an unknown path is a 404 in JSON, not Django's HTML CSRF page (nothing changes here)
 def api_not_found(request: HttpRequest, unmatched: str = "") -> JsonResponse:
     """Unknown /api/ paths answer in the API's error format, not with Django's HTML 404 page."""
     return error_response(

@@ -21,6 +21,20 @@ class AgentSlugField(serializers.SlugRelatedField[Agent]):
         return super().to_internal_value(data)
 
 
+class AgentIdField(serializers.PrimaryKeyRelatedField[Agent]):
+    """An agent by id: a whole number, or its digits as a string. DRF's field takes 1.9 for agent 1, and
+    1e400 (JSON's infinity) for a database error (500)."""
+
+    def to_internal_value(self, data: Any) -> Agent:
+        whole = isinstance(data, int) and not isinstance(data, bool)
+        if not whole and not (isinstance(data, str) and data.isascii() and data.isdigit()):
+            self.fail("incorrect_type", data_type=type(data).__name__)
+        pk: Any = int(data)
+        if pk > 2**63 - 1:  # past bigint: no such row
+            self.fail("does_not_exist", pk_value=data)
+        return super().to_internal_value(pk)
+
+
 class SessionInputSerializer(serializers.Serializer[Any]):
     agent = AgentSlugField(
         slug_field="slug",
@@ -28,7 +42,7 @@ class SessionInputSerializer(serializers.Serializer[Any]):
         required=False,
         help_text="The agent's slug (or give agent_id).",
     )
-    agent_id = serializers.PrimaryKeyRelatedField(queryset=Agent.objects.filter(is_active=True), required=False)
+    agent_id = AgentIdField(queryset=Agent.objects.filter(is_active=True), required=False)
     title = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

@@ -168,6 +168,23 @@ def test_bad_messages_are_rejected_and_nothing_is_saved(
     assert not Turn.objects.filter(session=session).exists()
 
 
+@pytest.mark.django_db
+def test_a_message_to_a_session_deleted_before_the_lock_is_refused_as_not_found(alice: Any, chat_agent: Agent) -> None:
+    """The doors read the session, then the runtime takes its lock: a delete committed in between (it holds
+    the lock to its commit) left the runtime reading a session that was gone, a 500 in both doors."""
+    session = session_create(user=alice, agent=chat_agent)
+    ChatSession.objects.filter(pk=session.pk).delete()  # the door's copy lives on
+
+    with pytest.raises(MessageRejected) as info:
+        turn_run(session=session, message="still there?")
+
+    assert (info.value.code, info.value.status) == ("not_found", 404)
+    assert not Turn.objects.filter(session_id=session.pk).exists()
+    with connection.cursor() as cursor:  # the lock was let go (this connection holds no advisory lock)
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
+        assert cursor.fetchone() == (0,)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_concurrent_turn_gets_busy_not_a_second_run(alice: Any, chat_agent: Agent) -> None:
     session = session_create(user=alice, agent=chat_agent)

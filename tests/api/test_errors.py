@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from rest_framework.authtoken.models import Token
 from rest_framework.exceptions import ParseError
 from rest_framework.test import APIClient
 from rest_framework.throttling import SimpleRateThrottle
@@ -48,6 +49,28 @@ def test_unknown_api_path_is_a_json_404(alice_client: APIClient) -> None:
     assert error["details"]["path"] == "/api/no-such-thing/"
     assert_error(alice_client.get("/api/sessions/not-a-uuid/"), 404, "not_found")
     assert_error(alice_client.get("/api/agents/999999/"), 404, "not_found")
+
+
+@pytest.mark.django_db
+def test_a_change_to_an_unknown_api_path_is_a_json_404_not_a_csrf_page(alice: Any) -> None:
+    # A token client, with CSRF checked as a browser's requests are: the 404 comes before any CSRF page.
+    client = APIClient(enforce_csrf_checks=True)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=alice)[0].key}")
+    for send in (client.post, client.patch, client.delete):
+        assert_error(send("/api/sessions/abc/messages/", {"message": "x"}, format="json"), 404, "not_found")
+
+
+@pytest.mark.django_db
+def test_an_agent_id_must_be_a_whole_number(alice_client: APIClient, chat_agent: Agent) -> None:
+    # JSON's 1e400 is infinity to the parser: it was a 500. 1.9 was taken for agent 1.
+    for bad in ("1e400", "-1e400", "1.9", "true", '"1.0"', '"١"'):
+        body = f'{{"agent_id": {bad.replace("1", str(chat_agent.pk), 1) if bad == "1.9" else bad}}}'
+        response = alice_client.post("/api/sessions/", data=body, content_type="application/json")
+        assert "agent_id" in assert_error(response, 400, "invalid")["details"]["fields"], bad
+    assert_error(alice_client.post("/api/sessions/", {"agent_id": 2**70}, format="json"), 400, "invalid")
+    for good in (chat_agent.pk, str(chat_agent.pk)):
+        response = alice_client.post("/api/sessions/", {"agent_id": good}, format="json")
+        assert response.status_code == 201 and response.json()["agent"] == "chatty", response.content
 
 
 @pytest.mark.django_db

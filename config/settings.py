@@ -261,6 +261,11 @@ SPECTACULAR_SETTINGS = {
         "SessionStatusEnum": "sessions.models.ChatSession.Status",
         "TurnStatusEnum": "sessions.models.Turn.Status",
     },
+    # drf-spectacular's enum hook, then the error answers of every operation (config/api_schema.py).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "config.api_schema.document_errors",
+    ],
 }
 
 # --- LLM and embeddings (used by the agents and memory apps) ----------------------------

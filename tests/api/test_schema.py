@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.test import Client
 from drf_spectacular.validation import validate_schema
 from rest_framework.test import APIClient
@@ -45,6 +46,23 @@ def test_schema_is_valid_openapi_3_with_every_endpoint(alice_client: APIClient) 
         p for p in schema["paths"]["/api/sessions/{session_id}/messages/"]["post"]["parameters"] if p["in"] == "header"
     ]
     assert [p["name"] for p in idempotency] == ["Idempotency-Key"]
+
+
+@pytest.mark.django_db
+def test_the_schema_documents_the_error_answers(alice_client: APIClient) -> None:
+    schema = alice_client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    assert schema["components"]["schemas"]["Error"]["required"] == ["error"]
+    error = {"$ref": "#/components/schemas/Error"}
+    post = schema["paths"]["/api/sessions/{session_id}/messages/"]["post"]["responses"]
+    for status in ("400", "401", "403", "404", "409", "413", "415", "422", "429", "503"):
+        assert post[status]["content"]["application/json"]["schema"] == error, status
+    assert "idempotency_key_reused" in post["422"]["description"]
+    # Every operation says how a missing sign-in and the throttle answer.
+    for operations in schema["paths"].values():
+        for operation in (o for name, o in operations.items() if name != "parameters"):
+            assert {"401", "429"} <= set(operation["responses"])
+    message = schema["components"]["schemas"]["MessageInputRequest"]["properties"]["message"]
+    assert message["minLength"] == 1 and message["maxLength"] == settings.MAX_MESSAGE_CHARS
 
 
 @pytest.mark.django_db

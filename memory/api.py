@@ -37,7 +37,7 @@ class MemoryListApi(generics.GenericAPIView[Memory]):
         kind = self.request.query_params.get("kind")
         if kind:
             if kind not in Memory.Kind.values:
-                raise ValidationError({"kind": f"One of {', '.join(Memory.Kind.values)}."})
+                raise ValidationError({"kind": [f"One of {', '.join(Memory.Kind.values)}."]})
             memories = memories.filter(kind=kind)
         if self.request.query_params.get("archived") not in ("1", "true", "yes"):
             memories = memories.filter(archived=False)
@@ -70,7 +70,7 @@ class MemoryListApi(generics.GenericAPIView[Memory]):
         try:
             memory = memory_create(user=request.user, **serializer.validated_data)
         except ValueError as exc:
-            raise ValidationError({"text": str(exc)}) from exc
+            raise ValidationError({"text": [str(exc)]}) from exc
         return Response(MemoryOutputSerializer(memory).data, status=status.HTTP_201_CREATED)
 
 

@@ -60,7 +60,7 @@ def _idempotency_key(request: Request) -> str | None:
     try:
         return idempotency_key_from(request.headers)
     except ValueError as exc:
-        raise ValidationError({"Idempotency-Key": str(exc)}) from exc
+        raise ValidationError({"Idempotency-Key": [str(exc)]}) from exc
 
 
 class SessionListApi(generics.GenericAPIView[ChatSession]):

@@ -29,6 +29,12 @@ def idempotency_key_from(headers: Mapping[str, str]) -> str | None:
     key = (headers.get("Idempotency-Key") or "").strip()
     if not key:
         return None
+    try:
+        # WSGI hands header bytes over as latin-1: a UTF-8 key ("clé-€") arrives as mojibake, with C1
+        # control characters in it. Read back as UTF-8 when it is that; any other key stays as it came.
+        key = key.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        pass
     if len(key) > IDEMPOTENCY_KEY_MAX or not key.isprintable():
         raise ValueError(f"The Idempotency-Key header must be 1 to {IDEMPOTENCY_KEY_MAX} printable characters.")
     return key

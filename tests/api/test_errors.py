@@ -247,3 +247,22 @@ def test_oversize_body_outside_the_api_is_a_plain_413(alice: Any, chat_agent: Ag
     response = client.post(f"/chats/{session.pk}/stream/", data="x" * 5000, content_type="application/json")
     assert response.status_code == 413 and response["Content-Type"].startswith("text/plain")
     assert not Turn.objects.filter(session=session).exists()
+
+
+@pytest.mark.django_db
+def test_field_errors_are_lists_and_a_utf8_idempotency_key_is_read_as_sent(
+    alice_client: APIClient, chat_agent: Agent
+) -> None:
+    kind = assert_error(alice_client.get("/api/memories/", {"kind": "bogus"}), 400, "invalid")
+    assert isinstance(kind["details"]["fields"]["kind"], list)
+    session = alice_client.post("/api/sessions/", {"agent": "chatty"}, format="json").json()["id"]
+    url = f"/api/sessions/{session}/messages/"
+    bad = alice_client.post(url, {"message": "hi"}, format="json", HTTP_IDEMPOTENCY_KEY="a\x07b")
+    assert isinstance(assert_error(bad, 400, "invalid")["details"]["fields"]["Idempotency-Key"], list)
+
+    # The header's UTF-8 bytes, as WSGI passes them on: decoded as latin-1.
+    wire = "clé-€".encode().decode("latin-1")
+    first = alice_client.post(url, {"message": "hi"}, format="json", HTTP_IDEMPOTENCY_KEY=wire)
+    again = alice_client.post(url, {"message": "hi"}, format="json", HTTP_IDEMPOTENCY_KEY=wire)
+    assert (first.status_code, again.status_code) == (201, 200) and again.json()["replayed"]
+    assert Turn.objects.get(session_id=session).idempotency_key == "clé-€"

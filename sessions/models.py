@@ -102,6 +102,13 @@ class Turn(models.Model):
             # Time windows (the dashboard, the alert rules every minute, the admin's date filter): rows are
             # written in time order, so a BRIN index (a few pages for millions of rows) finds a window's rows.
             BrinIndex(fields=["created_at"], name="turn_created_brin"),
+            # The memory-write sweep (every 2 minutes): completed turns whose write has not committed. Only
+            # those are in it, a handful; without it the sweep read every turn.
+            models.Index(
+                fields=["completed_at"],
+                condition=models.Q(memories_written_at__isnull=True, status="completed"),
+                name="turn_memory_write_pending",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -142,12 +142,31 @@ def chat_new(request: HttpRequest) -> HttpResponse:
     return redirect("chat", session_id=session.pk)
 
 
+# Turns on one page of the chat (the latest; earlier ones a link away).
+CHAT_PAGE_TURNS = 50
+
+
 @login_required
 @require_GET
 def chat(request: HttpRequest, session_id: UUID) -> HttpResponse:
+    """The chat: its latest ``CHAT_PAGE_TURNS`` turns, and a link to the ones before (``?before=<seq>``). A
+    long session rendered whole was seconds of markdown and megabytes of HTML (3,000 turns: 3.6 s, 2.5 MB).
+    An earlier page is for reading: its composer is replaced by a link back to the latest turns."""
     session = _own_session(request, session_id)
-    turns = session.turns.order_by("seq")
-    context = {"turns": turns, "model": _model_label(session.agent), **_panels_context(request, session)}
+    before = request.GET.get("before", "")
+    older = before.isascii() and before.isdigit() and 0 < len(before) <= 9
+    turns = session.turns.order_by("-seq")
+    if older:
+        turns = turns.filter(seq__lt=int(before))
+    page = list(turns[: CHAT_PAGE_TURNS + 1])
+    shown = page[:CHAT_PAGE_TURNS][::-1]
+    context = {
+        "turns": shown,
+        "earlier_before": shown[0].seq if len(page) > CHAT_PAGE_TURNS else None,
+        "reading_earlier": older,
+        "model": _model_label(session.agent),
+        **_panels_context(request, session),
+    }
     return render(request, "chat.html", context)
 
 

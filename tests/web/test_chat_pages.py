@@ -307,3 +307,30 @@ def test_a_stream_closed_early_lets_the_session_go(alice: Any, chat_agent: Agent
         "completed",
         "completed",
     ]
+
+
+@pytest.mark.django_db
+def test_a_long_chat_shows_its_latest_turns_and_links_to_the_earlier_ones(alice: Any, chat_agent: Agent) -> None:
+    session = session_create(user=alice, agent=chat_agent)
+    Turn.objects.bulk_create(
+        Turn(session=session, seq=seq, user_message=f"question {seq}.", assistant_message=f"answer {seq}.")
+        for seq in range(1, 121)
+    )
+    client = _signed_in(alice)
+
+    latest = client.get(f"/chats/{session.pk}/").content.decode()
+    assert "question 120." in latest and "question 71." in latest and "question 70." not in latest
+    assert 'href="?before=71"' in latest and 'id="composer"' in latest
+
+    earlier = client.get(f"/chats/{session.pk}/", {"before": "71"}).content.decode()
+    assert "question 70." in earlier and "question 21." in earlier and "question 71." not in earlier
+    assert 'href="?before=21"' in earlier
+    # Reading back: no composer (a reply would land under old turns), a way back to the latest instead.
+    assert 'id="composer"' not in earlier and f'href="/chats/{session.pk}/"' in earlier
+
+    first = client.get(f"/chats/{session.pk}/", {"before": "21"}).content.decode()
+    assert "question 1." in first and "question 20." in first and "?before=" not in first
+    for junk in ("x", "-5", "1e9", "٣", "99999999999999999999"):  # ignored: the latest turns
+        page = client.get(f"/chats/{session.pk}/", {"before": junk})
+        assert page.status_code == 200 and "question 120." in page.content.decode(), junk
+    assert client.get(f"/chats/{session.pk}/", {"before": "\x00"}).status_code == 400  # as for every page

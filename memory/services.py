@@ -428,12 +428,16 @@ def memory_writes_requeue(
             break
         if not requeue_claim("memory-write", turn_id, within=again_after):
             continue
+        enqueued = False
         try:
             write_turn_memories.delay(turn_id)
+            enqueued = True
         except Exception:  # the broker is still unreachable; everything stays found for the next run
-            requeue_release("memory-write", turn_id)
             logger.warning("could not re-enqueue the memory write of turn %s; will retry", turn_id, exc_info=True)
             break
+        finally:
+            if not enqueued:  # whatever stopped it (a time limit too): the next run may send it
+                requeue_release("memory-write", turn_id)
         sent += 1
     if sent:
         logger.info("re-enqueued %s lost memory writes", sent)

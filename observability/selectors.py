@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from django.db import connection
 from django.db.models import Aggregate, Avg, Count, DateTimeField, DurationField, F, FloatField, Func, Q, Sum, Value
 from django.db.models.functions import Coalesce
-from django.utils import timezone
 
 from agents.models import Agent, LLMCall, ToolInvocation
 from observability.models import Alert, AlertRule
@@ -500,45 +500,52 @@ def _signals(health: SessionHealth, *, retried: int, turns: int) -> list[str]:
     return signals
 
 
-def sessions_at_risk(*, start: dt.datetime, end: dt.datetime, limit: int = 10) -> list[dict[str, Any]]:
-    """Sessions with the most resets, FAILED moves, retried calls and step-limit hits in the window.
+# Per session, in the window: resets and FAILED moves (3 points each), retried model calls (1), step-limit hits
+# (2). Each log is grouped on its own (a BRIN or btree range on created_at, then only the rows in trouble); the
+# sum and the top ``limit`` are taken in the database. (Joining a session's checkpoints, model calls and turns
+# in one query read the product of the three: 26 GB of temporary files at a million rows each.)
+_AT_RISK_SQL = """
+SELECT t.session_id, sum(t.resets), sum(t.retried), sum(t.limits), sum(3 * t.resets + t.retried + 2 * t.limits) AS score
+FROM (
+    SELECT session_id, count(*) AS resets, 0 AS retried, 0 AS limits FROM chat_sessions_checkpoint
+    WHERE reason IN (%(reset)s, %(failed)s) AND created_at >= %(start)s AND created_at < %(end)s GROUP BY session_id
+    UNION ALL
+    SELECT session_id, 0, count(*), 0 FROM agents_llmcall
+    WHERE retries > 0 AND session_id IS NOT NULL AND created_at >= %(start)s AND created_at < %(end)s
+    GROUP BY session_id
+    UNION ALL
+    SELECT session_id, 0, 0, count(*) FROM chat_sessions_turn
+    WHERE step_limit_hit AND created_at >= %(start)s AND created_at < %(end)s GROUP BY session_id
+) t, chat_sessions_chatsession s
+WHERE s.id = t.session_id
+GROUP BY t.session_id, s.updated_at
+ORDER BY score DESC, s.updated_at DESC, t.session_id
+LIMIT %(limit)s
+"""
 
-    Each is counted in its own query over the window's rows (a partial index each, on rows that are rare),
-    then scored here. One query joining a session's checkpoints, model calls and turns to count them read
-    the product of the three for every session: 26 GB of temporary files and no answer at a million rows.
-    """
-    window = {"created_at__gte": start, "created_at__lt": end}
-    counts: dict[str, dict[Any, int]] = {}
-    for name, rows in (
-        (
-            "resets",
-            Checkpoint.objects.filter(reason__in=[Checkpoint.Reason.RESET, Checkpoint.Reason.FAILED], **window),
-        ),
-        ("retried_calls", LLMCall.objects.filter(retries__gt=0, session__isnull=False, **window)),
-        ("step_limit_hits", Turn.objects.filter(step_limit_hit=True, **window)),
-    ):
-        counts[name] = dict(rows.order_by().values("session_id").annotate(n=Count("id")).values_list("session_id", "n"))
-    weights = {"resets": 3, "retried_calls": 1, "step_limit_hits": 2}
-    scores: dict[Any, int] = {}
-    for name, by_session in counts.items():
-        for session_id, n in by_session.items():
-            scores[session_id] = scores.get(session_id, 0) + weights[name] * n
-    if not scores:
-        return []
-    recency = dict(ChatSession.objects.filter(pk__in=list(scores)).values_list("pk", "updated_at"))
-    ranked = sorted(
-        (pk for pk in scores if pk in recency), key=lambda pk: (-scores[pk], -recency[pk].timestamp(), str(pk))
-    )[:limit]
-    sessions = ChatSession.objects.select_related("agent", "user").in_bulk(ranked)
+
+def sessions_at_risk(*, start: dt.datetime, end: dt.datetime, limit: int = 10) -> list[dict[str, Any]]:
+    """Sessions with the most resets, FAILED moves, retried calls and step-limit hits in the window."""
+    params = {
+        "reset": Checkpoint.Reason.RESET.value,
+        "failed": Checkpoint.Reason.FAILED.value,
+        "start": start,
+        "end": end,
+        "limit": limit,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_AT_RISK_SQL, params)
+        rows = cursor.fetchall()
+    sessions = ChatSession.objects.select_related("agent", "user").in_bulk([row[0] for row in rows])
     return [
         {
             "session": sessions[pk],
-            "resets": counts["resets"].get(pk, 0),
-            "retried_calls": counts["retried_calls"].get(pk, 0),
-            "step_limit_hits": counts["step_limit_hits"].get(pk, 0),
-            "score": scores[pk],
+            "resets": int(resets),
+            "retried_calls": int(retried),
+            "step_limit_hits": int(limits),
+            "score": int(score),
         }
-        for pk in ranked
+        for pk, resets, retried, limits, score in rows
         if pk in sessions
     ]
 
@@ -546,9 +553,12 @@ def sessions_at_risk(*, start: dt.datetime, end: dt.datetime, limit: int = 10) -
 # --- the Prometheus totals ---------------------------------------------------------------------------
 # All-time counters and histogram buckets per agent. Rows older than METRICS_SEAL_AFTER no longer change
 # (a turn is finished within minutes, the logs are append-only), so their totals are summed once and kept in
-# the shared cache with the hour they reach up to (the seal); a scrape adds only the rows after the seal,
-# an index range of an hour or two. Summing every row on every scrape took 0.5 s at a million rows a table,
-# every 15 s per Prometheus server. A deleted session's rows stay counted once sealed: counters only go up.
+# the shared cache with the hour they reach up to (the seal, on the database's clock); a scrape adds only the
+# rows after the seal, an index range of an hour or two. Summing every row on every scrape took 0.5 s at a
+# million rows a table, every 15 s per Prometheus server. A deleted session's sealed rows stay counted; its
+# newer rows, or all of them in a recount after the cache was emptied, drop out (a counter reset to
+# Prometheus). A turn finished more than an hour after it started (resumed late by the sweep) is counted
+# without its step-limit and degradation marks.
 METRICS_SEAL_AFTER = dt.timedelta(hours=1)
 _SEALED_KEY = "observability:metric-totals:v1"
 
@@ -621,20 +631,21 @@ def _totals_between(
 def _sealed_totals(
     seal: dt.datetime, histograms: dict[str, HistogramSpec]
 ) -> tuple[dt.datetime, dict[int | None, dict[str, Any]]]:
-    """The totals of the rows before ``seal`` (or before a later seal another process has stored): from the
-    cache, topped up by the rows since the cached seal, or summed in full when the cache has none."""
+    """The totals of the rows before ``seal``: from the cache, topped up by the rows since the cached seal, or
+    summed in full when the cache has none (or one past ``seal``: the database's clock went back)."""
     from django.core.cache import cache
 
-    # One set of totals per set of histograms (a digest: cache keys are short, without spaces).
-    key = f"{_SEALED_KEY}:{hashlib.sha256(repr(sorted(histograms.items())).encode()).hexdigest()[:16]}"
+    # One set of totals per database and set of histograms (a digest: cache keys are short, without spaces).
+    spec = repr((connection.settings_dict["NAME"], sorted(histograms.items())))
+    key = f"{_SEALED_KEY}:{hashlib.sha256(spec.encode()).hexdigest()[:16]}"
     try:
         cached = cache.get(key)
     except Exception:
         logger.warning("metric totals: cache unavailable", exc_info=True)
         cached = None
-    if cached is not None and cached[0] >= seal:
+    if cached is not None and cached[0] == seal:
         return cached[0], cached[1]
-    if cached is not None:
+    if cached is not None and cached[0] < seal:
         totals = _merge(cached[1], _totals_between(since=cached[0], before=seal, histograms=histograms))
     else:
         totals = _totals_between(since=None, before=seal, histograms=histograms)
@@ -652,7 +663,12 @@ def metric_totals_by_agent(
     each histogram of ``histograms`` as a list of cumulative bucket counts under its name, and the sessions
     waiting for a summary (a gauge, read live)."""
     histograms = histograms or {}
-    now = now or timezone.now()
+    if now is None:
+        # The database's clock, shared by every process: a process whose own clock ran ahead would store a
+        # seal in the future, and the rows before it would be counted by no one.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT now()")
+            now = cursor.fetchone()[0]
     seal = (now - METRICS_SEAL_AFTER).replace(minute=0, second=0, microsecond=0)
     seal, sealed = _sealed_totals(seal, histograms)
     by_agent = _merge(sealed, _totals_between(since=seal, before=None, histograms=histograms))

@@ -27,7 +27,9 @@ class AgentIdField(serializers.PrimaryKeyRelatedField[Agent]):
 
     def to_internal_value(self, data: Any) -> Agent:
         whole = isinstance(data, int) and not isinstance(data, bool)
-        if not whole and not (isinstance(data, str) and data.isascii() and data.isdigit()):
+        # Digits only, and not thousands of them (int() refuses past 4,300 digits: a ValueError, a 500).
+        digits = isinstance(data, str) and data.isascii() and data.isdigit() and len(data) <= 19
+        if not whole and not digits:
             self.fail("incorrect_type", data_type=type(data).__name__)
         pk: Any = int(data)
         if pk > 2**63 - 1:  # past bigint: no such row

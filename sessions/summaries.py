@@ -175,12 +175,16 @@ def summaries_requeue(
         claim = f"{session_id}:{through_seq}"
         if not requeue_claim("summary", claim, within=again_after):
             continue
+        enqueued = False
         try:
             summarize_session.delay(str(session_id), through_seq)
+            enqueued = True
         except Exception:  # the broker is still unreachable; the next run retries
-            requeue_release("summary", claim)
             logger.warning("could not re-enqueue the summary of session %s; will retry", session_id, exc_info=True)
             break
+        finally:
+            if not enqueued:  # whatever stopped it (a time limit too): the next run may send it
+                requeue_release("summary", claim)
         sent += 1
     return sent
 

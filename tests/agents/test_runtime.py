@@ -180,8 +180,13 @@ def test_a_message_to_a_session_deleted_before_the_lock_is_refused_as_not_found(
 
     assert (info.value.code, info.value.status) == ("not_found", 404)
     assert not Turn.objects.filter(session_id=session.pk).exists()
-    with connection.cursor() as cursor:  # the lock was let go (this connection holds no advisory lock)
-        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
+    unsigned = SessionTurnLock(session.pk).key & 0xFFFFFFFFFFFFFFFF
+    with connection.cursor() as cursor:  # the lock was let go: this connection does not hold it
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() "
+            "AND classid = %s AND objid = %s",
+            [unsigned >> 32, unsigned & 0xFFFFFFFF],
+        )
         assert cursor.fetchone() == (0,)
 
 

@@ -266,3 +266,9 @@ def test_field_errors_are_lists_and_a_utf8_idempotency_key_is_read_as_sent(
     again = alice_client.post(url, {"message": "hi"}, format="json", HTTP_IDEMPOTENCY_KEY=wire)
     assert (first.status_code, again.status_code) == (201, 200) and again.json()["replayed"]
     assert Turn.objects.get(session_id=session).idempotency_key == "clé-€"
+
+
+@pytest.mark.django_db
+def test_an_agent_id_of_thousands_of_digits_is_invalid_not_a_500(alice_client: APIClient, chat_agent: Agent) -> None:
+    response = alice_client.post("/api/sessions/", {"agent_id": "1" * 5000}, format="json")
+    assert "agent_id" in assert_error(response, 400, "invalid")["details"]["fields"]

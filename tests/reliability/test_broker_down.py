@@ -159,3 +159,34 @@ def test_a_sweep_sends_lost_work_once_a_window_not_once_a_run(alice: Any, chat_a
     time.sleep(1.2)  # the window is over: still not written, so sent again
     assert memory_writes_requeue(**window) == len(turns)
     assert summaries_requeue(**window) == 1
+
+
+@pytest.mark.django_db
+def test_a_sweep_stopped_mid_enqueue_gives_its_claim_back(
+    alice: Any, chat_agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not only a broker error: whatever stops the enqueue (a time limit, the worker shutting down) must not
+    hold the claim for its window with nothing sent."""
+    from memory.tasks import write_turn_memories
+
+    session = session_create(user=alice, agent=chat_agent)
+    Turn.objects.create(
+        session=session,
+        seq=1,
+        user_message="message 1",
+        assistant_message="A reply.",
+        status=Turn.Status.COMPLETED,
+        completed_at=timezone.now() - timedelta(minutes=10),
+    )
+
+    class Stopped(BaseException):
+        pass
+
+    def stopped(*args: Any, **kwargs: Any) -> None:
+        raise Stopped
+
+    with monkeypatch.context() as patch:
+        patch.setattr(write_turn_memories, "delay", stopped)
+        with pytest.raises(Stopped):
+            memory_writes_requeue()
+    assert memory_writes_requeue() == 1

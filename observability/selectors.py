@@ -526,7 +526,7 @@ LIMIT %(limit)s
 
 def sessions_at_risk(*, start: dt.datetime, end: dt.datetime, limit: int = 10) -> list[dict[str, Any]]:
     """Sessions with the most resets, FAILED moves, retried calls and step-limit hits in the window."""
-    params = {
+    params: dict[str, Any] = {
         "reset": Checkpoint.Reason.RESET.value,
         "failed": Checkpoint.Reason.FAILED.value,
         "start": start,

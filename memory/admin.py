@@ -112,7 +112,8 @@ def _search_kind(term: str) -> tuple[str, str]:
 
 def _word_search(queryset: QuerySet[Memory], term: str) -> QuerySet[Memory]:
     """Memories whose text has the words (the full-text index, as retrieval's word arm reads it), of the user
-    with that username, or with that fact key: each an index lookup, where ``icontains`` read every row.
+    with that username, with that fact key, or procedures whose trigger holds the term: each an index lookup,
+    where ``icontains`` over every text read every row.
     Annotated with ``search_rank`` (how well the text matches), the list's order: ranking needs every match,
     which keeps the planner from walking the whole table in id order looking for a rare word's few rows."""
     words = SearchQuery(term, config="english", search_type="websearch")
@@ -122,6 +123,13 @@ def _word_search(queryset: QuerySet[Memory], term: str) -> QuerySet[Memory]:
     users = list(get_user_model().objects.filter(username__iexact=term).values_list("pk", flat=True)[:10])
     if users:
         match |= Q(user_id__in=users)
+    # Procedures by a piece of their trigger ("refund" finds "refund, chargeback"): few rows, on the
+    # (user, kind) index.
+    procedures = list(
+        Memory.objects.filter(kind=Memory.Kind.PROCEDURAL, trigger__icontains=term).values_list("pk", flat=True)[:200]
+    )
+    if procedures:
+        match |= Q(pk__in=procedures)
     return queryset.filter(match).annotate(search_rank=SearchRank(F("search_vector"), words))
 
 
@@ -155,8 +163,8 @@ class MemoryAdmin(LogAdmin):
     # The full-text index (words, with stemming), a username or a fact key: see get_search_results.
     search_fields = ("text",)
     search_help_text = (
-        'Words of the text (all of them; "quoted phrase", or, -not), a username, or a fact key (home_city); '
-        f'start with "{SEMANTIC_PREFIX}" for semantic search (e.g. ~where does she live).'
+        'Words of the text (all of them; "quoted phrase", or, -not), a username, a fact key (home_city) or '
+        f'part of a procedure\'s trigger; start with "{SEMANTIC_PREFIX}" for semantic search (e.g. ~where does she live).'
     )
     ordering = ("-id",)  # newest first, on the primary key
     list_select_related = ("user", "agent")

@@ -114,10 +114,16 @@ def test_memory_search_by_words_username_and_fact_key_best_match_first(
 
     page, queries = _page(staff_client, name, {"q": "rose gardens"})  # stemmed: roses, garden
     assert page.index(row(strong)) < page.index(row(weak)) and row(fact) not in page
-    assert not [q for q in queries if "LIKE" in q.upper()]  # the full-text index, not a scan of every text
+    # The full-text index, not a LIKE over every text (procedures' triggers are read with LIKE: a handful).
+    assert not [q for q in queries if "LIKE" in q.upper() and '"memory_memory"."text"' in q]
 
     page, _ = _page(staff_client, name, {"q": alice.username.upper()})
     assert row(fact) in page and row(strong) not in page
     page, _ = _page(staff_client, name, {"q": "home_city"})
     assert row(fact) in page and row(weak) not in page
-    assert Memory.objects.count() == 3
+    procedure = memory_create(
+        user=None, kind="procedural", text="Offer store credit first.", trigger="refund, chargeback"
+    )
+    page, _ = _page(staff_client, name, {"q": "chargeback"})
+    assert row(procedure) in page and row(fact) not in page
+    assert Memory.objects.count() == 4

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Aggregate, Avg, Count, DateTimeField, DurationField, F, FloatField, Func, Q, Sum, Value
 from django.db.models.functions import Coalesce
 
@@ -555,12 +555,12 @@ def sessions_at_risk(*, start: dt.datetime, end: dt.datetime, limit: int = 10) -
 # (a turn is finished within minutes, the logs are append-only), so their totals are summed once and kept in
 # the shared cache with the hour they reach up to (the seal, on the database's clock); a scrape adds only the
 # rows after the seal, an index range of an hour or two. Summing every row on every scrape took 0.5 s at a
-# million rows a table, every 15 s per Prometheus server. A deleted session's sealed rows stay counted; its
-# newer rows, or all of them in a recount after the cache was emptied, drop out (a counter reset to
-# Prometheus). A turn finished more than an hour after it started (resumed late by the sweep) is counted
-# without its step-limit and degradation marks.
+# million rows a table, every 15 s per Prometheus server. Deleted rows are made up for by an offset, so a
+# counter never goes down (_never_lower); only a recount after the cache was emptied can lower one. A turn
+# finished more than an hour after it started (resumed late by the sweep) is counted without its step-limit
+# and degradation marks.
 METRICS_SEAL_AFTER = dt.timedelta(hours=1)
-_SEALED_KEY = "observability:metric-totals:v1"
+_SEALED_KEY = "observability:metric-totals:v2"
 
 # name -> (LLMCall field, upper bounds of the buckets, scale of the field per bound unit)
 HistogramSpec = tuple[str, tuple[float, ...], float]
@@ -628,32 +628,62 @@ def _totals_between(
     return totals
 
 
-def _sealed_totals(
-    seal: dt.datetime, histograms: dict[str, HistogramSpec]
-) -> tuple[dt.datetime, dict[int | None, dict[str, Any]]]:
-    """The totals of the rows before ``seal``: from the cache, topped up by the rows since the cached seal, or
-    summed in full when the cache has none (or one past ``seal``: the database's clock went back)."""
-    from django.core.cache import cache
-
-    # One set of totals per database and set of histograms (a digest: cache keys are short, without spaces).
+def _metrics_state_key(histograms: dict[str, HistogramSpec]) -> str:
+    # One state per database and set of histograms (a digest: cache keys are short, without spaces).
     spec = repr((connection.settings_dict["NAME"], sorted(histograms.items())))
-    key = f"{_SEALED_KEY}:{hashlib.sha256(spec.encode()).hexdigest()[:16]}"
-    try:
-        cached = cache.get(key)
-    except Exception:
-        logger.warning("metric totals: cache unavailable", exc_info=True)
-        cached = None
-    if cached is not None and cached[0] == seal:
-        return cached[0], cached[1]
-    if cached is not None and cached[0] < seal:
-        totals = _merge(cached[1], _totals_between(since=cached[0], before=seal, histograms=histograms))
-    else:
-        totals = _totals_between(since=None, before=seal, histograms=histograms)
-    try:
-        cache.set(key, (seal, totals), timeout=None)
-    except Exception:
-        logger.warning("metric totals: could not store the sealed totals", exc_info=True)
-    return seal, totals
+    return f"{_SEALED_KEY}:{hashlib.sha256(spec.encode()).hexdigest()[:16]}"
+
+
+def _sealed_totals(
+    state: dict[str, Any], seal: dt.datetime, histograms: dict[str, HistogramSpec]
+) -> dict[int | None, dict[str, Any]]:
+    """The totals of the rows before ``seal``: the kept ones, topped up by the rows since their seal, or summed
+    in full when none are kept (or they are past ``seal``: the database's clock went back)."""
+    kept_seal, kept = state.get("seal"), state.get("sealed")
+    if kept is not None and kept_seal == seal:
+        return dict(kept)
+    if kept is not None and kept_seal is not None and kept_seal < seal:
+        return _merge(kept, _totals_between(since=kept_seal, before=seal, histograms=histograms))
+    return _totals_between(since=None, before=seal, histograms=histograms)
+
+
+def _never_lower(
+    current: dict[int | None, dict[str, Any]], state: dict[str, Any]
+) -> tuple[dict[int | None, dict[str, Any]], dict[int | None, dict[str, Any]]]:
+    """Counters as exposed: the current totals plus an offset that grows by whatever they fell below the last
+    exposed values (deleted rows). Prometheus reads any drop as a restart from zero, and its ``rate()`` then
+    counts the whole value again: one deleted chat was a spike of a million turns on the graphs."""
+    offsets, floor = state.get("offset", {}), state.get("floor", {})
+    exposed: dict[int | None, dict[str, Any]] = {}
+    new_offsets: dict[int | None, dict[str, Any]] = {}
+    for agent, values in current.items():
+        shown: dict[str, Any] = {}
+        kept: dict[str, Any] = {}
+        # A figure whose rows are all gone (every tool run deleted) is still shown, at its floor.
+        missing = {name: [0] * len(low) if isinstance(low, list) else 0 for name, low in floor.get(agent, {}).items()}
+        for name, value in {**missing, **values}.items():
+            low = floor.get(agent, {}).get(name)
+            offset: Any = offsets.get(agent, {}).get(name)
+            total: Any
+            if isinstance(value, list):
+                offset = offset if isinstance(offset, list) and len(offset) == len(value) else [0] * len(value)
+                total = [v + o for v, o in zip(value, offset, strict=True)]
+                if isinstance(low, list) and len(low) == len(total):
+                    gap = [max(0, lo - t) for lo, t in zip(low, total, strict=True)]
+                    offset = [o + g for o, g in zip(offset, gap, strict=True)]
+                    total = [t + g for t, g in zip(total, gap, strict=True)]
+            else:
+                offset = offset if isinstance(offset, (int, float)) else 0
+                total = value + offset
+                if isinstance(low, (int, float)) and total < low:
+                    offset, total = offset + (low - total), low
+            shown[name], kept[name] = total, offset
+        exposed[agent], new_offsets[agent] = shown, kept
+    return exposed, new_offsets
+
+
+# One scrape at a time reads and writes the kept state (two at once would both add the same offset).
+_METRICS_LOCK = 0x6D65747269637331  # "metrics1"
 
 
 def metric_totals_by_agent(
@@ -661,7 +691,9 @@ def metric_totals_by_agent(
 ) -> dict[str, dict[str, Any]]:
     """All-time counters per agent slug ("none" for rows without an agent), for the /metrics exporter, with
     each histogram of ``histograms`` as a list of cumulative bucket counts under its name, and the sessions
-    waiting for a summary (a gauge, read live)."""
+    waiting for a summary (a gauge, read live). The counters never go down (``_never_lower``)."""
+    from django.core.cache import cache
+
     histograms = histograms or {}
     if now is None:
         # The database's clock, shared by every process: a process whose own clock ran ahead would store a
@@ -670,8 +702,29 @@ def metric_totals_by_agent(
             cursor.execute("SELECT now()")
             now = cursor.fetchone()[0]
     seal = (now - METRICS_SEAL_AFTER).replace(minute=0, second=0, microsecond=0)
-    seal, sealed = _sealed_totals(seal, histograms)
-    by_agent = _merge(sealed, _totals_between(since=seal, before=None, histograms=histograms))
+    key = _metrics_state_key(histograms)
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_METRICS_LOCK])
+        try:
+            state = cache.get(key)
+        except Exception:  # without the cache every scrape sums in full, and a deletion can show as a drop
+            logger.warning("metric totals: cache unavailable", exc_info=True)
+            state = None
+        if not isinstance(state, dict):  # none kept, or not in this version's shape: count afresh
+            state = {}
+        sealed = _sealed_totals(state, seal, histograms)
+        current = _merge(sealed, _totals_between(since=seal, before=None, histograms=histograms))
+        slugs = dict(Agent.objects.values_list("id", "slug"))
+        # An agent whose rows are all deleted keeps its figures; a deleted agent's calls now count under "none".
+        for agent in state.get("floor", {}):
+            if agent is None or agent in slugs:
+                current.setdefault(agent, {})
+        by_agent, offsets = _never_lower(current, state)
+        try:
+            cache.set(key, {"seal": seal, "sealed": sealed, "offset": offsets, "floor": by_agent}, timeout=None)
+        except Exception:
+            logger.warning("metric totals: could not keep the sealed totals", exc_info=True)
     pending = (
         ChatSession.objects.filter(summary_requested_seq__gt=F("summary_through_seq"))
         .order_by()
@@ -679,7 +732,6 @@ def metric_totals_by_agent(
         .annotate(summaries_pending=Count("id"))
     )
     by_agent = _merge(by_agent, {row["agent_id"]: {"summaries_pending": row["summaries_pending"]} for row in pending})
-    slugs = dict(Agent.objects.values_list("id", "slug"))
     by_slug: dict[str, dict[str, Any]] = {}
     for agent_id, values in by_agent.items():
         slug = slugs.get(agent_id, "none") if agent_id is not None else "none"

@@ -203,9 +203,8 @@ def test_metric_totals_sum_the_old_rows_once_and_only_count_up(alice: Any) -> No
     assert (first["calls"], first["calls_retried"], first["prompt_tokens"]) == (4, 3, 5900)
     assert (first["turns"], first["step_limit_hits"], first["tokens"]) == (1, 1, [3, 4])
 
-    # The rows from before the seal were summed once: deleting them (a session deleted with its turns) takes
-    # nothing off the counters, which Prometheus would read as a restart.
-    old.delete()
+    # The rows from before the seal were summed once: the next scrape reads only the newer ones.
+    old.delete()  # (and a deleted session takes nothing off: see the next test)
     with CaptureQueriesContext(connection) as ctx:
         again = metric_totals_by_agent(histograms=histograms, now=now)["sealed"]
     assert again == first
@@ -230,3 +229,43 @@ def test_a_seal_stored_from_a_clock_ahead_loses_no_rows(alice: Any) -> None:
 
     assert metric_totals_by_agent(now=now)["skew"]["calls"] == 2
     assert metric_totals_by_agent(now=now + dt.timedelta(hours=5))["skew"]["calls"] == 2
+
+
+@pytest.mark.django_db
+def test_deleting_a_session_active_this_hour_lowers_no_counter(alice: Any) -> None:
+    """Prometheus reads any drop as a restart from zero: rate() then counts the whole value again."""
+    now = timezone.now()
+    agent = make_agent("deleted")
+    kept, gone = make_session(user=alice, agent=agent), make_session(user=alice, agent=agent)
+    make_turn(session=kept, seq=1, at=now - dt.timedelta(minutes=30))
+    for seq in (1, 2, 3):
+        turn = make_turn(session=gone, seq=seq, at=now - dt.timedelta(minutes=10), step_limit_hit=True)
+        make_tool_run(session=gone, turn=turn, at=now - dt.timedelta(minutes=10), ok=False)
+    make_call(at=now - dt.timedelta(minutes=10), agent=agent, session=gone, prompt_tokens=700)
+    histograms = {"tokens": ("prompt_tokens", (512.0, 8192.0), 1.0)}
+    before = metric_totals_by_agent(histograms=histograms, now=now)["deleted"]
+    assert (before["turns"], before["step_limit_hits"], before["tool_errors"], before["calls"]) == (4, 3, 3, 1)
+
+    gone.delete()  # its turns and tool runs go with it (its model call stays, without a session)
+    after = metric_totals_by_agent(histograms=histograms, now=now)["deleted"]
+    assert after == before
+
+    # What happens next is counted on top, exactly; and the hour passing (the seal) changes nothing.
+    make_turn(session=kept, seq=2, at=now - dt.timedelta(minutes=1), step_limit_hit=True)
+    make_call(at=now - dt.timedelta(minutes=1), agent=agent, session=kept, prompt_tokens=100)
+    later = metric_totals_by_agent(histograms=histograms, now=now)["deleted"]
+    assert (later["turns"], later["step_limit_hits"], later["calls"], later["tokens"]) == (5, 4, 2, [1, 2])
+    sealed = metric_totals_by_agent(histograms=histograms, now=now + dt.timedelta(hours=3))["deleted"]
+    assert sealed == later
+
+
+@pytest.mark.django_db
+def test_a_kept_state_of_another_shape_is_counted_afresh(alice: Any) -> None:
+    from django.core.cache import cache
+
+    from observability.selectors import _metrics_state_key
+
+    agent = make_agent("shape")
+    make_call(at=timezone.now() - dt.timedelta(hours=2), agent=agent, session=make_session(user=alice, agent=agent))
+    cache.set(_metrics_state_key({}), (timezone.now(), {}))  # a tuple, as an earlier version kept it
+    assert metric_totals_by_agent()["shape"]["calls"] == 1

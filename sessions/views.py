@@ -14,6 +14,7 @@ from uuid import UUID
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
@@ -101,14 +102,20 @@ def _panels_context(request: HttpRequest, session: ChatSession) -> dict[str, Any
     }
 
 
+# Chats listed a page on the home page (the newest first).
+HOME_PAGE_SESSIONS = 50
+
+
 @login_required
 @require_GET
 def home(request: HttpRequest) -> HttpResponse:
-    """My sessions, newest first, and a form to start a new chat with an agent."""
+    """My sessions, newest first, ``HOME_PAGE_SESSIONS`` a page (``?page=``; a page past the last shows the
+    last), and a form to start a new chat with an agent."""
     owner: Any = request.user  # signed in (login_required)
-    sessions = ChatSession.objects.filter(user=owner).select_related("agent").order_by("-updated_at")[:100]
+    sessions = ChatSession.objects.filter(user=owner).select_related("agent").order_by("-updated_at", "pk")
+    page = Paginator(sessions, HOME_PAGE_SESSIONS).get_page(request.GET.get("page"))
     agents = Agent.objects.filter(is_active=True).order_by("name")
-    return render(request, "home.html", {"sessions": sessions, "agents": agents})
+    return render(request, "home.html", {"sessions": page.object_list, "page": page, "agents": agents})
 
 
 class NewChatForm(forms.Form):

@@ -334,3 +334,20 @@ def test_a_long_chat_shows_its_latest_turns_and_links_to_the_earlier_ones(alice:
         page = client.get(f"/chats/{session.pk}/", {"before": junk})
         assert page.status_code == 200 and "question 120." in page.content.decode(), junk
     assert client.get(f"/chats/{session.pk}/", {"before": "\x00"}).status_code == 400  # as for every page
+
+
+@pytest.mark.django_db
+def test_the_chat_list_pages_through_all_my_chats(alice: Any, bob: Any, chat_agent: Agent) -> None:
+    for i in range(1, 121):
+        session_create(user=alice, agent=chat_agent, title=f"chat number {i}.")
+    session_create(user=bob, agent=chat_agent, title="bob's chat.")
+    client = _signed_in(alice)
+
+    first = client.get("/").content.decode()
+    assert "chat number 120." in first and "chat number 71." in first and "chat number 70." not in first
+    assert 'href="?page=2"' in first and "page 1 of 3" in first
+    last = client.get("/", {"page": "3"}).content.decode()
+    assert "chat number 1." in last and "chat number 20." in last and "bob&#x27;s chat." not in last
+    assert 'href="?page=2"' in last and "?page=4" not in last
+    for junk in ("99", "x", "-1"):  # past the end or not a number: the last or the first page, never an error
+        assert client.get("/", {"page": junk}).status_code == 200

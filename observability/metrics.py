@@ -2,7 +2,7 @@
 
 Reading the database (not in-process counters) keeps the figures right with many web and
 worker processes, and across restarts: every process answers the same numbers. The all-time totals of
-rows older than an hour are kept in the shared cache (``observability.selectors.metric_totals_by_agent``):
+rows older than an hour are kept in the database (``observability.selectors.metric_totals_by_agent``):
 a scrape reads only the newer rows.
 """
 

@@ -94,3 +94,21 @@ class Alert(models.Model):
     @property
     def is_open(self) -> bool:
         return self.resolved_at is None
+
+
+class MetricTotals(models.Model):
+    """What the /metrics exporter keeps between scrapes (``observability.selectors.metric_totals_by_agent``):
+    the totals of rows before ``sealed_before``, and the offsets that keep counters from going down. In the
+    database, not the cache: a cache that restarts empty (Redis without persistence) made every counter
+    start over, a drop Prometheus reads as a restart."""
+
+    key = models.CharField(max_length=80, unique=True, help_text="Which histograms these totals carry.")
+    sealed_before = models.DateTimeField()
+    state = models.JSONField(default=dict)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "metric totals"
+
+    def __str__(self) -> str:
+        return f"metric totals {self.key} (sealed before {self.sealed_before:%Y-%m-%d %H:%M})"

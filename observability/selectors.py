@@ -553,14 +553,14 @@ def sessions_at_risk(*, start: dt.datetime, end: dt.datetime, limit: int = 10) -
 # --- the Prometheus totals ---------------------------------------------------------------------------
 # All-time counters and histogram buckets per agent. Rows older than METRICS_SEAL_AFTER no longer change
 # (a turn is finished within minutes, the logs are append-only), so their totals are summed once and kept in
-# the shared cache with the hour they reach up to (the seal, on the database's clock); a scrape adds only the
-# rows after the seal, an index range of an hour or two. Summing every row on every scrape took 0.5 s at a
+# a row of MetricTotals with the hour they reach up to (the seal, on the database's clock); a scrape adds only
+# the rows after the seal, an index range of an hour or two. Summing every row on every scrape took 0.5 s at a
 # million rows a table, every 15 s per Prometheus server. Deleted rows are made up for by an offset, so a
-# counter never goes down (_never_lower); only a recount after the cache was emptied can lower one. A turn
+# counter never goes down (_never_lower); only deleting the kept row (a recount) can lower one. A turn
 # finished more than an hour after it started (resumed late by the sweep) is counted without its step-limit
 # and degradation marks.
 METRICS_SEAL_AFTER = dt.timedelta(hours=1)
-_SEALED_KEY = "observability:metric-totals:v2"
+_SEALED_KEY = "v1"
 
 # name -> (LLMCall field, upper bounds of the buckets, scale of the field per bound unit)
 HistogramSpec = tuple[str, tuple[float, ...], float]
@@ -629,9 +629,32 @@ def _totals_between(
 
 
 def _metrics_state_key(histograms: dict[str, HistogramSpec]) -> str:
-    # One state per database and set of histograms (a digest: cache keys are short, without spaces).
-    spec = repr((connection.settings_dict["NAME"], sorted(histograms.items())))
-    return f"{_SEALED_KEY}:{hashlib.sha256(spec.encode()).hexdigest()[:16]}"
+    # One kept state per set of histograms (a digest, short).
+    return f"{_SEALED_KEY}:{hashlib.sha256(repr(sorted(histograms.items())).encode()).hexdigest()[:16]}"
+
+
+def _by_agent_from_json(pairs: Any) -> dict[int | None, dict[str, Any]]:
+    return {agent: dict(values) for agent, values in pairs} if isinstance(pairs, list) else {}
+
+
+def _by_agent_to_json(by_agent: dict[int | None, dict[str, Any]]) -> list[list[Any]]:
+    # JSON objects have string keys only: agent ids (and None) travel as pairs.
+    return [[agent, values] for agent, values in by_agent.items()]
+
+
+def _kept_state(key: str) -> dict[str, Any]:
+    """The kept state (seal, sealed totals, offsets, last exposed values), or nothing to start from."""
+    from observability.models import MetricTotals
+
+    row = MetricTotals.objects.filter(key=key).first()
+    if row is None or not isinstance(row.state, dict):
+        return {}
+    return {
+        "seal": row.sealed_before,
+        "sealed": _by_agent_from_json(row.state.get("sealed")),
+        "offset": _by_agent_from_json(row.state.get("offset")),
+        "floor": _by_agent_from_json(row.state.get("floor")),
+    }
 
 
 def _sealed_totals(
@@ -682,7 +705,8 @@ def _never_lower(
     return exposed, new_offsets
 
 
-# One scrape at a time reads and writes the kept state (two at once would both add the same offset).
+# One scrape at a time reads and writes the kept state (two at once would both add the same offset, or both
+# create its row).
 _METRICS_LOCK = 0x6D65747269637331  # "metrics1"
 
 
@@ -692,7 +716,7 @@ def metric_totals_by_agent(
     """All-time counters per agent slug ("none" for rows without an agent), for the /metrics exporter, with
     each histogram of ``histograms`` as a list of cumulative bucket counts under its name, and the sessions
     waiting for a summary (a gauge, read live). The counters never go down (``_never_lower``)."""
-    from django.core.cache import cache
+    from observability.models import MetricTotals
 
     histograms = histograms or {}
     if now is None:
@@ -706,13 +730,7 @@ def metric_totals_by_agent(
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_METRICS_LOCK])
-        try:
-            state = cache.get(key)
-        except Exception:  # without the cache every scrape sums in full, and a deletion can show as a drop
-            logger.warning("metric totals: cache unavailable", exc_info=True)
-            state = None
-        if not isinstance(state, dict):  # none kept, or not in this version's shape: count afresh
-            state = {}
+        state = _kept_state(key)
         sealed = _sealed_totals(state, seal, histograms)
         current = _merge(sealed, _totals_between(since=seal, before=None, histograms=histograms))
         slugs = dict(Agent.objects.values_list("id", "slug"))
@@ -721,10 +739,17 @@ def metric_totals_by_agent(
             if agent is None or agent in slugs:
                 current.setdefault(agent, {})
         by_agent, offsets = _never_lower(current, state)
-        try:
-            cache.set(key, {"seal": seal, "sealed": sealed, "offset": offsets, "floor": by_agent}, timeout=None)
-        except Exception:
-            logger.warning("metric totals: could not keep the sealed totals", exc_info=True)
+        MetricTotals.objects.update_or_create(
+            key=key,
+            defaults={
+                "sealed_before": seal,
+                "state": {
+                    "sealed": _by_agent_to_json(sealed),
+                    "offset": _by_agent_to_json(offsets),
+                    "floor": _by_agent_to_json(by_agent),
+                },
+            },
+        )
     pending = (
         ChatSession.objects.filter(summary_requested_seq__gt=F("summary_through_seq"))
         .order_by()

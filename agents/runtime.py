@@ -585,13 +585,19 @@ def _user_facing_error(exc: Exception) -> str:
 _UNFINISHED = (Turn.Status.RUNNING, Turn.Status.PENDING)
 
 
-def _finish_turn_row(turn: Turn, **fields: Any) -> None:
-    """Write a turn's outcome, only while the turn is unfinished: the fence against a second runner.
+def _write_unfinished(turn: Turn, **fields: Any) -> bool:
+    """Write ``fields`` to the turn only while it is unfinished: the fence against a second runner. False when
+    it is finished (or gone) already, and nothing was written.
 
     A runner whose connection was cut during the model call lost its lock with it; the next message or
     the sweep may have finished the turn meanwhile. The lock check before the write cannot see that (the
     lock is free again), the turn's status can: a finished turn is never written twice."""
-    if not Turn.objects.filter(pk=turn.pk, status__in=_UNFINISHED).update(**fields):
+    return bool(Turn.objects.filter(pk=turn.pk, status__in=_UNFINISHED).update(**fields))
+
+
+def _finish_turn_row(turn: Turn, **fields: Any) -> None:
+    """Write a turn's outcome through the fence (``_write_unfinished``); ``TurnLockLost`` when it was shut."""
+    if not _write_unfinished(turn, **fields):
         raise TurnLockLost("This turn was finished by another request while this one waited; nothing was written.")
 
 
@@ -601,8 +607,8 @@ def _fail_turn(session: ChatSession, turn: Turn, *, reason: str, reply: str, sum
     the turn was finished elsewhere meanwhile (or deleted): nothing is written."""
     from sessions.services import turn_failure_record
 
-    fields = {"status": Turn.Status.FAILED, "error": reason[:4000], "assistant_message": reply}
-    if not Turn.objects.filter(pk=turn.pk, status__in=_UNFINISHED).update(completed_at=timezone.now(), **fields):
+    failed = {"status": Turn.Status.FAILED, "error": reason[:4000], "assistant_message": reply}
+    if not _write_unfinished(turn, completed_at=timezone.now(), **failed):
         # Finished elsewhere (see _finish_turn_row), or deleted with its session: nothing of ours to record.
         logger.warning("turn %s failed after it was finished elsewhere or deleted; not recorded", turn.pk)
         return False
@@ -940,7 +946,7 @@ def _action_decision(workflow: Any, session: ChatSession, result: Any, success: 
 def _at_step_limit(session: ChatSession, turn: Turn, agent: Agent, reply_parts: list[str]) -> Iterator[dict[str, Any]]:
     behaviour = agent.step_limit_behaviour
     note = f"I stopped after {agent.step_limit} steps without finishing."
-    Turn.objects.filter(pk=turn.pk, status__in=_UNFINISHED).update(step_limit_hit=True, steps=agent.step_limit)
+    _write_unfinished(turn, step_limit_hit=True, steps=agent.step_limit)
     if behaviour == "handoff":
         yield from _handoff(session, turn, reason=f"step limit {agent.step_limit} reached")
         return

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 
 from django.core.cache import cache
@@ -46,3 +47,30 @@ def requeue_release(kind: str, ident: object) -> None:
         cache.delete(_requeue_key(kind, ident))
     except Exception:  # an unreleased claim only delays the next try by its window
         logger.warning("could not release the requeue claim for %s %s", kind, ident, exc_info=True)
+
+
+def requeue_each(
+    kind: str, items: Iterable[tuple[object, Callable[[], object]]], *, within: timedelta, limit: int
+) -> int:
+    """The outbox sweeps' loop: call each item's enqueue unless a sweep sent it within ``within``
+    (``requeue_claim``), at most ``limit`` of them; stop at the first enqueue that fails (the broker is
+    still down: the next run retries). A claim whose enqueue did not happen, whatever stopped it, is given
+    back. Returns how many were sent."""
+    sent = 0
+    for ident, enqueue in items:
+        if sent >= limit:
+            break
+        if not requeue_claim(kind, ident, within=within):
+            continue
+        enqueued = False
+        try:
+            enqueue()
+            enqueued = True
+        except Exception:  # the broker is still unreachable; everything stays found for the next run
+            logger.warning("could not re-enqueue %s %s; will retry", kind, ident, exc_info=True)
+            break
+        finally:
+            if not enqueued:  # whatever stopped it (a time limit too): the next run may send it
+                requeue_release(kind, ident)
+        sent += 1
+    return sent

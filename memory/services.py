@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -413,7 +414,7 @@ def memory_writes_requeue(
     every pending write per run. Returns how many were enqueued (at most ``limit``); stops at the first
     enqueue that fails (the broker is still down: the next run retries).
     """
-    from config.services import requeue_claim, requeue_release
+    from config.services import requeue_each
     from memory.tasks import write_turn_memories
 
     # Past the ones sent recently (still queued), up to ``limit`` more.
@@ -422,23 +423,12 @@ def memory_writes_requeue(
             : limit * 4
         ]
     )
-    sent = 0
-    for turn_id in turn_ids:
-        if sent >= limit:
-            break
-        if not requeue_claim("memory-write", turn_id, within=again_after):
-            continue
-        enqueued = False
-        try:
-            write_turn_memories.delay(turn_id)
-            enqueued = True
-        except Exception:  # the broker is still unreachable; everything stays found for the next run
-            logger.warning("could not re-enqueue the memory write of turn %s; will retry", turn_id, exc_info=True)
-            break
-        finally:
-            if not enqueued:  # whatever stopped it (a time limit too): the next run may send it
-                requeue_release("memory-write", turn_id)
-        sent += 1
+    sent = requeue_each(
+        "memory-write",
+        ((turn_id, partial(write_turn_memories.delay, turn_id)) for turn_id in turn_ids),
+        within=again_after,
+        limit=limit,
+    )
     if sent:
         logger.info("re-enqueued %s lost memory writes", sent)
     return sent

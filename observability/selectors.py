@@ -566,16 +566,22 @@ _SEALED_KEY = "v1"
 HistogramSpec = tuple[str, tuple[float, ...], float]
 
 
+def _add(totals: dict[Any, dict[str, Any]], key: Any, values: dict[str, Any]) -> None:
+    """Add ``values`` (numbers, or lists of bucket counts) to ``totals[key]``, in place."""
+    bucket = totals.setdefault(key, {})
+    for name, value in values.items():
+        if isinstance(value, list):
+            previous = bucket.get(name) or [0] * len(value)
+            bucket[name] = [a + b for a, b in zip(previous, value, strict=True)]
+        else:
+            bucket[name] = bucket.get(name, 0) + (value or 0)
+
+
 def _merge(into: dict[Any, dict[str, Any]], more: dict[Any, dict[str, Any]]) -> dict[Any, dict[str, Any]]:
-    out = {agent: dict(values) for agent, values in into.items()}
-    for agent, values in more.items():
-        bucket = out.setdefault(agent, {})
-        for key, value in values.items():
-            if isinstance(value, list):
-                previous = bucket.get(key) or [0] * len(value)
-                bucket[key] = [a + b for a, b in zip(previous, value, strict=True)]
-            else:
-                bucket[key] = bucket.get(key, 0) + (value or 0)
+    """A new sum of two sets of totals (neither is changed)."""
+    out = {key: dict(values) for key, values in into.items()}
+    for key, values in more.items():
+        _add(out, key, values)
     return out
 
 
@@ -589,9 +595,6 @@ def _totals_between(
     if before is not None:
         window["created_at__lt"] = before
     totals: dict[int | None, dict[str, Any]] = {}
-
-    def add(agent_id: int | None, values: dict[str, Any]) -> None:
-        totals.update(_merge(totals, {agent_id: values}))
 
     buckets = {
         f"{name}__le_{i}": Count("id", filter=Q(**{f"{field}__lte": bound * scale}))
@@ -617,14 +620,14 @@ def _totals_between(
         row["prompt_tokens"] = row.pop("prompt_tokens_sum")
         for name, (_, bounds, _) in histograms.items():
             row[name] = [int(row.pop(f"{name}__le_{i}")) for i in range(len(bounds))]
-        add(agent_id, row)
+        _add(totals, agent_id, row)
     for model, aggregates in (
         (Turn, _turn_aggregates()),
         (Checkpoint, _checkpoint_aggregates()),
         (ToolInvocation, _tool_aggregates()),
     ):
         for row in model.objects.filter(**window).order_by().values("session__agent_id").annotate(**aggregates):
-            add(row.pop("session__agent_id"), row)
+            _add(totals, row.pop("session__agent_id"), row)
     return totals
 
 
@@ -756,11 +759,12 @@ def metric_totals_by_agent(
         .values("agent_id")
         .annotate(summaries_pending=Count("id"))
     )
-    by_agent = _merge(by_agent, {row["agent_id"]: {"summaries_pending": row["summaries_pending"]} for row in pending})
     by_slug: dict[str, dict[str, Any]] = {}
     for agent_id, values in by_agent.items():
-        slug = slugs.get(agent_id, "none") if agent_id is not None else "none"
-        by_slug = _merge(by_slug, {slug: values})
+        _add(by_slug, slugs.get(agent_id, "none") if agent_id is not None else "none", values)
+    for row in pending:
+        agent_id = row["agent_id"]
+        _add(by_slug, slugs.get(agent_id, "none"), {"summaries_pending": row["summaries_pending"]})
     return by_slug
 
 

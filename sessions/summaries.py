@@ -17,6 +17,7 @@ import re
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING
 
 from django.conf import settings
@@ -155,7 +156,7 @@ def summaries_requeue(
     it is still queued). Returns how many were sent (at most ``limit``); stops at the first failed
     enqueue (the broker is still down).
     """
-    from config.services import requeue_claim, requeue_release
+    from config.services import requeue_each
     from sessions.tasks import summarize_session
 
     now = timezone.now()
@@ -168,25 +169,15 @@ def summaries_requeue(
         .order_by("updated_at")
         .values_list("pk", "summary_requested_seq")[: limit * 4]
     )
-    sent = 0
-    for session_id, through_seq in pending:
-        if sent >= limit:
-            break
-        claim = f"{session_id}:{through_seq}"
-        if not requeue_claim("summary", claim, within=again_after):
-            continue
-        enqueued = False
-        try:
-            summarize_session.delay(str(session_id), through_seq)
-            enqueued = True
-        except Exception:  # the broker is still unreachable; the next run retries
-            logger.warning("could not re-enqueue the summary of session %s; will retry", session_id, exc_info=True)
-            break
-        finally:
-            if not enqueued:  # whatever stopped it (a time limit too): the next run may send it
-                requeue_release("summary", claim)
-        sent += 1
-    return sent
+    return requeue_each(
+        "summary",
+        (
+            (f"{session_id}:{through_seq}", partial(summarize_session.delay, str(session_id), through_seq))
+            for session_id, through_seq in pending
+        ),
+        within=again_after,
+        limit=limit,
+    )
 
 
 def summarize_session_through(

@@ -105,14 +105,17 @@ class Agent(models.Model):
 class LLMCall(models.Model):
     """One model call, whatever its outcome: the raw material of the death-spiral indicators."""
 
-    agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.SET_NULL, related_name="calls")
+    # No index of its own: llmcall_agent_time (agent, created_at) leads with it.
+    agent = models.ForeignKey(
+        Agent, null=True, blank=True, on_delete=models.SET_NULL, related_name="calls", db_index=False
+    )
     session = models.ForeignKey(
         "chat_sessions.ChatSession", null=True, blank=True, on_delete=models.SET_NULL, related_name="llm_calls"
     )
     turn = models.ForeignKey(
         "chat_sessions.Turn", null=True, blank=True, on_delete=models.SET_NULL, related_name="llm_calls"
     )
-    purpose = models.CharField(max_length=20, db_index=True)
+    purpose = models.CharField(max_length=20)
     provider = models.CharField(max_length=20)
     model = models.CharField(max_length=200)
     prompt_tokens = models.PositiveIntegerField(default=0)
@@ -121,7 +124,7 @@ class LLMCall(models.Model):
     latency_ms = models.FloatField(default=0.0)
     ttft_ms = models.FloatField(null=True, blank=True)
     retries = models.PositiveIntegerField(default=0)
-    outcome = models.CharField(max_length=20, db_index=True)
+    outcome = models.CharField(max_length=20)
     finish_reason = models.CharField(max_length=30, blank=True)
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
@@ -131,6 +134,9 @@ class LLMCall(models.Model):
         indexes = [
             # Dashboard and alerts: "calls of agent X in the last hour" (WHERE agent_id = ? AND created_at >= ?).
             models.Index(fields=["agent", "created_at"], name="llmcall_agent_time"),
+            # The admin's and the dashboard's filters. Plain btrees: nothing searches these with LIKE.
+            models.Index(fields=["purpose"], name="llmcall_purpose"),
+            models.Index(fields=["outcome"], name="llmcall_outcome"),
         ]
 
     def __str__(self) -> str:

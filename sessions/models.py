@@ -21,7 +21,10 @@ class ChatSession(models.Model):
         CLOSED = "closed", "Closed"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="chat_sessions")
+    # No index of its own: session_user_recent (user, updated_at) leads with it.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="chat_sessions", db_index=False
+    )
     agent = models.ForeignKey("agents.Agent", on_delete=models.PROTECT, related_name="sessions")
     title = models.CharField(max_length=200, blank=True)
     workflow = models.CharField(max_length=80)
@@ -30,7 +33,7 @@ class ChatSession(models.Model):
     retry_count = models.PositiveIntegerField(default=0)
     last_transition = models.CharField(max_length=140, blank=True)
     last_good_state = models.CharField(max_length=60, blank=True)
-    status = models.CharField(max_length=20, choices=Status.choices, default=Status.ACTIVE, db_index=True)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.ACTIVE)
     version = models.PositiveIntegerField(default=0)
     # Progressive summary of the turns that left the sliding window.
     summary = models.TextField(blank=True)
@@ -46,6 +49,8 @@ class ChatSession(models.Model):
         indexes = [
             # The session list: WHERE user_id = ? ORDER BY updated_at DESC.
             models.Index(fields=["user", "-updated_at"], name="session_user_recent"),
+            # Sessions needing a human (the dashboard, the admin's filter). A plain btree: no LIKE index.
+            models.Index(fields=["status"], name="session_status"),
         ]
 
     def __str__(self) -> str:
@@ -61,11 +66,12 @@ class Turn(models.Model):
         COMPLETED = "completed", "Completed"
         FAILED = "failed", "Failed"
 
-    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="turns")
+    # No index of its own: turn_seq_unique (session, seq) leads with it.
+    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="turns", db_index=False)
     seq = models.PositiveIntegerField()
     user_message = models.TextField()
     assistant_message = models.TextField(blank=True)
-    status = models.CharField(max_length=12, choices=Status.choices, default=Status.PENDING, db_index=True)
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.PENDING)  # turn_stuck_sweep
     # Note: NULL, not "", so that turns without a key never collide in the unique constraint below.
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     error = models.TextField(blank=True)
@@ -129,7 +135,8 @@ class Checkpoint(models.Model):
         RECOVERED = "recovered", "Recovered after a crash"
         HANDOFF = "handoff", "Handed to a human"
 
-    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="checkpoints")
+    # No index of its own: checkpoint_seq_unique (session, seq) leads with it.
+    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="checkpoints", db_index=False)
     seq = models.PositiveIntegerField()
     turn = models.ForeignKey(Turn, null=True, blank=True, on_delete=models.SET_NULL, related_name="checkpoints")
     state = models.CharField(max_length=60)

@@ -20,6 +20,10 @@ requested turns into the summary (``OurSide.summary_worker``). Both databases ge
 The two run interleaved (one turn each, alternately) so machine noise hits both alike. LangGraph's fake
 model call skips our provider's bookkeeping (the ``LLMCall`` row is counted on our side only).
 
+Then, on 50 more of our turns, the time our turn waits for PostgreSQL (every statement and commit, by
+area: retrieval, turn state, the model-call record, the lock): the floor of our turn's cost, and the
+ratio that floor alone gives against LangGraph's whole turn.
+
 Run alone: ``python -m bench turn_overhead [-- --turns 200 --warmup 20 --memories 300 --profile --phases]``
 (``--turns 1000 --buckets 100``: how both sides grow with the length of the conversation);
 needs ``requirements-bench.txt`` (``make bench`` installs it into ``.venv-peers``).
@@ -46,6 +50,7 @@ OUR_DATABASE = "bench_turn_overhead"
 LANGGRAPH_DATABASE = "bench_turn_overhead_langgraph"
 MEMORY_TOP_K = 10
 GOAL_RATIO = 0.5  # ours / LangGraph, p50
+DATABASE_TURNS = 50  # turns over which our database time is measured, after the measured ones
 
 
 @dataclass
@@ -319,28 +324,70 @@ class LangGraphSide:
 # --------------------------------------------------------------------------------------------------
 
 
-def _query_breakdown(ours: OurSide, message: str) -> dict[str, Any]:
-    """The SQL one of our turns sends: how many statements, of which kind, and their share of the time."""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
+# Where each statement's time goes, by the table it is about (first match wins).
+_AREAS = (
+    ("memory_memory", "memory retrieval"),
+    ("agents_llmcall", "model-call record"),
+    ("chat_sessions_", "turn state (turn row, checkpoint, session)"),
+    ("pg_", "session lock"),
+)
 
-    started = time.perf_counter()
-    with CaptureQueriesContext(connection) as ctx:
-        ours.timed_turn(message)
-    total_ms = (time.perf_counter() - started) * 1000
-    ours.summary_worker()
+
+def _database_time(ours: OurSide, messages: list[str]) -> dict[str, Any]:
+    """What our turns spend waiting for PostgreSQL, per turn over ``messages``: every statement's execute
+    call and every commit, timed in the client (so the round trip is in it), by area (``_AREAS``).
+
+    The floor of the turn's cost: what it would cost if all of our Python were free."""
+    from django.db import connection
+
+    per_area: dict[str, float] = {}
     kinds: dict[str, int] = {}
-    for query in ctx.captured_queries:
-        verb = query["sql"].lstrip().split(" ", 1)[0].upper()
-        kinds[verb] = kinds.get(verb, 0) + 1
-    sql_ms = sum(float(q["time"]) for q in ctx.captured_queries) * 1000
-    slowest = sorted(ctx.captured_queries, key=lambda q: -float(q["time"]))[:5]
+    statements = 0
+    timing = False
+
+    def wrapper(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+        nonlocal statements
+        started = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            area = next((label for marker, label in _AREAS if marker in sql), "other")
+            per_area[area] = per_area.get(area, 0.0) + time.perf_counter() - started
+            verb = sql.lstrip("( \n").split(" ", 1)[0].upper()
+            kinds[verb] = kinds.get(verb, 0) + 1
+            statements += 1
+
+    commit = connection._commit
+
+    def timed_commit() -> Any:
+        started = time.perf_counter()
+        try:
+            return commit()
+        finally:
+            if timing:
+                per_area["commits"] = per_area.get("commits", 0.0) + time.perf_counter() - started
+                kinds["COMMIT"] = kinds.get("COMMIT", 0) + 1
+
+    connection._commit = timed_commit  # type: ignore[method-assign]
+    turn_ms = 0.0
+    try:
+        for message in messages:
+            timing = True
+            with connection.execute_wrapper(wrapper):
+                turn_ms += ours.timed_turn(message)
+            timing = False
+            ours.summary_worker()
+    finally:
+        del connection._commit  # back to the class's method
+    n = len(messages)
+    ms = {area: round(seconds * 1000 / n, 2) for area, seconds in sorted(per_area.items(), key=lambda kv: -kv[1])}
     return {
-        "statements": len(ctx.captured_queries),
-        "by_kind": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
-        "sql_ms": round(sql_ms, 1),
-        "turn_ms": round(total_ms, 1),
-        "slowest": [{"ms": round(float(q["time"]) * 1000, 1), "sql": q["sql"][:120]} for q in slowest],
+        "turns": n,
+        "statements_per_turn": round(statements / n, 1),
+        "by_kind_per_turn": {k: round(v / n, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+        "database_ms_per_turn": round(sum(per_area.values()) * 1000 / n, 2),
+        "by_area_ms_per_turn": ms,
+        "turn_ms": round(turn_ms / n, 2),
     }
 
 
@@ -450,7 +497,7 @@ def main(argv: list[str]) -> int:
     _recreate_database(OUR_DATABASE)
     use_database(OUR_DATABASE)
     texts = memory_texts(args.memories)
-    extra = (50 if args.profile else 0) + (200 if args.phases else 0)
+    extra = DATABASE_TURNS + (50 if args.profile else 0) + (200 if args.phases else 0)
     messages = user_messages(args.warmup + args.turns + extra)
     ours = OurSide(memories=texts)
     history_budget, memory_budget, model = ours.budgets()
@@ -465,7 +512,7 @@ def main(argv: list[str]) -> int:
     theirs_ms: list[float] = []
     profile = ""
     phases: dict[str, float] = {}
-    queries: dict[str, Any] = {}
+    database: dict[str, Any] = {}
     try:
         with mock.patch("agents.llm.providers.get_provider", ours.provider):
             for i, message in enumerate(messages[: args.warmup + args.turns]):
@@ -477,8 +524,9 @@ def main(argv: list[str]) -> int:
                     continue
                 (ours_ms if first is ours else theirs_ms).append(a)
                 (ours_ms if second is ours else theirs_ms).append(b)
-            queries = _query_breakdown(ours, messages[0])
             rest = messages[args.warmup + args.turns :]
+            database = _database_time(ours, rest[:DATABASE_TURNS])
+            rest = rest[DATABASE_TURNS:]
             if args.profile:
                 profile = _profile_ours(ours, rest[:50])
                 rest = rest[50:]
@@ -497,7 +545,9 @@ def main(argv: list[str]) -> int:
         "ratio_ours_over_langgraph": ratio,
         "goal": f"ours at most {GOAL_RATIO:.0%} of LangGraph's",
         "goal_met": ratio["p50"] <= GOAL_RATIO and ratio["p95"] <= GOAL_RATIO,
-        "ours_sql_one_turn": queries,
+        "ours_database_time": database,
+        # Our database time alone over LangGraph's whole turn: the ratio if all of our Python were free.
+        "ratio_floor_database_only": round(database["database_ms_per_turn"] / t["p50_ms"], 3),
         **({"ours_phases_ms_per_turn": phases} if phases else {}),
         "setup": {
             "memories_per_side": args.memories,
@@ -523,9 +573,16 @@ def main(argv: list[str]) -> int:
             print(
                 f"  turns {start + 1:>5}-{start + args.buckets:<5} ours {a:7.2f}  LangGraph {b:7.2f}  ratio {a / b:.2f}"
             )
+    areas = ", ".join(f"{area} {ms:.2f}" for area, ms in database["by_area_ms_per_turn"].items())
     print(
-        f"one of our turns: {queries['statements']} SQL statements {queries['by_kind']}, "
-        f"{queries['sql_ms']:.0f} of {queries['turn_ms']:.0f} ms in the database"
+        f"our turn in the database ({database['turns']} more turns): {database['statements_per_turn']:g} "
+        f"statements, {database['database_ms_per_turn']:.2f} of {database['turn_ms']:.2f} ms ({areas})"
+    )
+    budget = GOAL_RATIO * t["p50_ms"]
+    print(
+        f"floor, if all of our Python were free: ratio {report['ratio_floor_database_only']:.3f} "
+        f"(the goal's budget is {budget:.2f} ms a turn; the database work alone is "
+        f"{database['database_ms_per_turn'] / budget:.1f}x that)"
     )
     if phases:
         print("our turn's steps, ms per turn over 200 more turns (nested lines are part of the line above):")

@@ -21,15 +21,28 @@ def database_url(name: str | None = None) -> str:
 
 def storable_text(text: str) -> str:
     """``text`` as PostgreSQL can store it: NUL and lone surrogates (from a JSON "\\ud800" escape) become
-    U+FFFD. For text from outside that must not be refused: model output, tool results. (User input is
-    refused instead, with a clear error: ``agents.runtime.validate_message``.)"""
+    U+FFFD; the two halves of a pair (escaped apart, "\\ud83d" and "\\ude00", as a stream can send them)
+    become the one character they stand for. For text from outside that must not be refused: model
+    output, tool results. (User input is refused instead, with a clear error:
+    ``agents.runtime.validate_message``.)"""
     if "\x00" in text:
         text = text.replace("\x00", "\ufffd")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        text = "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+        # Through UTF-16: a high surrogate followed by a low one decodes to their character, any other
+        # surrogate to U+FFFD.
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
     return text
+
+
+def hold_high_surrogate(text: str) -> tuple[str, str]:
+    """``text`` split before a high surrogate that ends it: (what can be shown now, what waits for the next
+    piece). A stream may send the two halves of a character (an emoji) in two chunks; shown apart, each
+    would be a lone surrogate, and ``storable_text`` would turn the character into two U+FFFD."""
+    if text and "\ud800" <= text[-1] <= "\udbff":
+        return text[:-1], text[-1]
+    return text, ""
 
 
 def storable_json(value: Any) -> Any:

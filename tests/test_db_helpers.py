@@ -94,3 +94,15 @@ def test_storable_text_replaces_what_postgres_refuses() -> None:
     assert storable_text("a\x00b") == "a\ufffdb"
     assert storable_text("x\ud800y\udfffz") == "x\ufffdy\ufffdz"
     assert storable_text("🙂") == "🙂"  # a whole pair is a character, not a lone surrogate
+    # The two halves of a pair, escaped apart ("\ud83d" "\ude42"), are the character; reversed, two lone ones.
+    assert storable_text("a\ud83d\ude42b") == "a🙂b"
+    assert storable_text("\ude42\ud83d") == "\ufffd\ufffd"
+
+
+def test_hold_high_surrogate_keeps_a_first_half_for_the_next_piece() -> None:
+    from config.db import hold_high_surrogate
+
+    assert hold_high_surrogate("smile \ud83d") == ("smile ", "\ud83d")
+    assert hold_high_surrogate("smile 🙂") == ("smile 🙂", "")
+    assert hold_high_surrogate("lone \ude42") == ("lone \ude42", "")  # a second half waits for nothing
+    assert hold_high_surrogate("") == ("", "")

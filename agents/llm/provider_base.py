@@ -32,7 +32,7 @@ from agents.llm.base import (
 from agents.llm.recording import llm_call_record
 from agents.llm.redaction import redact
 from agents.llm.tokens import TokenCounter, counter_for
-from config.db import storable_text
+from config.db import hold_high_surrogate, storable_text
 
 logger = logging.getLogger(__name__)
 
@@ -423,6 +423,7 @@ class RecordedStream:
         retries = 0
         chunks: Iterator[StreamChunk] | None = None
         finished = False
+        held = ""  # a high surrogate that ended the last chunk's text (hold_high_surrogate)
         try:
             opened = provider._open_stream(
                 self._messages,
@@ -449,14 +450,20 @@ class RecordedStream:
                     if delta.id:
                         slot["id"] = delta.id
                     if delta.name:
-                        slot["name"] += storable_text(delta.name)
-                    slot["arguments"].append(storable_text(delta.arguments))
+                        slot["name"] += delta.name
+                    slot["arguments"].append(delta.arguments)  # made storable whole (_partial)
                 if chunk.text:
                     if ttft_ms is None:
                         ttft_ms = _ms_since(started)
-                    text = storable_text(chunk.text)  # shown as it is stored: no NUL, no lone surrogate
-                    parts.append(text)
-                    yield text
+                    # A character's first half at the chunk's end waits for its second half in the next.
+                    text, held = hold_high_surrogate(held + chunk.text)
+                    if text:
+                        text = storable_text(text)  # shown as it is stored: no NUL, no lone surrogate
+                        parts.append(text)
+                        yield text
+            if held:  # its second half never came
+                parts.append(storable_text(held))
+                yield parts[-1]
             finished = True
         except GeneratorExit:
             # The consumer stopped reading (a client went away): record what was spent, then stop.
@@ -511,7 +518,11 @@ class RecordedStream:
         prompt_tokens: int | None,
     ) -> Completion:
         tool_calls = [
-            ToolCallRequest(id=slot["id"] or f"call_{index}", name=slot["name"], arguments="".join(slot["arguments"]))
+            ToolCallRequest(
+                id=slot["id"] or f"call_{index}",
+                name=storable_text(slot["name"]),
+                arguments=storable_text("".join(slot["arguments"])),
+            )
             for index, slot in sorted(calls.items())
         ]
         raw = RawCompletion(

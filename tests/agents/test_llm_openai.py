@@ -324,6 +324,32 @@ def test_model_text_is_made_storable_nul_and_lone_surrogates(fake_openai: FakeOp
     assert LLMCall.objects.count() == 4 and set(LLMCall.objects.values_list("outcome", flat=True)) == {"ok"}
 
 
+def test_a_character_split_across_stream_chunks_arrives_whole(fake_openai: FakeOpenAIServer) -> None:
+    """A stream may send the two halves of an emoji (a surrogate pair, JSON-escaped) in two chunks: the reader
+    sees the character, not two U+FFFD; a half whose pair never comes is still made storable."""
+    fake_openai.enqueue(
+        fake.stream(pieces=["smile ", "\ud83d", "\ude00", " and \ud83d", "\ude4f!", " cut \ud83d"]),
+        fake.stream(
+            tool_calls=[fake.tool_call("note", '{"text": "\ud83d\ude00"}', call_id="c1")],
+            pieces=['{"text": "\ud83d', '\ude00"}'],
+            finish_reason="tool_calls",
+        ),
+    )
+    provider = make_provider(fake_openai)
+
+    shown = list(provider.stream(MESSAGES, ctx=CTX))
+    assert "".join(shown) == "smile \U0001f600 and \U0001f64f! cut \ufffd"
+    assert all(piece.encode("utf-8") for piece in shown)  # every piece is shown as it is stored
+    note = ToolSpec(name="note", description="Take a note", parameters={"type": "object", "properties": {}})
+    stream = provider.stream(MESSAGES, ctx=CTX, tools=[note])
+    assert list(stream) == []
+    assert stream.completion is not None
+    [call] = stream.completion.tool_calls
+    assert json.loads(call.arguments) == {"text": "\U0001f600"}
+    saved = LLMCall.objects.order_by("pk").values_list("outcome", flat=True)
+    assert list(saved) == ["ok", "ok"]
+
+
 def test_a_json_nul_escape_in_structured_output_is_made_storable() -> None:
     from agents.llm.provider_base import parse_structured
 

@@ -108,22 +108,24 @@ def stream(
     prompt_tokens: int = 11,
     cut_after: int | None = None,
     hang: float = 0.0,
+    pieces: list[str] | None = None,
 ) -> FakeResponse:
     """A streamed chat completion: one chunk per word, tool calls in pieces, then finish and usage.
 
-    ``finish_reason=None`` ends the stream (with [DONE]) without ever giving a finish reason;
-    ``cut_after=n`` drops the connection after n chunks.
+    ``pieces`` gives the text's chunks instead of ``text`` split into words (and a tool call's arguments
+    go in as many pieces as it has, not two); ``finish_reason=None`` ends the stream (with [DONE])
+    without ever giving a finish reason; ``cut_after=n`` drops the connection after n chunks.
     """
     base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
     chunks: list[dict[str, Any]] = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant"}}]}]
-    words = [w for w in _split_keep_space(text)]
+    words = list(pieces) if pieces is not None and not tool_calls else _split_keep_space(text)
     for word in words:
         chunks.append({**base, "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]})
     for index, call in enumerate(tool_calls or []):
         first = {"index": index, "id": call["id"], "type": "function", "function": {"name": call["function"]["name"]}}
         chunks.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": [first]}}]})
         args = call["function"]["arguments"]
-        for piece in (args[: len(args) // 2], args[len(args) // 2 :]):
+        for piece in pieces if pieces is not None else (args[: len(args) // 2], args[len(args) // 2 :]):
             delta = {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
             chunks.append({**base, "choices": [{"index": 0, "delta": delta}]})
     if finish_reason is not None:

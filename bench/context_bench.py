@@ -420,7 +420,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--turns", type=int, default=500)
     parser.add_argument("--summary-lag", type=int, default=0, help="turns a summary task takes to finish")
     parser.add_argument("--no-plot", action="store_true")
-    args = parser.parse_args(argv)
+    args, _ = parser.parse_known_args(argv)  # options after "--" are shared by every part
 
     from django.contrib.auth import get_user_model
     from django.test.utils import setup_databases

@@ -607,7 +607,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench gallery")
     parser.add_argument("--turns", type=int, default=60, help="how many turns of the 60-turn script to run")
     parser.add_argument("--output", type=Path, default=RESULTS / "gallery.json")
-    args = parser.parse_args(argv)
+    args, _ = parser.parse_known_args(argv)  # options after "--" are shared by every part
 
     from django.contrib.auth import get_user_model
     from django.test.utils import setup_databases

@@ -386,7 +386,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sample-every", type=int, default=250, help="sample the workers' RSS every N turns")
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--output", type=Path, default=RESULTS / "soak.json")
-    args = parser.parse_args(argv)
+    args, _ = parser.parse_known_args(argv)  # options after "--" are shared by every part
     if args.turns < 1 or args.concurrency < 1:
         parser.error("--turns and --concurrency must be at least 1")
 

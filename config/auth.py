@@ -4,9 +4,9 @@ until the window has passed. The chat's login page and the admin's use the same 
 
 Counted per (address, username) so that guessing one account is slowed while nobody can lock another user
 out from elsewhere. The counters live in Django's cache, which every process shares (settings.CACHES).
-Behind a reverse proxy every request comes from the proxy's address: the count is then per username, and
-guesses from anywhere can lock that username out for the window (the server must be given the client's
-address, e.g. by the proxy protocol, for the per-address count to hold).
+The address is ``client_address``: behind reverse proxies, set ``NUM_PROXIES`` to their number, or every
+request has the proxy's address, the count is per username, and guesses from anywhere can lock that
+username out for the window.
 """
 
 from __future__ import annotations
@@ -21,8 +21,17 @@ from django.core.cache import cache
 from django.core.exceptions import ValidationError
 
 
+def client_address(request: Any) -> str:
+    """The client's address as the API throttles see it (DRF's ``get_ident``): ``REMOTE_ADDR``, or with
+    ``NUM_PROXIES`` = n, the n-th address from the end of X-Forwarded-For (those before it are the
+    client's to write, so they never count)."""
+    from rest_framework.throttling import BaseThrottle
+
+    return str(BaseThrottle().get_ident(request) or "")
+
+
 def _failures_key(request: Any, username: str) -> str:
-    address = request.META.get("REMOTE_ADDR", "") if request is not None else ""
+    address = client_address(request) if request is not None else ""
     digest = hashlib.sha256(f"{address}\n{username.strip().lower()}".encode()).hexdigest()
     return f"login-failures:{digest}"
 

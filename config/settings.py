@@ -136,6 +136,11 @@ LOGIN_URL = "/accounts/login/"
 # Failed sign-ins for one username from one address before that pair is refused, and for how long.
 LOGIN_MAX_FAILURES = env_int("LOGIN_MAX_FAILURES", 10, minimum=1)
 LOGIN_FAILURE_WINDOW_SECONDS = env_int("LOGIN_FAILURE_WINDOW_SECONDS", 900, minimum=1)
+# Reverse proxies of ours in front of the app (nginx, a load balancer), each appending to X-Forwarded-For.
+# 0: the client is REMOTE_ADDR and the header is ignored (a client could write anything into it). n: the
+# client is the n-th address from the header's end, the one our outermost proxy saw. Used by the sign-in
+# throttle and, as DRF's NUM_PROXIES, by the API throttles. (/metrics never trusts forwarded headers.)
+NUM_PROXIES = env_int("NUM_PROXIES", 0, minimum=0, maximum=10)
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 
@@ -233,6 +238,7 @@ REST_FRAMEWORK = {
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
     "EXCEPTION_HANDLER": "config.api_errors.api_exception_handler",
+    "NUM_PROXIES": NUM_PROXIES,
     "DEFAULT_THROTTLE_CLASSES": [
         "rest_framework.throttling.AnonRateThrottle",
         "rest_framework.throttling.UserRateThrottle",

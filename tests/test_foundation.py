@@ -206,6 +206,38 @@ def test_password_guessing_is_stopped(settings: Any, alice: Any, staff: Any, log
     cache.clear()
 
 
+def test_behind_a_proxy_the_sign_in_count_is_per_client_and_a_forged_header_does_not_reset_it(
+    settings: Any, alice: Any
+) -> None:
+    """With NUM_PROXIES = 1 (nginx in front) every request comes from the proxy's address; the client is the
+    address nginx appended, the last of X-Forwarded-For. What the client wrote before it changes nothing."""
+    settings.LOGIN_MAX_FAILURES = 2
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
+    proxy = "10.0.0.2"
+
+    def attempt(forwarded: str, password: str) -> str:
+        client = Client(REMOTE_ADDR=proxy, HTTP_X_FORWARDED_FOR=forwarded)
+        return client.post("/accounts/login/", {"username": alice.username, "password": password}).content.decode()
+
+    for i in range(2):  # the guesser writes a new address of its own each time; nginx appends the real one
+        assert "correct username and password" in attempt(f"192.0.2.{i}, 203.0.113.9", "wrong")
+    assert "Too many failed sign-ins" in attempt("192.0.2.99, 203.0.113.9", "alice-pass-123")
+    # Another client behind the same proxy is not locked out.
+    assert "Too many failed sign-ins" not in attempt("198.51.100.7", "wrong")
+
+    # Without NUM_PROXIES the header is ignored: the forged address cannot start a fresh count either.
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 0}
+    direct = "203.0.113.50"
+    for i in range(2):
+        Client(REMOTE_ADDR=direct, HTTP_X_FORWARDED_FOR=f"192.0.2.{i}").post(
+            "/accounts/login/", {"username": alice.username, "password": "wrong"}
+        )
+    forged = Client(REMOTE_ADDR=direct, HTTP_X_FORWARDED_FOR="192.0.2.200").post(
+        "/accounts/login/", {"username": alice.username, "password": "alice-pass-123"}
+    )
+    assert "Too many failed sign-ins" in forged.content.decode()
+
+
 def test_every_scheduled_task_exists_and_the_sweeps_are_scheduled(settings: Any) -> None:
     """Beat sends tasks by name: a name no worker knows would be dropped without a word."""
     from config.celery import app

@@ -305,3 +305,21 @@ def test_healthz_is_503_when_the_worker_heartbeat_is_stale(client: Client) -> No
     assert "last heartbeat 120s ago" in body["worker"]["error"]
     WorkerHeartbeat.objects.filter(pk=beat.pk).update(seen_at=timezone.now())
     assert client.get("/healthz").json()["worker"]["ok"] is True
+
+
+def test_every_environment_variable_the_code_reads_is_in_the_readme() -> None:
+    """The README's configuration table is the list of settings: a variable read by the code and missing
+    there is a setting nobody can find."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    configuration = readme[readme.index("## Configuration") : readme.index("## Architecture")]
+    read = set()
+    for folder in ("config", "agents", "memory", "sessions", "observability"):
+        for path in (ROOT / folder).rglob("*.py"):
+            text = path.read_text()
+            read |= set(re.findall(r"env_(?:int|str|bool|float|list)\(\s*\"([A-Z][A-Z0-9_]+)\"", text))
+            read |= set(re.findall(r"os\.environ(?:\.get)?[\[(]\"([A-Z][A-Z0-9_]+)\"", text))
+    assert len(read) > 40  # the patterns still find the settings
+    missing = sorted(name for name in read if f"`{name}`" not in configuration)
+    assert not missing, f"read by the code, not in the README's configuration: {missing}"

@@ -384,13 +384,23 @@ def turn_recover(*, turn_id: int) -> bool:
         lock.release()
 
 
-def stuck_turns_recover(*, older_than: timedelta | None = None) -> int:
-    """The periodic sweep: resume every orphaned turn older than ``older_than``. Returns how many."""
+def stuck_turns_recover(*, older_than: timedelta | None = None, budget_seconds: float | None = None) -> int:
+    """The periodic sweep: resume every orphaned turn older than ``older_than``. Returns how many.
+
+    With ``budget_seconds``, no recovery starts once that much time has passed (the first always does): the
+    rest wait for the next sweep. The sweep's task has a time limit, and a turn it interrupted mid-answer
+    would be failed instead of answered."""
     from sessions.services import stuck_turns_find
 
     age = older_than if older_than is not None else timedelta(seconds=int(getattr(settings, "STUCK_TURN_SECONDS", 120)))
+    deadline = time.monotonic() + budget_seconds if budget_seconds is not None else None
     count = 0
+    started = False
     for turn in stuck_turns_find(older_than=age):
+        if started and deadline is not None and time.monotonic() >= deadline:
+            logger.info("turn recovery: time budget spent after %s turn(s); the rest wait for the next sweep", count)
+            break
+        started = True
         try:
             if turn_recover(turn_id=turn.pk):
                 count += 1

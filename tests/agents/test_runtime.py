@@ -617,3 +617,19 @@ def test_the_sweep_leaves_a_turn_whose_runner_is_alive(alice: Any, chat_agent: A
         assert turn.status == Turn.Status.RUNNING and turn.assistant_message == ""
         assert not LLMCall.objects.filter(turn=turn).exists()
     assert stuck_turns_recover(older_than=timedelta(0)) == 1  # once the runner is gone, the sweep finishes it
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sweep_starts_no_recovery_once_its_time_budget_is_spent(alice: Any, chat_agent: Agent) -> None:
+    """The sweep's task has a time limit that would cut a turn short mid-answer: past its budget it starts
+    no more recoveries, and the turns left wait, still running, for the next sweep."""
+    from agents.runtime import stuck_turns_recover
+
+    for i in range(3):
+        turn_stream(session=session_create(user=alice, agent=chat_agent), message=f"hello {i}").close()
+    assert Turn.objects.filter(status=Turn.Status.RUNNING).count() == 3
+
+    assert stuck_turns_recover(older_than=timedelta(0), budget_seconds=0) == 1  # the first always starts
+    assert Turn.objects.filter(status=Turn.Status.RUNNING).count() == 2
+    assert stuck_turns_recover(older_than=timedelta(0), budget_seconds=60) == 2
+    assert set(Turn.objects.values_list("status", flat=True)) == {Turn.Status.COMPLETED}

@@ -227,7 +227,10 @@ def turn_begin(
     text = validate_message(message)
     key = (idempotency_key or "").strip()[:200] or None
     if key:
-        done = Turn.objects.filter(session=session, idempotency_key=key, status=Turn.Status.COMPLETED).first()
+        # A key names one turn, whatever it came to: a finished one (answered or failed) is replayed. To try
+        # a failed message again, send it with a new key. (Running it again under its old key answered the
+        # model's calls and then threw the reply away: the turn was finished already.)
+        done = Turn.objects.filter(session=session, idempotency_key=key, status__in=_FINISHED).first()
         if done is not None:
             _same_message_or_refuse(done, text)
             return TurnHandle(session=session, turn=None, lock=None, replay=done)
@@ -252,7 +255,7 @@ def turn_begin(
             same = Turn.objects.filter(session=session, idempotency_key=key).first()
             if same is not None:
                 _same_message_or_refuse(same, text)
-            if same is not None and same.status == Turn.Status.COMPLETED:
+            if same is not None and same.status in _FINISHED:
                 lock.release()
                 return TurnHandle(session=session, turn=None, lock=None, replay=same)
             if same is not None:
@@ -361,7 +364,7 @@ def turn_run(
     assert turn is not None
     # The saved row is the outcome (completed or failed); the events only mirror it. Every ending of
     # the turn re-reads it; one that did not (the lock was lost to another process) is read here.
-    if turn.status not in (Turn.Status.COMPLETED, Turn.Status.FAILED):
+    if turn.status not in _FINISHED:
         turn = Turn.objects.get(pk=turn.pk)
     return TurnResult(turn=turn, reply=turn.assistant_message, is_demo=turn.is_demo, recovered=recovered)
 
@@ -593,6 +596,7 @@ def _user_facing_error(exc: Exception) -> str:
 
 
 _UNFINISHED = (Turn.Status.RUNNING, Turn.Status.PENDING)
+_FINISHED = (Turn.Status.COMPLETED, Turn.Status.FAILED)
 
 
 def _write_unfinished(turn: Turn, **fields: Any) -> bool:

@@ -148,6 +148,31 @@ def test_idempotency_key_returns_the_first_reply(alice: Any, chat_agent: Agent) 
     assert Turn.objects.filter(session=session).count() == 1
 
 
+@pytest.mark.django_db
+def test_a_retry_of_a_failed_turn_under_its_key_is_a_replay_not_a_second_run(
+    alice: Any, chat_agent: Agent, scripted: ScriptedProvider
+) -> None:
+    """A key names one turn, failed or not. Running a failed turn again under its key called the model,
+    then threw the reply away (the turn was finished already) and answered with the old failure."""
+    session = session_create(user=alice, agent=chat_agent)
+    scripted.add(LLMServerError("upstream 500"))
+    first = turn_run(session=session, message="hello there", idempotency_key="key-1")
+    assert first.turn.status == Turn.Status.FAILED and not first.replayed
+    calls = LLMCall.objects.count()
+
+    scripted.add("Hello!")  # would answer, were the model asked again
+    again = turn_run(session=session, message="hello there", idempotency_key="key-1")
+    assert again.replayed and again.turn.pk == first.turn.pk and again.turn.status == Turn.Status.FAILED
+    assert again.reply == first.reply and LLMCall.objects.count() == calls and scripted.remaining == 1
+    # A new key tries the message again.
+    fresh = turn_run(session=session, message="hello there", idempotency_key="key-2")
+    assert fresh.reply == "Hello!" and fresh.turn.status == Turn.Status.COMPLETED
+    assert list(Turn.objects.filter(session=session).values_list("status", flat=True).order_by("seq")) == [
+        Turn.Status.FAILED,
+        Turn.Status.COMPLETED,
+    ]
+
+
 @pytest.mark.parametrize(
     ("message", "code", "status"),
     [

@@ -7,6 +7,7 @@ production configuration stops the process at start-up instead of being ignored.
 from __future__ import annotations
 
 import os
+import re
 from urllib.parse import parse_qs, unquote, urlparse
 
 from django.core.exceptions import ImproperlyConfigured
@@ -71,6 +72,34 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(s|sec|second|m|min|minute|h|hour|d|day)\s*$", re.IGNORECASE)
+
+
+def env_rate(name: str, default: str) -> str:
+    """A request rate as Django REST framework reads it: ``<count>/<period>``, the period one of s, m, h, d
+    (or sec, min, hour, day). DRF parses it on every request, so a typo would fail each one with a 500."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    match = _RATE.match(raw)
+    if not match or int(match.group(1)) < 1:
+        raise ImproperlyConfigured(
+            f"{name}={raw!r} is not a rate like 30/min (a count of at least 1, then s, m, h or d)"
+        )
+    return f"{int(match.group(1))}/{match.group(2).lower()}"
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` (compared in upper case, as log levels are written)."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().upper()
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not one of {', '.join(choices)}")
+    return value
+
+
 def database_from_url(url: str) -> dict[str, object]:
     """Turn ``postgres://user:pass@host:port/name?sslmode=…`` into a Django DATABASES entry.
 
@@ -84,6 +113,10 @@ def database_from_url(url: str) -> dict[str, object]:
     name = unquote(parsed.path.lstrip("/"))
     if not name:
         raise ImproperlyConfigured("DATABASE_URL has no database name")
+    try:
+        port = parsed.port
+    except ValueError as exc:  # "Port could not be cast to integer value", "Port out of range 0-65535"
+        raise ImproperlyConfigured(f"DATABASE_URL has an invalid port: {exc}") from None
     query = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
     host = query.pop("host", None) or (unquote(parsed.hostname) if parsed.hostname else "")
     options: dict[str, str] = dict(query)
@@ -93,6 +126,6 @@ def database_from_url(url: str) -> dict[str, object]:
         "USER": unquote(parsed.username or ""),
         "PASSWORD": unquote(parsed.password or ""),
         "HOST": host,
-        "PORT": str(parsed.port or ""),
+        "PORT": str(port or ""),
         "OPTIONS": options,
     }

@@ -12,7 +12,16 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import database_from_url, env_bool, env_float, env_int, env_list, env_str
+from config.env import (
+    database_from_url,
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_rate,
+    env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Local state (embedded PostgreSQL, the serverless broker, the generated secret key). Git-ignored.
@@ -197,7 +206,8 @@ CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 180, minimum=1)
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
-WORKER_HEARTBEAT_SECONDS = env_int("WORKER_HEARTBEAT_SECONDS", 15, minimum=1)
+# At most 30: /healthz wants a heartbeat newer than 60 s (config.health.WORKER_FRESH_FOR).
+WORKER_HEARTBEAT_SECONDS = env_int("WORKER_HEARTBEAT_SECONDS", 15, minimum=1, maximum=30)
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "worker-heartbeat": {"task": "config.tasks.record_worker_heartbeat", "schedule": float(WORKER_HEARTBEAT_SECONDS)},
     "alerts-evaluate": {"task": "observability.tasks.evaluate_alerts", "schedule": 60.0},
@@ -239,16 +249,15 @@ REST_FRAMEWORK = {
     ],
     "EXCEPTION_HANDLER": "config.api_errors.api_exception_handler",
     "NUM_PROXIES": NUM_PROXIES,
+    # Every API endpoint needs a signed-in user (a 401 comes before any rate), so the rates are per user.
     "DEFAULT_THROTTLE_CLASSES": [
-        "rest_framework.throttling.AnonRateThrottle",
         "rest_framework.throttling.UserRateThrottle",
         "rest_framework.throttling.ScopedRateThrottle",
     ],
     # Posting a message runs the model, so it has its own, tighter scope.
     "DEFAULT_THROTTLE_RATES": {
-        "anon": env_str("API_THROTTLE_ANON", "60/min"),
-        "user": env_str("API_THROTTLE_USER", "1200/min"),
-        "messages": env_str("API_THROTTLE_MESSAGES", "30/min"),
+        "user": env_rate("API_THROTTLE_USER", "1200/min"),
+        "messages": env_rate("API_THROTTLE_MESSAGES", "30/min"),
     },
 }
 SPECTACULAR_SETTINGS = {
@@ -377,7 +386,10 @@ LOGGING = {
         "plain": {"()": "observability.logging.PlainFormatter"},
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "root": {
+        "handlers": ["console"],
+        "level": env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")),
+    },
 }
 # /metrics: a bearer token, or (METRICS_ALLOW_INTERNAL) any loopback/private client. Neither: loopback only.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "") or ""

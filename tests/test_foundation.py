@@ -7,7 +7,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import Client
 
-from config.env import database_from_url, env_bool, env_int, env_list
+from config.env import database_from_url, env_bool, env_choice, env_int, env_list, env_rate
 from config.management.commands.runstack import ensure_first_staff_user
 from config.models import WorkerHeartbeat
 from conftest import ROOT, wait_for
@@ -55,6 +55,54 @@ class TestEnvHelpers:
             database_from_url("sqlite:///db.sqlite3")
         with pytest.raises(ImproperlyConfigured, match="no database name"):
             database_from_url("postgres://u@h/")
+        with pytest.raises(ImproperlyConfigured, match="DATABASE_URL has an invalid port"):
+            database_from_url("postgres://u@h:54x2/app")
+
+    def test_env_rate_is_what_drf_can_parse(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from rest_framework.throttling import SimpleRateThrottle
+
+        for raw, expected in (("30/min", "30/min"), (" 5 / S ", "5/s"), ("1000/day", "1000/day")):
+            monkeypatch.setenv("X_RATE", raw)
+            assert env_rate("X_RATE", "1/s") == expected
+            assert SimpleRateThrottle.parse_rate(SimpleRateThrottle.__new__(SimpleRateThrottle), expected)[0] >= 1
+        for bad in ("sixty/min", "30", "30/fortnight", "0/min", "-1/s"):
+            monkeypatch.setenv("X_RATE", bad)
+            with pytest.raises(ImproperlyConfigured, match="X_RATE"):
+                env_rate("X_RATE", "1/s")
+
+    def test_env_choice(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("X_LEVEL", "warning")
+        assert env_choice("X_LEVEL", "INFO", ("INFO", "WARNING")) == "WARNING"
+        monkeypatch.setenv("X_LEVEL", "LOUD")
+        with pytest.raises(ImproperlyConfigured, match="X_LEVEL='LOUD' is not one of INFO, WARNING"):
+            env_choice("X_LEVEL", "INFO", ("INFO", "WARNING"))
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("API_THROTTLE_USER", "sixty/min"),
+        ("API_THROTTLE_MESSAGES", "30"),
+        ("LOG_LEVEL", "LOUD"),
+        ("WORKER_HEARTBEAT_SECONDS", "90"),
+        ("DATABASE_URL", "postgres://u@db:port/app"),
+    ],
+)
+def test_a_bad_setting_stops_the_start_naming_its_variable(name: str, value: str) -> None:
+    """Checked where the settings are read, not on first use: a bad throttle rate made every API request a
+    500; a heartbeat interval over 60 s made /healthz fail between heartbeats."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", name: value}
+    env.setdefault("DATABASE_URL", "postgres://u@127.0.0.1:1/never-opened")
+    if name != "DATABASE_URL":
+        env["DATABASE_URL"] = "postgres://u@127.0.0.1:1/never-opened"
+    done = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert "ImproperlyConfigured" in done.stderr and name in done.stderr, done.stderr[-2000:]
 
 
 @pytest.mark.django_db

@@ -322,6 +322,7 @@ class TurnStream:
     first bytes (the client is gone) and closes the response would leave the lock held by this thread's
     connection, and the session busy until that connection closed. Closing this releases it whatever
     state the events are in; a turn cut short stays saved, for the next request or the sweep to finish.
+    (The SSE response runs the remaining events before it closes this: ``sessions.streaming``.)
     """
 
     def __init__(self, handle: TurnHandle) -> None:

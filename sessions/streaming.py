@@ -73,7 +73,12 @@ def _encoded(events: Iterator[dict[str, Any]]) -> Generator[bytes, None, None]:
 
 class _EventStream:
     """The response body: the encoded events, whose ``close()`` (called by the server when it is done
-    with the response, sent or not) closes the turn's events too, even if no byte was ever read."""
+    with the response, sent or not) finishes the turn and closes its events, even if no byte was ever read.
+
+    A client that goes away mid-reply (a closed tab, a reload, a dropped connection) does not stop its
+    turn: the message is saved, so it is answered, and the reply saved for the client to read when it comes
+    back, as the endpoint that does not stream does. (Left running instead, the turn was finished by the
+    next message or the sweep, which asked the model again from the checkpoint and paid for it twice.)"""
 
     def __init__(self, events: Iterator[dict[str, Any]]) -> None:
         self._events = events
@@ -84,11 +89,22 @@ class _EventStream:
 
     def close(self) -> None:
         try:
-            self._bytes.close()
+            self._finish_unsent()
         finally:
-            close = getattr(self._events, "close", None)
-            if close is not None:
-                close()
+            try:
+                self._bytes.close()
+            finally:
+                close = getattr(self._events, "close", None)
+                if close is not None:
+                    close()
+
+    def _finish_unsent(self) -> None:
+        """Run the turn's remaining events, unsent (none are left when the client read them all)."""
+        try:
+            for _ in self._events:
+                pass
+        except Exception:  # the turn records its own failures; this is what it could not
+            logger.exception("could not finish a turn whose client went away")
 
 
 def turn_event_response(

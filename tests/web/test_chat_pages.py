@@ -284,10 +284,15 @@ def _locked_elsewhere(session_id: Any) -> bool:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("chunks_read", [0, 1])
-def test_a_stream_closed_early_lets_the_session_go(alice: Any, chat_agent: Agent, chunks_read: int) -> None:
+def test_a_stream_closed_early_finishes_its_turn_and_lets_the_session_go(
+    alice: Any, chat_agent: Agent, chunks_read: int
+) -> None:
     """The server closes the response when the client is gone: before any byte was sent, or after the first.
-    The session's lock goes with it (it stayed held by the thread's connection, and every later message got
-    409); the saved turn is finished by the next message."""
+    The turn is answered anyway and its reply saved (it was left running, and the next message or the sweep
+    asked the model again); the session's lock goes with the response (it stayed held by the thread's
+    connection, and every later message got 409)."""
+    from agents.models import LLMCall
+
     session = session_create(user=alice, agent=chat_agent)
     client = _signed_in(alice)
     response = client.post(
@@ -301,8 +306,11 @@ def test_a_stream_closed_early_lets_the_session_go(alice: Any, chat_agent: Agent
     response.close()
 
     assert not _locked_elsewhere(session.pk)
+    first = Turn.objects.get(session=session)
+    assert first.status == "completed" and first.assistant_message
+    assert list(LLMCall.objects.filter(turn=first).values_list("purpose", "outcome")) == [("reply", "ok")]
     events = _stream(client, session, "hello again")
-    assert [e for e, _ in events if e in ("recovered", "done")] == ["recovered", "done"]
+    assert [e for e, _ in events if e in ("recovered", "done")] == ["done"]  # nothing left to recover
     assert list(Turn.objects.filter(session=session).order_by("seq").values_list("status", flat=True)) == [
         "completed",
         "completed",

@@ -359,3 +359,13 @@ def test_the_chat_list_pages_through_all_my_chats(alice: Any, bob: Any, chat_age
     assert 'href="?page=2"' in last and "?page=4" not in last
     for junk in ("99", "x", "-1"):  # past the end or not a number: the last or the first page, never an error
         assert client.get("/", {"page": junk}).status_code == 200
+
+
+@pytest.mark.django_db
+def test_a_turn_still_being_answered_says_so(alice: Any, chat_agent: Agent) -> None:
+    """Back on the page while the reply is still being written (a reload mid-stream): not an empty bubble."""
+    session = session_create(user=alice, agent=chat_agent)
+    Turn.objects.create(session=session, seq=1, user_message="first", assistant_message="done.", status="completed")
+    Turn.objects.create(session=session, seq=2, user_message="second", status="running")
+    page = _signed_in(alice).get(f"/chats/{session.pk}/").content.decode()
+    assert page.count("Still being answered") == 1 and "done." in page

@@ -1,14 +1,19 @@
 """Model output and memories as safe HTML: markdown rendered on the server, then sanitized.
 
-Anything a model or a user wrote is untrusted. ``markdown`` turns it into HTML (raw HTML in the
-input included), and ``nh3`` keeps only a small allow-list of tags and attributes, so a reply that
-contains ``<script>`` or ``onerror=`` shows up as text, never as code.
+Anything a model or a user wrote is untrusted. ``markdown`` turns it into HTML, with raw HTML in the
+input escaped (shown as the text it is: "use the <div> tag" keeps its tag name, and an unclosed
+``<iframe`` or ``<textarea`` cannot swallow the rest of the reply), and ``nh3`` then keeps only a small
+allow-list of tags and attributes, so a reply that contains ``<script>`` or ``onerror=`` shows up as
+text, never as code.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import markdown as markdown_lib
 import nh3
+from markdown.extensions import Extension
 
 ALLOWED_TAGS = {
     "p", "br", "hr", "strong", "em", "b", "i", "code", "pre", "blockquote",
@@ -18,9 +23,21 @@ ALLOWED_TAGS = {
 ALLOWED_ATTRIBUTES: dict[str, set[str]] = {"a": {"href", "title"}, "code": {"class"}}
 
 
+class _RawHtmlAsText(Extension):
+    """Python-Markdown passes raw HTML through; without its two HTML readers it is escaped like any text."""
+
+    def extendMarkdown(self, md: Any) -> None:
+        md.preprocessors.deregister("html_block")
+        md.inlinePatterns.deregister("html")
+
+
 def markdown_to_safe_html(text: str) -> str:
     """Markdown to HTML with only harmless tags left; links get ``rel="noopener noreferrer nofollow"``."""
-    html = markdown_lib.markdown(text or "", extensions=["fenced_code", "tables", "sane_lists"], output_format="html")
+    html = markdown_lib.markdown(
+        text or "",
+        extensions=["fenced_code", "tables", "sane_lists", _RawHtmlAsText()],
+        output_format="html",
+    )
     return nh3.clean(
         html,
         tags=ALLOWED_TAGS,

@@ -17,6 +17,7 @@ from agents.runtime import turn_run
 from memory.services import memory_create
 from sessions.models import ChatSession, Turn
 from sessions.services import session_create
+from tests.html_checks import active_parts
 
 BOOKING = ["I want to book a flight", "from London to Paris", "March 10 to March 15", "2 passengers", "yes"]
 
@@ -173,7 +174,8 @@ def test_model_output_and_messages_are_rendered_safely(alice: Any, chat_agent: A
     session = session_create(user=alice, agent=chat_agent)
     evil = 'Hi <script>alert("x")</script> <img src=x onerror=alert(1)> **bold**'
     events = _stream(_signed_in(alice), session, evil)
-    assert "<script" not in events[-1][1]["html"] and "onerror" not in events[-1][1]["html"]
+    assert active_parts(events[-1][1]["html"]) == []
+    assert "&lt;img src=x onerror=alert(1)&gt;" in events[-1][1]["html"]  # what the user wrote, as text
     memory_create(user=alice, kind="semantic", text="<script>steal()</script> likes **tea**")
     turn_run(session=session, message="what do I like? tea")
     page = _signed_in(alice).get(f"/chats/{session.pk}/").content.decode()
@@ -369,3 +371,17 @@ def test_a_turn_still_being_answered_says_so(alice: Any, chat_agent: Agent) -> N
     Turn.objects.create(session=session, seq=2, user_message="second", status="running")
     page = _signed_in(alice).get(f"/chats/{session.pk}/").content.decode()
     assert page.count("Still being answered") == 1 and "done." in page
+
+
+def test_raw_html_in_a_reply_is_shown_as_text_and_cannot_swallow_the_rest() -> None:
+    """Markdown passed raw HTML through to the sanitizer: a tag it does not allow lost its name ("use the
+    <div> tag" read "use the  tag"), and an unclosed <iframe took every word after it as its own text."""
+    from sessions.rendering import markdown_to_safe_html
+
+    html = markdown_to_safe_html("**markdown** <iframe src=//evil> and **after**, `<b>` in code, use the <div> tag")
+    assert active_parts(html) == []
+    assert "<strong>after</strong>" in html and "&lt;iframe src=//evil&gt;" in html
+    assert "use the &lt;div&gt; tag" in html and "<code>&lt;b&gt;</code>" in html
+    assert "&lt;/p&gt;" not in html
+    link = markdown_to_safe_html("[go](javascript:alert(1)) <https://example.com>")
+    assert active_parts(link) == [] and 'href="https://example.com"' in link

@@ -7,6 +7,7 @@ from typing import Any
 from django.core.validators import ProhibitNullCharactersValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
 from agents.models import Agent
 from sessions.models import ChatSession, Checkpoint, Turn
@@ -175,13 +176,26 @@ class TurnCompositionSerializer(serializers.ModelSerializer[Turn]):
 
 
 class MessageField(serializers.CharField):
-    """The chat message as sent: no trimming, and NUL bytes left for the runtime to refuse with its own code."""
+    """The chat message as sent: a JSON string, not trimmed, its NUL bytes and lone surrogates left for the
+    runtime to refuse with its own codes (``nul_bytes``, ``invalid_characters``), as the web chat does.
+    A number is refused, not taken as its digits."""
+
+    default_error_messages = {"invalid": "Send the message as a string."}
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("trim_whitespace", False)
         kwargs.setdefault("allow_blank", True)
         super().__init__(**kwargs)
-        self.validators = [v for v in self.validators if not isinstance(v, ProhibitNullCharactersValidator)]
+        self.validators = [
+            v
+            for v in self.validators
+            if not isinstance(v, ProhibitNullCharactersValidator | ProhibitSurrogateCharactersValidator)
+        ]
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return str(super().to_internal_value(data))
 
 
 class MessageInputSerializer(serializers.Serializer[Any]):

@@ -54,8 +54,20 @@ def _messages_url(session: ChatSession) -> str:
         (json.dumps({"message": "x" * 40_000}).encode(), 413, "message_too_long"),
         (json.dumps({"message": "x" * 300_000}).encode(), 413, "payload_too_large"),
         (json.dumps({"message": ["a", "list"]}).encode(), 400, "invalid"),
+        (b'{"message": 12}', 400, "invalid"),
+        (b'{"message": "a \\ud800 b"}', 400, "invalid_characters"),
     ],
-    ids=["invalid-utf8", "nested-arrays", "nested-objects", "nul", "too-long", "oversize-body", "wrong-type"],
+    ids=[
+        "invalid-utf8",
+        "nested-arrays",
+        "nested-objects",
+        "nul",
+        "too-long",
+        "oversize-body",
+        "wrong-type",
+        "number",
+        "lone-surrogate",
+    ],
 )
 def test_malformed_bodies_are_clear_4xx_and_save_nothing(
     body: bytes, status: int, code: str, session: ChatSession, alice: Any

@@ -114,8 +114,15 @@ def home(request: HttpRequest) -> HttpResponse:
     owner: Any = request.user  # signed in (login_required)
     sessions = ChatSession.objects.filter(user=owner).select_related("agent").order_by("-updated_at", "pk")
     page = Paginator(sessions, HOME_PAGE_SESSIONS).get_page(request.GET.get("page"))
-    agents = Agent.objects.filter(is_active=True).order_by("name")
-    return render(request, "home.html", {"sessions": page.object_list, "page": page, "agents": agents})
+    agents = list(Agent.objects.filter(is_active=True).order_by("name"))
+    # Which agents the demo model answers (no LLM configured): said on the page, as on every chat page.
+    demo: dict[int, bool] = {}
+    for agent in [*agents, *(s.agent for s in page.object_list)]:
+        if agent.pk not in demo:
+            demo[agent.pk] = bool(_model_label(agent)["is_demo"])
+    chats = [(s, demo[s.agent_id]) for s in page.object_list]
+    demo_agents = {agent.pk for agent in agents if demo[agent.pk]}
+    return render(request, "home.html", {"chats": chats, "page": page, "agents": agents, "demo_agents": demo_agents})
 
 
 class NewChatForm(forms.Form):

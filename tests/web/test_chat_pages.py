@@ -385,3 +385,11 @@ def test_raw_html_in_a_reply_is_shown_as_text_and_cannot_swallow_the_rest() -> N
     assert "&lt;/p&gt;" not in html
     link = markdown_to_safe_html("[go](javascript:alert(1)) <https://example.com>")
     assert active_parts(link) == [] and 'href="https://example.com"' in link
+
+
+@pytest.mark.django_db
+def test_the_home_page_says_which_agents_the_demo_model_answers(alice: Any, chat_agent: Agent) -> None:
+    session_create(user=alice, agent=chat_agent, title="My demo chat")
+    page = _signed_in(alice).get("/").content.decode()
+    assert "My demo chat" in page
+    assert page.count("demo model, not an LLM") == 3  # the agent choice, the note under it, the chat

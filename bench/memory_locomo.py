@@ -148,6 +148,8 @@ def evaluate(
     by_cat: dict[int, dict[int, list[float]]] = defaultdict(lambda: {k: [] for k in KS})
     tokens: list[int] = []
     tokens_top10: list[int] = []
+    kept: list[int] = []
+    kept_evidence = 0
     latency: list[float] = []
     asked = 0
     total = sum(1 for c in conversations for q in c["questions"] if q["evidence"])
@@ -177,6 +179,8 @@ def evaluate(
             ranked = [dia.get(i.memory.id, "") for i in result.items]
             tokens.append(result.total_tokens)
             tokens_top10.append(sum(i.tokens for i in result.items[:10]))
+            kept.append(len(ranked))
+            kept_evidence += len(q["evidence"] & set(ranked))
             for k in KS:
                 r = len(q["evidence"] & set(ranked[:k])) / len(q["evidence"])
                 recalls[k].append(r)
@@ -200,6 +204,10 @@ def evaluate(
         },
         "memory_tokens_per_query": {"mean": round(statistics.fmean(tokens), 1), "max": max(tokens)},
         "memory_tokens_top10_mean": round(statistics.fmean(tokens_top10), 1),
+        # The noise the relevance filter lets through: memories kept a question, and how many of all the
+        # kept ones are evidence turns (an evidence turn kept twice counts once).
+        "memories_kept_per_query": round(statistics.fmean(kept), 2),
+        "evidence_share_of_kept": round(kept_evidence / max(1, sum(kept)), 4),
         "retrieval_ms": {
             "p50": round(statistics.median(latency), 2),
             "p95": round(statistics.quantiles(latency, n=20)[18], 2),

@@ -59,3 +59,52 @@ def test_staff_answer_a_handed_off_session_and_hand_it_back(client: Client, staf
     session.refresh_from_db()
     assert session.status == ChatSession.Status.ACTIVE
     assert Checkpoint.objects.filter(session=session, reason=Checkpoint.Reason.RESUME).exists()
+
+
+def _form_fields(page: str) -> dict[str, str]:
+    """The change form's inputs as a browser would post them (hidden ones included)."""
+    from html.parser import HTMLParser
+
+    fields: dict[str, str] = {}
+
+    class Inputs(HTMLParser):
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            a = dict(attrs)
+            if tag == "input" and a.get("name") and a.get("type") not in ("submit", "button", "checkbox"):
+                fields[str(a["name"])] = a.get("value") or ""
+
+    Inputs().feed(page)
+    return fields
+
+
+def test_a_long_sessions_page_shows_its_latest_rows_and_still_saves(
+    client: Client, staff: Any, session: ChatSession
+) -> None:
+    """A thousand-turn chat made this page 6.5 MB: it shows the latest 50 turns and checkpoints, links to the
+    rest, and a title edited while a new turn arrives (moving the window) still saves."""
+    from sessions.admin import INLINE_LATEST_ROWS
+
+    Turn.objects.bulk_create(
+        Turn(session=session, seq=seq, user_message=f"question {seq}", status="completed") for seq in range(2, 121)
+    )
+    last = Checkpoint.objects.filter(session=session).count()
+    Checkpoint.objects.bulk_create(
+        Checkpoint(session=session, seq=last + i, state="CHATTING", reason="before_call") for i in range(1, 131)
+    )
+    client.force_login(staff)
+    url = f"/admin/chat_sessions/chatsession/{session.pk}/change/"
+    page = client.get(url).content.decode()
+
+    assert INLINE_LATEST_ROWS == 50 and page.count("Resume from #") == 50
+    assert "question 120" in page and "question 71" in page and "question 70<" not in page
+    assert f"/admin/chat_sessions/checkpoint/?session__id__exact={session.pk}" in page
+    assert client.get(f"/admin/chat_sessions/checkpoint/?session__id__exact={session.pk}").status_code == 200
+    assert client.get(f"/admin/chat_sessions/turn/?session__id__exact={session.pk}").status_code == 200
+
+    Turn.objects.create(session=session, seq=121, user_message="question 121", status="completed")
+    fields = _form_fields(page)
+    fields["title"] = "Renamed by staff"
+    saved = client.post(url, fields)
+    assert saved.status_code == 302, saved.content.decode()[-3000:]
+    session.refresh_from_db()
+    assert session.title == "Renamed by staff" and session.turns.count() == 121

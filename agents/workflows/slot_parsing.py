@@ -99,6 +99,13 @@ _NOT_PLACES = frozenset(
     take pay help continue resume stop keep yes yeah yep no nope ok okay sure hi hello hey thanks thank please
     sorry what why how when where who anywhere somewhere nowhere""".split()
 )
+# Words of a sentence, not of a place name: a bare answer with one of them is not a place ("I'm not sure
+# yet" was taken as the origin, "I don't want to book this" as "I don't want to").
+_NOT_IN_A_BARE_PLACE = _NOT_PLACES | frozenset(
+    """i i'm im i'd id i'll we we're we'd not don't dont didn't can't cannot won't isn't want wanna would like
+    yet idea maybe later unsure decided decide think thinking guess to is are was any anything nothing
+    something whatever either neither""".split()
+)
 _BARE_PLACE = re.compile(
     r"^\s*(?:(?:i'?m\s+|we'?re\s+)?(?:in|at|from|to)\s+)?(?P<place>[^\W\d_][\w .'-]{1,79}?)\s*,?\s*(?:please)?\s*[.!]?\s*$",
     re.IGNORECASE,
@@ -215,7 +222,8 @@ def extract_places(text: str, *, bare: str = "") -> dict[str, str]:
         match = _BARE_PLACE.match(text)
         if match and not _DATE_PHRASES.search(text) and not re.search(r"\d", text):
             place = _clean_place(match.group("place"))
-            if place and len(place.split()) <= 4:
+            words = [w.lower().strip(".,!?") for w in match.group("place").split()]
+            if place and len(place.split()) <= 4 and not any(w in _NOT_IN_A_BARE_PLACE for w in words):
                 found[bare] = place
     return found
 

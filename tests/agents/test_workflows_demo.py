@@ -63,6 +63,13 @@ def test_passengers_from_numbers_and_words(text: str, bare: bool, expected: int 
         ("Paris, please", "destination", {"destination": "Paris"}),
         ("yes", "origin", {}),
         ("Hi, I would like to book a flight", "", {}),
+        # A bare answer is a place only if no word of it is a word of a sentence: these were taken as origins.
+        ("I'm not sure yet", "origin", {}),
+        ("I don't want to book this", "origin", {}),
+        ("no idea", "destination", {}),
+        ("maybe later", "destination", {}),
+        ("salt lake city", "destination", {"destination": "Salt Lake City"}),
+        ("I'm in Lisbon", "origin", {"origin": "Lisbon"}),
     ],
 )
 def test_places_from_from_to_patterns(text: str, bare: str, expected: dict[str, str]) -> None:

@@ -73,7 +73,9 @@ def _sign_in(page: Any, base_url: str, username: str, password: str) -> None:
 
 
 def _start_chat(page: Any, agent_name: str) -> None:
-    page.select_option("select#agent", label=agent_name)
+    # The option reads the agent's name (then "(demo model, not an LLM)" when no LLM is configured).
+    value = page.locator("select#agent option", has_text=agent_name).first.get_attribute("value")
+    page.select_option("select#agent", value=value)
     page.click("form.new-chat button[type=submit]")
     page.wait_for_selector("#composer")
 

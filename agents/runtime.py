@@ -661,10 +661,11 @@ def _execute_inner(session: ChatSession, turn: Turn, *, resumed: bool, fresh: bo
         retrieved, retrieval_report = _retrieve(session, agent, workflow.name, message)
 
     # 3. Workflow decision (slots + next state) — structured output only.
+    refused: list[str] = []  # what the message said that the workflow refused: the reply explains it
     if not workflow.is_free_chat and workflow.decides_in(session.state):
         already = session.checkpoints.filter(turn=turn, reason=Checkpoint.Reason.TRANSITION).exists()
         if not already:
-            yield from _decide(session, turn, agent, provider, workflow, message)
+            refused = yield from _decide(session, turn, agent, provider, workflow, message)
             _reload(session)
 
     # Routing for agents with tools (the booking workflow's action states call their tool directly).
@@ -688,7 +689,17 @@ def _execute_inner(session: ChatSession, turn: Turn, *, resumed: bool, fresh: bo
 
     # 4–5. Prompt and reply with tools, under the step limit.
     yield from _reply_loop(
-        session, turn, agent, provider, workflow, counter, retrieved, retrieval_report, tool_names, composition_extra
+        session,
+        turn,
+        agent,
+        provider,
+        workflow,
+        counter,
+        retrieved,
+        retrieval_report,
+        tool_names,
+        composition_extra,
+        refused=refused,
     )
 
 
@@ -714,7 +725,8 @@ def _retrieve(session: ChatSession, agent: Agent, workflow_name: str, message: s
 
 def _decide(
     session: ChatSession, turn: Turn, agent: Agent, provider: Any, workflow: Any, message: str
-) -> Iterator[dict[str, Any]]:
+) -> Generator[dict[str, Any], None, list[str]]:
+    """The workflow's decision for this message, applied or refused; returns the refused slot values."""
     from sessions.services import transition_apply, turn_failure_record
 
     recent = [
@@ -746,7 +758,7 @@ def _decide(
             # (addresses, upstream messages) is in the log only.
             "error": f"No valid decision from the model ({_error_code(exc)}); nothing was changed.",
         }
-        return
+        return []
     if getattr(decision, "confidence", 1.0) < agent.routing_confidence_threshold:
         # Below the threshold the safe default is to stay where we are (and keep what we have).
         from sessions.services import checkpoint_record
@@ -758,13 +770,14 @@ def _decide(
             detail=f"decision confidence {decision.confidence:.2f} below {agent.routing_confidence_threshold:.2f}: not applied",
         )
         yield {"type": "state", "state": session.state, "data": session.data, "status": session.status}
-        return
+        return []
     outcome = transition_apply(session=session, turn=turn, decision=decision)
     _reload(session)
     event: dict[str, Any] = {"type": "state", "state": session.state, "data": session.data, "status": session.status}
     if not outcome.applied:
         event["rejected"] = list(outcome.errors)
     yield event
+    return list(outcome.slot_errors)
 
 
 def _handoff(session: ChatSession, turn: Turn, *, reason: str) -> Iterator[dict[str, Any]]:
@@ -796,6 +809,7 @@ def _prompt_inputs(
     tool_specs: list[Any],
     tool_messages: list[Message],
     history: TurnHistory,
+    refused: list[str],
 ) -> Any:
     from agents.tools import TOOL_ERROR_POLICY
     from sessions.context import MemoryItem, PromptInputs
@@ -814,7 +828,7 @@ def _prompt_inputs(
     return PromptInputs(
         system_prompt=agent.system_prompt,
         fixed_instructions=TOOL_ERROR_POLICY if tool_specs else "",
-        workflow_text=workflow.resume_instruction(session.state, session.data),
+        workflow_text=workflow.resume_instruction(session.state, session.data, refused=refused),
         procedural=procedural,
         memories=memories,
         summary=session.summary,
@@ -837,6 +851,8 @@ def _reply_loop(
     retrieval_report: dict[str, Any],
     tool_names: list[str],
     composition_extra: dict[str, Any],
+    *,
+    refused: list[str],
 ) -> Iterator[dict[str, Any]]:
     from agents.tools import ToolContext, run_tool_call, tool_specs
     from sessions.context import ContextBudget, build_prompt, turn_history
@@ -863,7 +879,9 @@ def _reply_loop(
         steps += 1
         with _span("context.build"):
             built = build_prompt(
-                inputs=_prompt_inputs(session, turn, agent, workflow, retrieved, specs, tool_messages, history),
+                inputs=_prompt_inputs(
+                    session, turn, agent, workflow, retrieved, specs, tool_messages, history, refused
+                ),
                 budget=budget,
                 counter=counter,
             )

@@ -69,6 +69,9 @@ class TransitionOutcome:
     to_state: str
     errors: list[str] = field(default_factory=list)
     checkpoint: Checkpoint | None = None
+    # The values of the user's message the workflow refused (a date in the past, 15 passengers), applied
+    # or not: what the reply should explain. ``errors`` has these and the transition's own refusals.
+    slot_errors: list[str] = field(default_factory=list)
 
 
 def _actor_name(actor: Any) -> str:
@@ -222,7 +225,7 @@ def transition_apply(
             detail="; ".join(step.errors),
         )
         logger.info("rejected %s on session %s: %s", arrow, session.pk, step.errors)
-        return TransitionOutcome(False, from_state, from_state, list(step.errors), cp)
+        return TransitionOutcome(False, from_state, from_state, list(step.errors), cp, list(step.slot_errors))
 
     fields: dict[str, Any] = {"state": step.to_state, "data": step.data, "last_transition": arrow}
     if step.changed_state:
@@ -244,7 +247,7 @@ def transition_apply(
             transition=arrow,
             detail=" | ".join(detail_parts),
         )
-    return TransitionOutcome(True, from_state, step.to_state, list(step.errors), cp)
+    return TransitionOutcome(True, from_state, step.to_state, list(step.errors), cp, list(step.slot_errors))
 
 
 def turn_failure_record(*, session: ChatSession, turn: Turn | None, reason: str) -> ChatSession:

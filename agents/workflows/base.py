@@ -12,7 +12,7 @@ decides, without touching the database, whether that decision may be applied.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
@@ -21,6 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 # The retry counter may reach this many failed turns; one more and the session moves to the failed state.
 MAX_RETRIES = 3
+
+
+# The line of the workflow prompt that lists what the user's last message said and the workflow refused.
+REFUSED_PREFIX = "NOT ACCEPTED from the user's last message:"
 
 
 class WorkflowDecision(BaseModel):
@@ -288,11 +292,20 @@ class Workflow:
             fields.update(self.describe(data))
         return self.specs[state].instruction.format_map(fields)
 
-    def resume_instruction(self, state: str, data: Mapping[str, Any]) -> str:
+    def refusal_text(self, error: str) -> str:
+        """A slot error of ``merge_slots`` ("depart_date: Value error, 2020-01-01 is in the past") as a person
+        would say it ("depart date: 2020-01-01 is in the past")."""
+        name, _, message = error.partition(": ")
+        message = message.removeprefix("Value error, ")
+        return f"{self.slot_labels.get(name) or name.replace('_', ' ')}: {message}" if message else error
+
+    def resume_instruction(self, state: str, data: Mapping[str, Any], *, refused: Sequence[str] = ()) -> str:
         """What to do now, what is already known (not to be asked again), the next question, and the data.
 
         This goes into every prompt (the "workflow" section), so the agent knows where it is even when
-        the turns that collected the data have left the context window.
+        the turns that collected the data have left the context window. ``refused``: the slot errors of this
+        turn's decision (``TransitionOutcome.slot_errors``), which the reply must explain: the values were
+        dropped, and without a word the user only sees the same question again.
         """
         spec = self.specs[state]
         known = {k: v for k, v in data.items() if v not in (None, "")}
@@ -321,6 +334,9 @@ class Workflow:
         question = self.next_question(state, data)
         if question:
             lines.append(f"Next question: {question}")
+        if refused:
+            reasons = "; ".join(self.refusal_text(e) for e in refused)
+            lines.append(f"{REFUSED_PREFIX} {reasons}. Say briefly why, then ask again.")
         lines.append(f"COLLECTED: {json.dumps(known, sort_keys=True, default=str)}")
         return "\n".join(lines)
 

@@ -26,12 +26,14 @@ from django.utils import timezone
 
 from agents.llm.base import Message, ToolCallRequest, ToolSpec
 from agents.llm.demo import DemoReply, register_reply_handler, register_structured_handler
+from agents.workflows.base import REFUSED_PREFIX
 from agents.workflows.flight_booking import FLIGHT_BOOKING, BookingDecision, trip_summary
 from agents.workflows.slot_parsing import extract_slots
 
 _STATE_LINE = re.compile(r"^CURRENT_STATE:\s*(\w+)\s*$", re.MULTILINE)
 _COLLECTED_LINE = re.compile(r"^COLLECTED:\s*(\{.*\})\s*$", re.MULTILINE)
 _QUESTION_LINE = re.compile(r"^Next question:\s*(.+?)\s*$", re.MULTILINE)
+_REFUSED_LINE = re.compile(rf"^{re.escape(REFUSED_PREFIX)}\s*(.+?)\. Say briefly why", re.MULTILINE)
 _WORKFLOW_LINE = re.compile(rf"^WORKFLOW:\s*{FLIGHT_BOOKING.name}\b", re.MULTILINE)
 
 _START_OVER = re.compile(
@@ -109,10 +111,13 @@ def propose_decision(*, state: str, collected: Mapping[str, Any], user_message: 
     accepted = {k: v for k, v in slots.items() if merged.get(k) == v}
 
     def decide(next_state: str, why: str, *, keep_slots: bool = True) -> BookingDecision:
+        # Every value the message states goes into the decision, as a model's would: the workflow refuses
+        # the invalid ones (a date in the past, 15 passengers) and the reply explains them. ``accepted``
+        # (what the workflow will keep) is what the choice of the next state looks at.
         return BookingDecision.model_validate(
             {
                 "next_state": next_state,
-                "slots": accepted if keep_slots else {},
+                "slots": slots if keep_slots else {},
                 "confidence": 0.9,
                 "reasoning": why,
             }
@@ -236,10 +241,14 @@ def booking_reply(messages: list[Message], tools: list[ToolSpec] | None) -> Demo
             text="Sorry — something went wrong several times, so I stopped. "
             f"What I have so far: {known}. Would you like to pick up where we left off, or start over?"
         )
+    refused = _REFUSED_LINE.search(_system_text(messages))
+    not_used = f"I could not use that: {refused.group(1)}." if refused else ""
+    if state == "CONFIRMING" and not_used:
+        return DemoReply(text=f"{not_used} Here is your trip: {trip_summary(collected)}. Shall I book it?")
     question = _QUESTION_LINE.search(_system_text(messages))
     if question:
         ack = _acknowledge(user_message, state, collected)
-        return DemoReply(text=f"{ack} {question.group(1)}".strip())
+        return DemoReply(text=" ".join(p for p in (not_used, ack, question.group(1)) if p))
     # A booking prompt with nothing to ask (say, restored by an operator with every detail known).
     return DemoReply(text=f"Here is what I have: {trip_summary(collected)}. What would you like to do next?")
 

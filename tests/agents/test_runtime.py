@@ -139,6 +139,52 @@ def test_dates_are_never_asked_again_after_early_turns_leave_the_prompt(
 
 
 @pytest.mark.django_db
+def test_a_refused_detail_is_explained_in_the_reply_on_the_demo_model(alice: Any, booking_agent: Agent) -> None:
+    """A date in the past or 15 passengers were dropped without a word: the user saw the same question again."""
+    session = session_create(user=alice, agent=booking_agent)
+    turn_run(session=session, message="I want to fly from Oslo to Rome")
+    session.refresh_from_db()
+    assert session.state == "GATHERING_DATES"
+
+    past = turn_run(session=session, message="on 2020-01-01")
+    assert "I could not use that: depart date: 2020-01-01 is in the past." in past.reply
+    assert "What dates" in past.reply
+    session.refresh_from_db()
+    assert session.state == "GATHERING_DATES" and "depart_date" not in session.data
+
+    turn_run(session=session, message=f"on {_say(_future(30))}")
+    too_many = turn_run(session=session, message="15 passengers")
+    assert "I could not use that: passengers: Input should be less than or equal to 9." in too_many.reply
+    fine = turn_run(session=session, message="2 passengers")
+    assert "could not use" not in fine.reply
+
+
+@pytest.mark.django_db
+def test_a_refused_detail_reaches_the_reply_prompt(
+    alice: Any, booking_agent: Agent, scripted: ScriptedProvider
+) -> None:
+    """With a real model the reply is the model's: the prompt tells it what was refused and why."""
+    session = session_create(user=alice, agent=booking_agent)
+    scripted.add(
+        json.dumps({"next_state": "GATHERING_DESTINATION", "slots": {"origin": "Oslo"}, "confidence": 0.9}),
+        "Where to?",
+        json.dumps(
+            {
+                "next_state": "GATHERING_DATES",
+                "slots": {"destination": "Oslo"},  # the same place: refused
+                "confidence": 0.9,
+            }
+        ),
+        "Sorry, that is where you start. Where to?",
+    )
+    turn_run(session=session, message="from Oslo")
+    turn_run(session=session, message="to Oslo")
+    system = scripted.requests[-1].messages[0]["content"]
+    assert "NOT ACCEPTED from the user's last message: destination: origin and destination are the same place" in system
+    assert "NOT ACCEPTED" not in scripted.requests[1].messages[0]["content"]  # the first reply had nothing refused
+
+
+@pytest.mark.django_db
 def test_idempotency_key_returns_the_first_reply(alice: Any, chat_agent: Agent) -> None:
     session = session_create(user=alice, agent=chat_agent)
     first = turn_run(session=session, message="hello there", idempotency_key="key-1")

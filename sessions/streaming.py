@@ -48,7 +48,7 @@ def sse_encode(event: dict[str, Any]) -> bytes:
 
 
 def _with_html(event: dict[str, Any]) -> dict[str, Any]:
-    if event.get("type") == "done":
+    if event.get("type") in ("done", "recovered"):
         return {**event, "html": markdown_to_safe_html(str(event.get("reply") or ""))}
     return event
 

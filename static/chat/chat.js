@@ -40,6 +40,8 @@
     if (response.ok) panels.innerHTML = await response.text();
   }
 
+  const HANDED_OVER = "No automatic reply: this chat is with a person now, who will answer here.";
+
   function handle(event, data, reply) {
     const body = reply.querySelector(".bubble");
     if (event === "turn") {
@@ -57,9 +59,17 @@
     } else if (event === "state") {
       const state = document.getElementById("workflow-state");
       if (state && data.state) { state.textContent = data.state; state.dataset.state = data.state; }
+    } else if (event === "recovered") {
+      // An earlier message whose answer was cut off (its server died) is answered first: fill its bubble.
+      const earlier = document.querySelector('li.msg.assistant[data-turn="' + Number(data.turn_id) + '"] .bubble');
+      if (earlier) { earlier.classList.remove("muted"); earlier.innerHTML = data.html; } // sanitized on the server
     } else if (event === "done") {
       reply.classList.remove("streaming");
       body.innerHTML = data.html; // sanitized on the server (markdown + nh3)
+      if (!data.reply && data.status === "needs_human") {
+        body.classList.add("muted");
+        body.textContent = HANDED_OVER;
+      }
       if (data.turn_status === "failed") reply.classList.add("failed");
       if (data.is_demo) {
         const badge = document.createElement("span");

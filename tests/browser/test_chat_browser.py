@@ -209,3 +209,37 @@ def test_a_refused_message_leaves_no_bubble_and_keeps_the_text(
     assert page.locator("li.msg").count() == 0  # nothing was saved, so nothing is shown as sent
     assert page.input_value("#message") == too_long
     context.close()
+
+
+def test_the_page_fills_a_recovered_answer_and_says_when_a_person_has_the_chat(
+    browser: Any, live_server: Any, alice: Any, booking_agent: Agent
+) -> None:
+    """A message whose server died mid-answer is answered first by the next one (its `recovered` event): the
+    page fills that bubble in place. A chat handed to a person gets no automatic reply: the page says so
+    instead of showing an empty bubble."""
+    from agents.runtime import turn_stream
+    from sessions.models import ChatSession, Turn
+
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    _sign_in(page, live_server.url, "alice", "alice-pass-123")
+    _start_chat(page, "Flight booker")
+    session = ChatSession.objects.get(user=alice)
+    turn_stream(session=session, message="I want to book a flight").close()  # saved, its answer cut off
+    orphan = Turn.objects.get(session=session)
+    assert orphan.status == Turn.Status.RUNNING
+
+    page.reload()
+    cut_off = page.locator(f'li.msg.assistant[data-turn="{orphan.pk}"] .bubble')
+    assert "Still being answered" in cut_off.inner_text()
+    _send(page, "from London to Paris")
+    orphan.refresh_from_db()
+    assert orphan.status == Turn.Status.COMPLETED and orphan.assistant_message
+    assert "Still being answered" not in cut_off.inner_text() and cut_off.inner_text().strip()
+
+    ChatSession.objects.filter(pk=session.pk).update(status=ChatSession.Status.NEEDS_HUMAN)
+    reply = _send(page, "Can a person help me?")
+    assert "this chat is with a person now" in reply.inner_text()
+    page.reload()
+    assert "this chat is with a person now" in page.locator("li.msg.assistant").last.inner_text()
+    context.close()

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import ValidationError
@@ -60,18 +61,24 @@ class MemoryListApi(generics.GenericAPIView[Memory]):
         tags=["memories"],
         summary="Remember something (embedded now)",
         request=MemoryCreateSerializer,
-        responses={201: MemoryOutputSerializer},
+        responses={201: MemoryOutputSerializer, 200: MemoryOutputSerializer},
+        description="201 with the new memory; 200 with the existing one when a current memory of the same kind has this text (restored if it was archived).",
     )
     def post(self, request: Request) -> Response:
         from memory.services import memory_create
 
         serializer = MemoryCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
+        started = timezone.now()
         try:
             memory = memory_create(user=request.user, **serializer.validated_data)
         except ValueError as exc:
             raise ValidationError({"text": [str(exc)]}) from exc
-        return Response(MemoryOutputSerializer(memory).data, status=status.HTTP_201_CREATED)
+        # The same text as a current memory of the same kind is that memory (restored if archived): 200.
+        created = memory.created_at >= started
+        return Response(
+            MemoryOutputSerializer(memory).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        )
 
 
 class MemoryDetailApi(APIView):

@@ -25,6 +25,11 @@ def test_memory_lifecycle(alice: Any, alice_client: APIClient) -> None:
     assert "embedding" not in created.json() and "content_hash" not in created.json()
 
     assert alice_client.get(f"/api/memories/{memory_id}/").json()["text"] == "Home airport is Oslo Gardermoen."
+    # The same text again is the same memory, not a new one: 200, not 201.
+    again = alice_client.post(
+        "/api/memories/", {"kind": "semantic", "text": "Home airport is Oslo Gardermoen."}, format="json"
+    )
+    assert again.status_code == 200 and again.json()["id"] == memory_id
     assert [m["id"] for m in alice_client.get("/api/memories/").json()["results"]] == [memory_id]
 
     old_vector = list(stored.embedding)
@@ -95,7 +100,7 @@ def test_the_same_text_again_after_archiving_restores_the_memory(alice_client: A
 
     again = alice_client.post("/api/memories/", {**body, "text": "lives in  LISBON."}, format="json")
 
-    assert again.status_code == 201 and again.json()["id"] == first["id"] and again.json()["archived"] is False
+    assert again.status_code == 200 and again.json()["id"] == first["id"] and again.json()["archived"] is False
     assert Memory.objects.count() == 1
 
 

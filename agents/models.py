@@ -56,7 +56,10 @@ class Agent(models.Model):
     routing_confidence_threshold = models.FloatField(
         default=0.4, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)]
     )
-    is_active = models.BooleanField(default=True)
+    is_active = models.BooleanField(
+        default=True,
+        help_text="Off: not offered for new chats, and its chats take no new message (they stay readable).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -251,6 +251,14 @@ def turn_begin(
             ) from None
         if session.status == ChatSession.Status.CLOSED:
             raise SessionClosedError("This session is closed.")
+        if not session.agent.is_active:
+            # Switched off by an operator (a misbehaving agent, a retired one): its chats stay readable and
+            # take no new message.
+            raise MessageRejected(
+                "agent_unavailable",
+                "This chat's agent has been switched off by an operator; the message was not saved.",
+                status=503,
+            )
         if key:
             same = Turn.objects.filter(session=session, idempotency_key=key).first()
             if same is not None:

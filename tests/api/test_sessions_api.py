@@ -238,3 +238,27 @@ def test_a_reply_with_a_script_streams_as_text_and_arrives_sanitized(
     assert "<strong>there</strong>" in html  # rendered as markdown ...
     assert active_parts(html) == []  # ... and nothing in it runs: the model's tags are shown as text
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+@pytest.mark.django_db
+def test_a_switched_off_agents_chats_stay_readable_and_take_no_new_message(
+    alice: Any, alice_client: APIClient, chat_agent: Agent
+) -> None:
+    """An operator switching an agent off (is_active) expects it to stop answering, not only to leave the list."""
+    from django.test import Client
+
+    session = alice_client.post("/api/sessions/", {"agent": chat_agent.slug}, format="json").json()
+    url = f"/api/sessions/{session['id']}/messages/"
+    assert alice_client.post(url, {"message": "hello"}, format="json").status_code == 201
+    Agent.objects.filter(pk=chat_agent.pk).update(is_active=False)
+
+    refused = alice_client.post(url, {"message": "still there?"}, format="json")
+    assert_error(refused, 503, "agent_unavailable")
+    web = Client()
+    web.force_login(alice)
+    streamed = web.post(
+        f"/chats/{session['id']}/stream/", data=json.dumps({"message": "still there?"}), content_type="application/json"
+    )
+    assert streamed.status_code == 503 and streamed.json()["error"]["code"] == "agent_unavailable"
+    assert [t["user_message"] for t in alice_client.get(url).json()["results"]] == ["hello"]
+    assert web.get(f"/chats/{session['id']}/").status_code == 200

@@ -9,6 +9,8 @@ text, never as code.
 
 from __future__ import annotations
 
+import html as html_lib
+import re
 from typing import Any
 
 import markdown as markdown_lib
@@ -31,12 +33,34 @@ class _RawHtmlAsText(Extension):
         md.inlinePatterns.deregister("html")
 
 
+# Lines indented deeper than this are not markdown a person or a model writes: Python-Markdown nests a list a
+# level per four spaces and recurses per level (400 levels: a RecursionError; 2,000: 48 s, then the error).
+MAX_INDENT = 80
+_LINE_BREAK = re.compile(r"&lt;br\s*/?&gt;", re.IGNORECASE)
+_CODE = re.compile(r"(<pre>.*?</pre>|<code>.*?</code>)", re.DOTALL)
+
+
+def _plain(text: str) -> str:
+    return "<p>" + html_lib.escape(text).replace("\n", "<br>\n") + "</p>"
+
+
 def markdown_to_safe_html(text: str) -> str:
-    """Markdown to HTML with only harmless tags left; links get ``rel="noopener noreferrer nofollow"``."""
-    html = markdown_lib.markdown(
-        text or "",
-        extensions=["fenced_code", "tables", "sane_lists", _RawHtmlAsText()],
-        output_format="html",
+    """Markdown to HTML with only harmless tags left; links get ``rel="noopener noreferrer nofollow"``.
+
+    Raw HTML shows as text, except ``<br>``, which models write in table cells. Text too deeply nested
+    for the markdown parser is shown as plain text."""
+    text = text or ""
+    if any(len(line) - len(line.lstrip(" \t")) > MAX_INDENT for line in text.splitlines()):
+        return _plain(text)
+    try:
+        html = markdown_lib.markdown(
+            text, extensions=["fenced_code", "tables", "sane_lists", _RawHtmlAsText()], output_format="html"
+        )
+    except RecursionError:
+        return _plain(text)
+    # Outside code, the escaped <br> a model wrote (in a table cell, say) is a line break again.
+    html = "".join(
+        part if part.startswith(("<code", "<pre")) else _LINE_BREAK.sub("<br>", part) for part in _CODE.split(html)
     )
     return nh3.clean(
         html,

@@ -48,8 +48,13 @@ def sse_encode(event: dict[str, Any]) -> bytes:
 
 
 def _with_html(event: dict[str, Any]) -> dict[str, Any]:
+    """A reply's event with its sanitized HTML; without it (the page shows the text) if rendering fails, so
+    that one reply's markup cannot stop the stream, and the turn after it, on the way."""
     if event.get("type") in ("done", "recovered"):
-        return {**event, "html": markdown_to_safe_html(str(event.get("reply") or ""))}
+        try:
+            return {**event, "html": markdown_to_safe_html(str(event.get("reply") or ""))}
+        except Exception:
+            logger.exception("could not render reply of turn %s", event.get("turn_id"))
     return event
 
 
@@ -60,15 +65,11 @@ def _encoded(events: Iterator[dict[str, Any]]) -> Generator[bytes, None, None]:
         for event in events:
             yield sse_encode(_with_html(event))
     except GeneratorExit:
-        # The client went away; closing `events` (below) releases the session's turn lock.
+        # The client went away: _EventStream.close() finishes the turn and releases the session's lock.
         raise
     except Exception:  # headers are sent: the only way left to report is an error event
         logger.exception("turn stream failed")
         yield sse_encode({"type": "error", "code": "server_error", "message": "The reply failed on our side."})
-    finally:
-        close = getattr(events, "close", None)
-        if close is not None:
-            close()
 
 
 class _EventStream:

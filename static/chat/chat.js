@@ -42,6 +42,12 @@
 
   const HANDED_OVER = "No automatic reply: this chat is with a person now, who will answer here.";
 
+  // A reply as the server rendered it (markdown, sanitized with nh3), or as text when it could not.
+  function show(element, data) {
+    if (typeof data.html === "string") element.innerHTML = data.html;
+    else element.textContent = data.reply || "";
+  }
+
   function handle(event, data, reply) {
     const body = reply.querySelector(".bubble");
     if (event === "turn") {
@@ -62,10 +68,10 @@
     } else if (event === "recovered") {
       // An earlier message whose answer was cut off (its server died) is answered first: fill its bubble.
       const earlier = document.querySelector('li.msg.assistant[data-turn="' + Number(data.turn_id) + '"] .bubble');
-      if (earlier) { earlier.classList.remove("muted"); earlier.innerHTML = data.html; } // sanitized on the server
+      if (earlier) { earlier.classList.remove("muted"); show(earlier, data); }
     } else if (event === "done") {
       reply.classList.remove("streaming");
-      body.innerHTML = data.html; // sanitized on the server (markdown + nh3)
+      show(body, data);
       if (!data.reply && data.status === "needs_human") {
         body.classList.add("muted");
         body.textContent = HANDED_OVER;

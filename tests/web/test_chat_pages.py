@@ -393,3 +393,46 @@ def test_the_home_page_says_which_agents_the_demo_model_answers(alice: Any, chat
     page = _signed_in(alice).get("/").content.decode()
     assert "My demo chat" in page
     assert page.count("demo model, not an LLM") == 3  # the agent choice, the note under it, the chat
+
+
+def test_markdown_too_deep_for_the_parser_is_plain_text_and_a_models_br_is_a_line_break() -> None:
+    from sessions.rendering import markdown_to_safe_html
+
+    deep = "\n".join("    " * i + "- x" for i in range(2000))  # a RecursionError after 48 s, before
+    shown = markdown_to_safe_html(deep)
+    assert shown.startswith("<p>- x<br>") and active_parts(shown) == []
+    table = markdown_to_safe_html("| a |\n|---|\n| one<br>two |\n\n`<br>` stays in code")
+    assert "<td>one<br>two</td>" in table and "<code>&lt;br&gt;</code>" in table
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reply_that_cannot_be_rendered_does_not_stop_the_stream_or_the_turn_after_it(
+    alice: Any, chat_agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream renders each reply's HTML: a failure there (the recovered answer of an earlier message, here)
+    sends that event without HTML, and the new message is still answered."""
+    from agents.runtime import turn_stream
+    from sessions import streaming
+
+    session = session_create(user=alice, agent=chat_agent)
+    turn_stream(session=session, message="hello").close()  # its answer cut off: recovered by the next message
+    real = streaming.markdown_to_safe_html
+    calls: list[str] = []
+
+    def fails_first(text: str) -> str:
+        calls.append(text)
+        if len(calls) == 1:
+            raise RecursionError("maximum recursion depth exceeded")
+        return real(text)
+
+    monkeypatch.setattr(streaming, "markdown_to_safe_html", fails_first)
+    events = _stream(_signed_in(alice), session, "second")
+
+    kinds = [kind for kind, _ in events]
+    assert kinds.count("recovered") == 1 and kinds[-1] == "done" and "error" not in kinds
+    recovered = next(data for kind, data in events if kind == "recovered")
+    assert "html" not in recovered and recovered["reply"]
+    assert list(Turn.objects.filter(session=session).order_by("seq").values_list("status", flat=True)) == [
+        "completed",
+        "completed",
+    ]

@@ -336,7 +336,8 @@ class Workflow:
             lines.append(f"Next question: {question}")
         if refused:
             reasons = "; ".join(self.refusal_text(e) for e in refused)
-            lines.append(f"{REFUSED_PREFIX} {reasons}. Say briefly why, then ask again.")
+            ask = " Then ask for it again." if question else ""
+            lines.append(f"{REFUSED_PREFIX} {reasons}. Tell the user briefly that it was not used, and why.{ask}")
         lines.append(f"COLLECTED: {json.dumps(known, sort_keys=True, default=str)}")
         return "\n".join(lines)
 

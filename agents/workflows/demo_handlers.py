@@ -33,7 +33,7 @@ from agents.workflows.slot_parsing import extract_slots
 _STATE_LINE = re.compile(r"^CURRENT_STATE:\s*(\w+)\s*$", re.MULTILINE)
 _COLLECTED_LINE = re.compile(r"^COLLECTED:\s*(\{.*\})\s*$", re.MULTILINE)
 _QUESTION_LINE = re.compile(r"^Next question:\s*(.+?)\s*$", re.MULTILINE)
-_REFUSED_LINE = re.compile(rf"^{re.escape(REFUSED_PREFIX)}\s*(.+?)\. Say briefly why", re.MULTILINE)
+_REFUSED_LINE = re.compile(rf"^{re.escape(REFUSED_PREFIX)}\s*(.+?)\. Tell the user", re.MULTILINE)
 _WORKFLOW_LINE = re.compile(rf"^WORKFLOW:\s*{FLIGHT_BOOKING.name}\b", re.MULTILINE)
 
 _START_OVER = re.compile(
@@ -132,6 +132,9 @@ def propose_decision(*, state: str, collected: Mapping[str, Any], user_message: 
     if state == "CONFIRMING":
         if accepted:
             return decide("CONFIRMING", "the user changed details; confirm again")
+        if set(slots) - set(accepted):
+            # "Yes, but for 15 passengers": the change was refused, so this is not a yes to the trip as it is.
+            return decide("CONFIRMING", "a change the workflow refused; confirm again")
         if _CONFIRM.search(user_message) and not _CHANGE.search(user_message):
             return decide("BOOKING", "the user confirmed")
         # Only an explicit change request goes back ("change the dates"); a question that merely
@@ -231,9 +234,18 @@ def booking_reply(messages: list[Message], tools: list[ToolSpec] | None) -> Demo
             text=f"Your trip ({trip_summary(collected)}) is booked, reference {ref}. "
             "Would you like to book another trip?"
         )
+    refused = _REFUSED_LINE.search(_system_text(messages))
+    not_used = f"I could not use that: {refused.group(1)}." if refused else ""
     if state == "CONFIRMING":
         return DemoReply(
-            text=f"Here is your trip: {trip_summary(collected)}. Shall I book it? (Say yes, or tell me what to change.)"
+            text=" ".join(
+                p
+                for p in (
+                    not_used,
+                    f"Here is your trip: {trip_summary(collected)}. Shall I book it? (Say yes, or tell me what to change.)",
+                )
+                if p
+            )
         )
     if state == "FAILED":
         known = trip_summary(collected) if collected else "nothing yet"
@@ -241,10 +253,6 @@ def booking_reply(messages: list[Message], tools: list[ToolSpec] | None) -> Demo
             text="Sorry — something went wrong several times, so I stopped. "
             f"What I have so far: {known}. Would you like to pick up where we left off, or start over?"
         )
-    refused = _REFUSED_LINE.search(_system_text(messages))
-    not_used = f"I could not use that: {refused.group(1)}." if refused else ""
-    if state == "CONFIRMING" and not_used:
-        return DemoReply(text=f"{not_used} Here is your trip: {trip_summary(collected)}. Shall I book it?")
     question = _QUESTION_LINE.search(_system_text(messages))
     if question:
         ack = _acknowledge(user_message, state, collected)

@@ -254,11 +254,7 @@ def turn_begin(
         if not session.agent.is_active:
             # Switched off by an operator (a misbehaving agent, a retired one): its chats stay readable and
             # take no new message.
-            raise MessageRejected(
-                "agent_unavailable",
-                "This chat's agent has been switched off by an operator; the message was not saved.",
-                status=503,
-            )
+            raise MessageRejected("agent_unavailable", AGENT_SWITCHED_OFF + " It takes no new messages.", status=503)
         if key:
             same = Turn.objects.filter(session=session, idempotency_key=key).first()
             if same is not None:
@@ -604,6 +600,7 @@ def _user_facing_error(exc: Exception) -> str:
     return "Something went wrong while answering. Your message is saved; please try again."
 
 
+AGENT_SWITCHED_OFF = "This chat's agent has been switched off by an operator."
 _UNFINISHED = (Turn.Status.RUNNING, Turn.Status.PENDING)
 _FINISHED = (Turn.Status.COMPLETED, Turn.Status.FAILED)
 
@@ -656,6 +653,21 @@ def _execute_inner(session: ChatSession, turn: Turn, *, resumed: bool, fresh: bo
     counter = counter_for(provider.model)
     message = turn.user_message
     composition_extra: dict[str, Any] = {}
+
+    if not agent.is_active:
+        # Switched off after this message was saved (a turn the sweep or a retry resumes): not answered.
+        note = AGENT_SWITCHED_OFF + " This message was saved but will not be answered."
+        _finish_turn_row(
+            turn,
+            status=Turn.Status.FAILED,
+            error="agent switched off",
+            assistant_message=note,
+            completed_at=timezone.now(),
+            state_after=session.state,
+        )
+        turn.refresh_from_db()
+        yield {"type": "error", "code": "agent_unavailable", "message": note, "turn_id": turn.pk}
+        return
 
     if session.status == ChatSession.Status.NEEDS_HUMAN:
         _finish_turn_row(turn, status=Turn.Status.COMPLETED, completed_at=timezone.now(), state_after=session.state)

@@ -713,3 +713,21 @@ def test_the_sweep_starts_no_recovery_once_its_time_budget_is_spent(alice: Any, 
     assert Turn.objects.filter(status=Turn.Status.RUNNING).count() == 2
     assert stuck_turns_recover(older_than=timedelta(0), budget_seconds=60) == 2
     assert set(Turn.objects.values_list("status", flat=True)) == {Turn.Status.COMPLETED}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_switched_off_agents_unfinished_turn_is_closed_unanswered_by_the_sweep(
+    alice: Any, chat_agent: Agent, scripted: ScriptedProvider
+) -> None:
+    """Switched off while a turn of it was cut off: the sweep closes that turn, saying why, and never asks
+    the model (an operator switching an agent off for misbehaviour or cost)."""
+    from agents.runtime import stuck_turns_recover
+
+    session = session_create(user=alice, agent=chat_agent)
+    turn_stream(session=session, message="hello").close()
+    Agent.objects.filter(pk=chat_agent.pk).update(is_active=False)
+
+    assert stuck_turns_recover(older_than=timedelta(0)) == 1
+    turn = Turn.objects.get(session=session)
+    assert turn.status == Turn.Status.FAILED and "switched off" in turn.assistant_message
+    assert scripted.requests == [] and not LLMCall.objects.exists()

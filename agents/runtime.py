@@ -392,29 +392,52 @@ def turn_recover(*, turn_id: int) -> bool:
         lock.release()
 
 
-def stuck_turns_recover(*, older_than: timedelta | None = None, budget_seconds: float | None = None) -> int:
-    """The periodic sweep: resume every orphaned turn older than ``older_than``. Returns how many.
-
-    With ``budget_seconds``, no recovery starts once that much time has passed (the first always does): the
-    rest wait for the next sweep. The sweep's task has a time limit, and a turn it interrupted mid-answer
-    would be failed instead of answered."""
-    from sessions.services import stuck_turns_find
-
-    age = older_than if older_than is not None else timedelta(seconds=int(getattr(settings, "STUCK_TURN_SECONDS", 120)))
-    deadline = time.monotonic() + budget_seconds if budget_seconds is not None else None
+def stuck_turns_recover(*, older_than: timedelta | None = None) -> int:
+    """Resume every orphaned turn older than ``older_than`` here, one after another. Returns how many.
+    (The periodic sweep sends each to its own task instead: ``stuck_turns_enqueue``.)"""
     count = 0
-    started = False
-    for turn in stuck_turns_find(older_than=age):
-        if started and deadline is not None and time.monotonic() >= deadline:
-            logger.info("turn recovery: time budget spent after %s turn(s); the rest wait for the next sweep", count)
-            break
-        started = True
+    for turn in _stuck(older_than):
         try:
             if turn_recover(turn_id=turn.pk):
                 count += 1
         except Exception:  # one broken session must not stop the sweep
             logger.exception("could not recover turn %s", turn.pk)
     return count
+
+
+# A recovery task's own time limit is sized for one turn (``agents.tasks.recover_turn``); a sweep does not
+# send the same turn again within this window, while its task may still be queued or running.
+RECOVERY_RESEND_AFTER = timedelta(minutes=20)
+
+
+def stuck_turns_enqueue(*, older_than: timedelta | None = None, limit: int = 200) -> int:
+    """The periodic sweep: send each orphaned turn older than ``older_than`` to a recovery task of its own
+    (at most ``limit``, not one sent within ``RECOVERY_RESEND_AFTER``). Returns how many were sent.
+
+    One task for all of them had one time limit for all: after a crash with many turns to finish, it cut
+    the turn it was answering short, and that turn failed; the ones after it waited for the next sweep."""
+    from functools import partial
+
+    from agents.tasks import recover_turn
+    from config.services import requeue_each
+
+    turn_ids = list(_stuck(older_than).values_list("pk", flat=True)[: limit * 4])
+    sent = requeue_each(
+        "turn-recovery",
+        ((turn_id, partial(recover_turn.delay, turn_id)) for turn_id in turn_ids),
+        within=RECOVERY_RESEND_AFTER,
+        limit=limit,
+    )
+    if sent:
+        logger.info("sent %s stuck turn(s) to recovery", sent)
+    return sent
+
+
+def _stuck(older_than: timedelta | None) -> Any:
+    from sessions.services import stuck_turns_find
+
+    age = older_than if older_than is not None else timedelta(seconds=int(getattr(settings, "STUCK_TURN_SECONDS", 120)))
+    return stuck_turns_find(older_than=age)
 
 
 def handoff_reply(*, session: ChatSession, text: str, author: Any) -> Turn:

@@ -700,19 +700,25 @@ def test_the_sweep_leaves_a_turn_whose_runner_is_alive(alice: Any, chat_agent: A
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_sweep_starts_no_recovery_once_its_time_budget_is_spent(alice: Any, chat_agent: Agent) -> None:
-    """The sweep's task has a time limit that would cut a turn short mid-answer: past its budget it starts
-    no more recoveries, and the turns left wait, still running, for the next sweep."""
-    from agents.runtime import stuck_turns_recover
+def test_the_sweep_sends_each_stuck_turn_to_a_recovery_task_of_its_own(
+    alice: Any, chat_agent: Agent, celery_worker: Any
+) -> None:
+    """One task recovering every stuck turn had one time limit for all of them: after a crash with many, it
+    cut the turn it was answering short (and failed it). Each turn now has its task, sent once a window."""
+    from agents.runtime import stuck_turns_enqueue
 
     for i in range(3):
         turn_stream(session=session_create(user=alice, agent=chat_agent), message=f"hello {i}").close()
     assert Turn.objects.filter(status=Turn.Status.RUNNING).count() == 3
 
-    assert stuck_turns_recover(older_than=timedelta(0), budget_seconds=0) == 1  # the first always starts
-    assert Turn.objects.filter(status=Turn.Status.RUNNING).count() == 2
-    assert stuck_turns_recover(older_than=timedelta(0), budget_seconds=60) == 2
-    assert set(Turn.objects.values_list("status", flat=True)) == {Turn.Status.COMPLETED}
+    assert stuck_turns_enqueue(older_than=timedelta(0)) == 3
+    assert stuck_turns_enqueue(older_than=timedelta(0)) == 0  # sent already: not again while its task may run
+    wait_for(
+        lambda: not Turn.objects.exclude(status=Turn.Status.COMPLETED).exists(),
+        timeout=60,
+        message=f"the recovery tasks; worker log:\n{celery_worker.log_text()[-4000:]}",
+    )
+    assert all(Turn.objects.values_list("assistant_message", flat=True))
 
 
 @pytest.mark.django_db(transaction=True)

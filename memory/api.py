@@ -7,7 +7,6 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
-from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import ValidationError
@@ -65,17 +64,15 @@ class MemoryListApi(generics.GenericAPIView[Memory]):
         description="201 with the new memory; 200 with the existing one when a current memory of the same kind has this text (restored if it was archived).",
     )
     def post(self, request: Request) -> Response:
-        from memory.services import memory_create
+        from memory.services import memory_get_or_create
 
         serializer = MemoryCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        started = timezone.now()
         try:
-            memory = memory_create(user=request.user, **serializer.validated_data)
+            memory, created = memory_get_or_create(user=request.user, **serializer.validated_data)
         except ValueError as exc:
             raise ValidationError({"text": [str(exc)]}) from exc
         # The same text as a current memory of the same kind is that memory (restored if archived): 200.
-        created = memory.created_at >= started
         return Response(
             MemoryOutputSerializer(memory).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
         )

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from sessions.models import ChatSession, Turn
 
 logger = logging.getLogger(__name__)
+P = ParamSpec("P")
 
 # Facts closer than this (cosine similarity) to a current fact of the same user are the same fact
 # said differently: nothing is written.
@@ -100,7 +101,7 @@ def lock_user_memories(user_id: int | None) -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_USER_MEMORY_LOCK, int(user_id or 0) % (2**31)])
 
 
-def memory_create(
+def memory_get_or_create(
     *,
     user: Any,
     kind: str,
@@ -114,8 +115,8 @@ def memory_create(
     source_session: ChatSession | None = None,
     source_turn: Turn | None = None,
     embedded: tuple[list[float], str] | None = None,
-) -> Memory:
-    """Create a memory with its embedding (computed now, synchronously: for the admin and the API; or
+) -> tuple[Memory, bool]:
+    """(the memory, True when it was created). Create a memory with its embedding (computed now, synchronously: for the admin and the API; or
     ``embedded``, the text's ``(vector, model name)`` computed by a caller that holds a transaction).
 
     ``user=None`` is allowed only for procedural memories shared by an agent or workflow. An identical
@@ -154,8 +155,8 @@ def memory_create(
                 changes["fact_key"] = fact_key
             Memory.objects.filter(pk=existing.pk).update(**changes)
             existing.refresh_from_db()
-            return existing
-        return Memory.objects.create(
+            return existing, False
+        created = Memory.objects.create(
             user=user,
             agent=agent,
             kind=kind,
@@ -172,6 +173,18 @@ def memory_create(
             content_hash=digest,
             valid_from=now,
         )
+        return created, True
+
+
+def _memory_only(get_or_create: Callable[P, tuple[Memory, bool]]) -> Callable[P, Memory]:
+    def memory_create(*args: P.args, **kwargs: P.kwargs) -> Memory:
+        return get_or_create(*args, **kwargs)[0]
+
+    memory_create.__doc__ = "``memory_get_or_create``, the memory alone: " + (get_or_create.__doc__ or "")
+    return memory_create
+
+
+memory_create = _memory_only(memory_get_or_create)
 
 
 def _embed_one(text: str) -> tuple[list[float], str]:

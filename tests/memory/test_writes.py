@@ -500,3 +500,13 @@ def test_the_migration_marks_the_writes_that_ran_before_the_proof_existed(
 
     marked = set(Turn.objects.filter(memories_written_at__isnull=False).values_list("pk", flat=True))
     assert marked == {with_episode.pk, with_extraction.pk}
+
+
+@pytest.mark.django_db
+def test_get_or_create_says_whether_the_memory_is_new(alice: Any) -> None:
+    """The API answers 201 or 200 on this flag (a timestamp comparison took a concurrent twin for new)."""
+    from memory.services import memory_get_or_create
+
+    first, created = memory_get_or_create(user=alice, kind="semantic", text="Likes green tea.")
+    again, created_again = memory_get_or_create(user=alice, kind="semantic", text="likes  GREEN tea.")
+    assert created and not created_again and again.pk == first.pk

@@ -388,7 +388,7 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {
         "handlers": ["console"],
-        "level": env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")),
+        "level": env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL", "FATAL")),
     },
 }
 # /metrics: a bearer token, or (METRICS_ALLOW_INTERNAL) any loopback/private client. Neither: loopback only.

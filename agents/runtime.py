@@ -33,7 +33,18 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
-from django.db.models import Case, Exists, F, OuterRef, PositiveIntegerField, Subquery, TextField, Value, When
+from django.db.models import (
+    Case,
+    Exists,
+    F,
+    OuterRef,
+    PositiveIntegerField,
+    QuerySet,
+    Subquery,
+    TextField,
+    Value,
+    When,
+)
 from django.db.models.functions import Concat
 from django.utils import timezone
 
@@ -433,7 +444,7 @@ def stuck_turns_enqueue(*, older_than: timedelta | None = None, limit: int = 200
     return sent
 
 
-def _stuck(older_than: timedelta | None) -> Any:
+def _stuck(older_than: timedelta | None) -> QuerySet[Turn]:
     from sessions.services import stuck_turns_find
 
     age = older_than if older_than is not None else timedelta(seconds=int(getattr(settings, "STUCK_TURN_SECONDS", 120)))

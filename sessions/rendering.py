@@ -20,7 +20,7 @@ from markdown.extensions import Extension
 ALLOWED_TAGS = {
     "p", "br", "hr", "strong", "em", "b", "i", "code", "pre", "blockquote",
     "ul", "ol", "li", "a", "h1", "h2", "h3", "h4", "h5", "h6",
-    "table", "thead", "tbody", "tr", "th", "td", "del",
+    "table", "thead", "tbody", "tr", "th", "td", "del", "sub", "sup", "kbd",
 }  # fmt: skip
 ALLOWED_ATTRIBUTES: dict[str, set[str]] = {"a": {"href", "title"}, "code": {"class"}}
 
@@ -36,8 +36,14 @@ class _RawHtmlAsText(Extension):
 # Lines indented deeper than this are not markdown a person or a model writes: Python-Markdown nests a list a
 # level per four spaces and recurses per level (400 levels: a RecursionError; 2,000: 48 s, then the error).
 MAX_INDENT = 80
-_LINE_BREAK = re.compile(r"&lt;br\s*/?&gt;", re.IGNORECASE)
+# Inline tags models write in replies (a <br> in a table cell, <sup>2</sup>), bare: outside code, their escaped
+# form is made a tag again, for nh3 to check like the rest. With any attribute they stay text.
+_INLINE_TAG = re.compile(r"&lt;(/?)(br|b|i|em|strong|sub|sup|kbd)\s*/?&gt;", re.IGNORECASE)
 _CODE = re.compile(r"(<pre>.*?</pre>|<code>.*?</code>)", re.DOTALL)
+
+
+def _as_tag(match: re.Match[str]) -> str:
+    return f"<{match.group(1)}{match.group(2).lower()}>"
 
 
 def _plain(text: str) -> str:
@@ -47,8 +53,8 @@ def _plain(text: str) -> str:
 def markdown_to_safe_html(text: str) -> str:
     """Markdown to HTML with only harmless tags left; links get ``rel="noopener noreferrer nofollow"``.
 
-    Raw HTML shows as text, except ``<br>``, which models write in table cells. Text too deeply nested
-    for the markdown parser is shown as plain text."""
+    Raw HTML shows as text, except bare inline tags models write (``<br>`` in a table cell, ``<sup>``).
+    Text too deeply nested for the markdown parser is shown as plain text."""
     text = text or ""
     if any(len(line) - len(line.lstrip(" \t")) > MAX_INDENT for line in text.splitlines()):
         return _plain(text)
@@ -58,9 +64,9 @@ def markdown_to_safe_html(text: str) -> str:
         )
     except RecursionError:
         return _plain(text)
-    # Outside code, the escaped <br> a model wrote (in a table cell, say) is a line break again.
+    # Outside code, the bare inline tags a model wrote (_INLINE_TAG) are tags again.
     html = "".join(
-        part if part.startswith(("<code", "<pre")) else _LINE_BREAK.sub("<br>", part) for part in _CODE.split(html)
+        part if part.startswith(("<code", "<pre")) else _INLINE_TAG.sub(_as_tag, part) for part in _CODE.split(html)
     )
     return nh3.clean(
         html,

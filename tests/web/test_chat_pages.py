@@ -403,6 +403,9 @@ def test_markdown_too_deep_for_the_parser_is_plain_text_and_a_models_br_is_a_lin
     assert shown.startswith("<p>- x<br>") and active_parts(shown) == []
     table = markdown_to_safe_html("| a |\n|---|\n| one<br>two |\n\n`<br>` stays in code")
     assert "<td>one<br>two</td>" in table and "<code>&lt;br&gt;</code>" in table
+    inline = markdown_to_safe_html("E = mc<sup>2</sup>, <b>bold</b>, <b onclick=x>not a tag</b>, <div>")
+    assert "mc<sup>2</sup>" in inline and "<b>bold</b>" in inline and active_parts(inline) == []
+    assert "&lt;b onclick=x&gt;" in inline and "&lt;div&gt;" in inline
 
 
 @pytest.mark.django_db(transaction=True)

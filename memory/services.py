@@ -116,8 +116,9 @@ def memory_get_or_create(
     source_turn: Turn | None = None,
     embedded: tuple[list[float], str] | None = None,
 ) -> tuple[Memory, bool]:
-    """(the memory, True when it was created). Create a memory with its embedding (computed now, synchronously: for the admin and the API; or
-    ``embedded``, the text's ``(vector, model name)`` computed by a caller that holds a transaction).
+    """(the memory, True when it was created). Create a memory with its embedding (computed now,
+    synchronously: for the admin and the API; or ``embedded``, the text's ``(vector, model name)`` computed by
+    a caller that holds a transaction).
 
     ``user=None`` is allowed only for procedural memories shared by an agent or workflow. An identical
     current fact or procedure is returned instead of duplicated (restored first if it was archived: it is

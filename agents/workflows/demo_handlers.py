@@ -237,16 +237,10 @@ def booking_reply(messages: list[Message], tools: list[ToolSpec] | None) -> Demo
     refused = _REFUSED_LINE.search(_system_text(messages))
     not_used = f"I could not use that: {refused.group(1)}." if refused else ""
     if state == "CONFIRMING":
-        return DemoReply(
-            text=" ".join(
-                p
-                for p in (
-                    not_used,
-                    f"Here is your trip: {trip_summary(collected)}. Shall I book it? (Say yes, or tell me what to change.)",
-                )
-                if p
-            )
+        confirm = (
+            f"Here is your trip: {trip_summary(collected)}. Shall I book it? (Say yes, or tell me what to change.)"
         )
+        return DemoReply(text=f"{not_used} {confirm}".strip())
     if state == "FAILED":
         known = trip_summary(collected) if collected else "nothing yet"
         return DemoReply(

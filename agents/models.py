@@ -52,7 +52,17 @@ class Agent(models.Model):
     step_limit_behaviour = models.CharField(
         max_length=10, choices=StepLimitBehaviour.choices, default=StepLimitBehaviour.PARTIAL
     )
-    relevance_threshold = models.FloatField(default=0.5, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)])
+    relevance_threshold = models.FloatField(
+        null=True,
+        blank=True,
+        default=None,
+        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text=(
+            "Blank (recommended): memories are kept by how they compare with the best match for each message "
+            "(calibrated), or by the cheap model's score of 0.5 when one is configured. A number: an absolute "
+            "cut-off instead (0 keeps every candidate)."
+        ),
+    )
     routing_confidence_threshold = models.FloatField(
         default=0.4, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)]
     )

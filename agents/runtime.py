@@ -710,9 +710,13 @@ def _execute_inner(session: ChatSession, turn: Turn, *, resumed: bool, fresh: bo
         yield _done_event(turn, session)
         return
 
-    # 2. Memories.
+    # 2. Memories. The turns the prompt will show are read once, here: retrieval searches with the user's
+    # earlier messages and leaves out the episodes of turns the prompt shows anyway.
+    from sessions.context import turn_history
+
+    history = turn_history(session=session, before_seq=turn.seq)
     with _span("retrieval"):
-        retrieved, retrieval_report = _retrieve(session, agent, workflow.name, message)
+        retrieved, retrieval_report = _retrieve(session, agent, workflow.name, message, history)
 
     # 3. Workflow decision (slots + next state) — structured output only.
     refused: list[str] = []  # what the message said that the workflow refused: the reply explains it
@@ -754,22 +758,30 @@ def _execute_inner(session: ChatSession, turn: Turn, *, resumed: bool, fresh: bo
         tool_names,
         composition_extra,
         refused=refused,
+        history=history,
     )
 
 
-def _retrieve(session: ChatSession, agent: Agent, workflow_name: str, message: str) -> tuple[Any, dict[str, Any]]:
+def _retrieve(
+    session: ChatSession, agent: Agent, workflow_name: str, message: str, history: TurnHistory
+) -> tuple[Any, dict[str, Any]]:
     try:
-        from memory.selectors import memories_for_prompt
+        from memory.selectors import QUERY_CONTEXT_TURNS, RecentWindow, memories_for_prompt, retrieval_query
 
+        query = retrieval_query(
+            message=message, earlier=[t.user for t in history.newest[-QUERY_CONTEXT_TURNS:]], agent=agent
+        )
         retrieved = memories_for_prompt(
             user=session.user,
-            query=message,
+            query=query.text,
             agent=agent,
             workflow=workflow_name,
             budget_tokens=agent.memory_budget_tokens,
             relevance_threshold=agent.relevance_threshold,
             touch=False,  # counted by the turn's memory-write task, off the request path
+            window=RecentWindow(session_id=session.pk, after_seq=history.floor),
         )
+        retrieved.query_source = query.source
         return retrieved, retrieved.as_report()
     except Exception as exc:  # memory is an aid; its failure must not fail the turn
         logger.exception("memory retrieval failed; answering without memories")
@@ -907,15 +919,15 @@ def _reply_loop(
     composition_extra: dict[str, Any],
     *,
     refused: list[str],
+    history: TurnHistory,
 ) -> Iterator[dict[str, Any]]:
     from agents.tools import ToolContext, run_tool_call, tool_specs
-    from sessions.context import ContextBudget, build_prompt, turn_history
+    from sessions.context import ContextBudget, build_prompt
     from sessions.services import transition_apply
 
     budget = ContextBudget.from_agent(agent)
-    # Read once for every step of the turn (a tool step adds tool messages, not turns), and handed to
-    # the summary check after it.
-    history = turn_history(session=session, before_seq=turn.seq)
+    # ``history`` was read once for every step of the turn (a tool step adds tool messages, not turns),
+    # and is handed to the summary check after it.
     action_tool = workflow.action_states.get(session.state) if hasattr(workflow, "action_states") else None
     names = list(dict.fromkeys([*tool_names, *([action_tool] if action_tool else [])]))
     specs = tool_specs(names) if names else []

@@ -353,6 +353,7 @@ MEMORY_HNSW_EF_SEARCH = env_int("MEMORY_HNSW_EF_SEARCH", 40, minimum=10, maximum
 # or `manage.py memory_user_indexes`), and the shared HNSW index until then. bench/memory_scale.py.
 MEMORY_EXACT_SEARCH_MAX = env_int("MEMORY_EXACT_SEARCH_MAX", 10_000, minimum=0, maximum=10_000_000)
 MEMORY_RECENT_ACTIONS = env_int("MEMORY_RECENT_ACTIONS", 3, minimum=0, maximum=50)
+MEMORY_MAX_KEPT = env_int("MEMORY_MAX_KEPT", 25, minimum=1, maximum=1000)
 MEMORY_RELEVANCE_TIMEOUT = env_float("MEMORY_RELEVANCE_TIMEOUT", 4.0, minimum=0.1)
 # A new fact that contradicts a current one is applied at or above this confidence, else queued for review.
 MEMORY_CONTRADICTION_CONFIDENCE = env_float("MEMORY_CONTRADICTION_CONFIDENCE", 0.75, minimum=0.0, maximum=1.0)

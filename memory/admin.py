@@ -86,13 +86,22 @@ class MemoryForm(forms.ModelForm):
             "pinned",
             "archived",
             "needs_review",
+            "occurred_at",
             "valid_to",
             "expires_at",
         ]
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "occurred_at" in self.fields:
+            self.fields["occurred_at"].required = False
+            self.fields["occurred_at"].help_text = "When what it tells happened. Blank: as it was (new: now)."
+
     def clean(self) -> dict[str, Any]:
         """One row per current text and kind for a user (the database's rule): say which row has it."""
         data = super().clean() or {}
+        if "occurred_at" in self.fields and data.get("occurred_at") is None:
+            data["occurred_at"] = self.instance.occurred_at if self.instance.pk else timezone.now()
         user = self.instance.user if self.instance.pk else data.get("user")  # an edit never moves a memory
         text, kind = (data.get("text") or "").strip(), data.get("kind")
         if text and kind and data.get("valid_to") is None:
@@ -147,6 +156,7 @@ class MemoryAdmin(LogAdmin):
         "needs_review",
         "importance",
         "access_count",
+        "occurred_at",
         "created_at",
     )
     list_filter = (
@@ -293,7 +303,7 @@ class MemoryAdmin(LogAdmin):
                 agent=data.get("agent"),
                 workflow=data.get("workflow") or "",
                 budget_tokens=data["budget_tokens"],
-                relevance_threshold=data["relevance_threshold"],
+                relevance_threshold=_threshold_for(data),
                 use_model_filter=data["use_model_filter"],
                 touch=False,  # a look from the admin is not the user's access: their counts stay as they were
             )
@@ -310,6 +320,14 @@ class MemoryAdmin(LogAdmin):
         return TemplateResponse(request, "admin/memory/try_retrieval.html", context)
 
 
+def _threshold_for(data: dict[str, Any]) -> float | None:
+    """The form's cut-off, or the chosen agent's when the form leaves it blank (None: calibrated)."""
+    if data.get("relevance_threshold") is not None:
+        return float(data["relevance_threshold"])
+    agent = data.get("agent")
+    return agent.relevance_threshold if agent is not None else None
+
+
 class TryRetrievalForm(forms.Form):
     user = forms.ModelChoiceField(
         queryset=get_user_model().objects.order_by("username"), help_text="Retrieve as this user."
@@ -318,7 +336,12 @@ class TryRetrievalForm(forms.Form):
     agent = forms.ModelChoiceField(queryset=Agent.objects.all(), required=False)
     workflow = forms.CharField(max_length=80, required=False)
     budget_tokens = forms.IntegerField(min_value=0, max_value=100_000, initial=2000)
-    relevance_threshold = forms.FloatField(min_value=0.0, max_value=1.0, initial=0.5)
+    relevance_threshold = forms.FloatField(
+        min_value=0.0,
+        max_value=1.0,
+        required=False,
+        help_text="Blank: the agent's setting (the calibrated filter unless it names a cut-off), as its chats use.",
+    )
     use_model_filter = forms.BooleanField(required=False, initial=True)
 
 

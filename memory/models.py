@@ -58,6 +58,9 @@ class Memory(models.Model):
     access_count = models.PositiveIntegerField(default=0)
     last_accessed_at = models.DateTimeField(null=True, blank=True)
     content_hash = models.CharField(max_length=64)
+    # When what the memory tells happened (an episode's turn, an event the API was told about); used for
+    # recency, for which episodes are neighbours, and shown in the prompt. ``created_at`` is the row's own time.
+    occurred_at = models.DateTimeField(default=timezone.now)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -93,6 +96,20 @@ class Memory(models.Model):
                 fields=["user", "fact_key"],
                 condition=models.Q(kind="semantic", valid_to__isnull=True) & ~models.Q(fact_key=""),
                 name="memory_user_profile",
+            ),
+            # Tier 1 recent actions: WHERE user_id = ? AND kind = 'episodic' AND source_turn_id IS NOT NULL
+            # ORDER BY created_at DESC LIMIT 3 (read in order, however many API-written episodes a user has).
+            models.Index(
+                fields=["user", "-created_at", "-id"],
+                condition=models.Q(kind="episodic", source_turn__isnull=False),
+                name="memory_user_recent_actions",
+            ),
+            # Neighbour expansion: the episodes just before and after one, in its own session, by when they
+            # happened: WHERE source_session_id = ? AND kind = 'episodic' AND occurred_at < ? ORDER BY occurred_at.
+            models.Index(
+                fields=["source_session", "occurred_at"],
+                condition=models.Q(kind="episodic"),
+                name="memory_session_episodes",
             ),
             # The admin's search by fact key, over all users: WHERE fact_key = ? (facts only: a small index).
             models.Index(fields=["fact_key"], condition=~models.Q(fact_key=""), name="memory_fact_key"),

@@ -24,3 +24,7 @@ class RelevanceScore(BaseModel):
 
 class RelevanceScores(BaseModel):
     scores: list[RelevanceScore] = Field(default_factory=list)
+
+
+class SearchQuery(BaseModel):
+    query: str = Field(max_length=500, description="the standalone search query")

@@ -21,7 +21,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -31,20 +31,31 @@ from django.utils import timezone
 
 from memory.embedding import embed_query_soon, get_embedder
 from memory.models import Memory
-from memory.schemas import RelevanceScores
+from memory.schemas import RelevanceScores, SearchQuery
 
 if TYPE_CHECKING:
+    from agents.llm.base import Purpose, SchemaT
     from agents.models import Agent
 
 logger = logging.getLogger(__name__)
 
-RRF_K = 10  # reciprocal-rank-fusion constant; lower than the usual 60 so top ranks dominate (LoCoMo: bench/)
-NEIGHBOUR_WEIGHT = 0.3  # share of a candidate's score given to the episodes next to it (0 = off; LoCoMo: bench/)
+# Every constant below was chosen on the tuning split of bench/memory_eval.py (every 4th query of each of
+# its corpora); bench/README.md has the held-out figures and the command.
+FUSION = "cc"  # "rrf": reciprocal rank fusion; "cc": convex combination of the arms' scores (_convex_fusion)
+VECTOR_SHARE = 0.6  # "cc": the cosine's share of the fused score
+RRF_K = 10  # reciprocal-rank-fusion constant: lower than the usual 60, so top ranks dominate
+VECTOR_WEIGHT, TEXT_WEIGHT = 1.0, 1.5  # the arms' shares in the fusion
+NEIGHBOUR_WEIGHT = 0.3  # share of a candidate's score given to the episodes next to it in its session (0 = off)
 NEIGHBOUR_SOURCES = 20  # how many of the best candidates spread to their neighbours
-VECTOR_WEIGHT, TEXT_WEIGHT = 1.0, 2.0  # idf-weighted words beat MiniLM on conversational recall (bench/)
+NEIGHBOUR_MAX_GAP = timedelta(hours=1)  # episodes further apart than this are not neighbours
 TEXT_POOL = 1000  # newest full-text matches scored per query (bounds the work for users with huge histories)
 RECENCY_HALF_LIFE_DAYS = 30.0
 WEIGHT_RELEVANCE, WEIGHT_IMPORTANCE, WEIGHT_RECENCY = 0.8, 0.1, 0.1
+# The default relevance filter (no model, or its call failed): a candidate is kept when its fused score is at
+# least this share of the query's best candidate's, and the best one stands out of the query's own pool
+# (see _calibrated_relevance).
+RELATIVE_KEEP = 0.3
+NOISE_FLOOR = 0.0  # cosine under which a candidate found by meaning alone is unrelated, whatever its rank
 PREVIEW_CHARS = 160
 MODEL_FILTER_CHARS = 400  # per memory in the relevance prompt
 PROFILE_LIMIT = 20
@@ -96,12 +107,16 @@ class RetrievedMemories:
     candidates: list[CandidateReport] = field(default_factory=list)
     total_tokens: int = 0
     budget_tokens: int = 0
-    filter_mode: str = "threshold"
+    filter_mode: str = "calibrated"
+    query: str = ""  # the text searched for (see retrieval_query)
+    query_source: str = "message"
     timings_ms: dict[str, float] = field(default_factory=dict)
 
     def as_report(self) -> dict[str, Any]:
         """JSON-able summary for ``Turn.retrieval``, the inspector and the API."""
         return {
+            "query": self.query,
+            "query_source": self.query_source,
             "items": [
                 {
                     "id": i.memory.id,
@@ -124,9 +139,10 @@ class RetrievedMemories:
 
 
 def current_q(now: datetime) -> Q:
-    """Memories that are in force at ``now``: not archived, not superseded, not expired."""
+    """Memories that are in force at ``now``: not archived, already valid, not superseded, not expired."""
     return (
         Q(archived=False)
+        & Q(valid_from__lte=now)
         & (Q(valid_to__isnull=True) | Q(valid_to__gt=now))
         & (Q(expires_at__isnull=True) | Q(expires_at__gt=now))
     )
@@ -143,11 +159,34 @@ class HybridCandidate:
     similarity: float = 0.0  # cosine similarity to the query
     text_share: float = 0.0  # idf-weighted share of the query's words the memory contains
     fused: float = 0.0
+    neighbour_of: int | None = None  # the strongest candidate this one is the episode next to
 
 
 _CURRENT_SQL = (
-    "NOT archived AND (valid_to IS NULL OR valid_to > %(now)s) AND (expires_at IS NULL OR expires_at > %(now)s)"
+    "NOT archived AND valid_from <= %(now)s AND (valid_to IS NULL OR valid_to > %(now)s) "
+    "AND (expires_at IS NULL OR expires_at > %(now)s)"
 )
+# Not an episode of a turn the prompt still shows (params wsession, wfloor: see RecentWindow). COALESCE:
+# a memory with no session or turn compares as NULL, and is kept.
+_NOT_IN_WINDOW_SQL = (
+    "NOT COALESCE(kind = 'episodic' AND source_session_id = %(wsession)s AND source_turn_id IN "
+    "(SELECT w.id FROM chat_sessions_turn w WHERE w.session_id = %(wsession)s AND w.seq > %(wfloor)s), false)"
+)
+
+
+@dataclass(frozen=True)
+class RecentWindow:
+    """The turns of a chat session that its prompt shows (those numbered above ``after_seq``): their episodes
+    are not sent to the model a second time as memories."""
+
+    session_id: Any
+    after_seq: int
+
+
+def _window_params(window: RecentWindow | None) -> dict[str, Any]:
+    return {"wsession": window.session_id if window else None, "wfloor": window.after_seq if window else 0}
+
+
 # Every column but the vectors (not needed past the search; parsing 384 floats a row is not free).
 _LIGHT_FIELDS = [f for f in Memory._meta.concrete_fields if f.name not in ("embedding", "search_vector")]
 _LIGHT_COLUMNS = ", ".join(f.column for f in _LIGHT_FIELDS)
@@ -179,6 +218,7 @@ _HISTORY_SIZE_SQL = "SELECT count(*) FROM (SELECT 1 FROM memory_memory WHERE use
 _VECTOR_SQL = f"""
 SELECT id, embedding <=> %(vector)s::vector AS distance FROM memory_memory
 WHERE user_id = %(user)s AND kind <> 'procedural' AND embedding IS NOT NULL AND {_CURRENT_SQL}
+  AND {_NOT_IN_WINDOW_SQL}
 ORDER BY embedding <=> %(vector)s::vector LIMIT %(limit)s
 """
 _EXACT_VECTOR_SQL = _VECTOR_SQL.replace(
@@ -227,14 +267,27 @@ def _is_small_history(user_id: int) -> bool:
 
 
 def _vector_search(
-    *, user_id: int, vector: list[float], now: datetime, limit: int, exact: bool | None = None
+    *,
+    user_id: int,
+    vector: list[float],
+    now: datetime,
+    limit: int,
+    exact: bool | None = None,
+    window: RecentWindow | None = None,
 ) -> list[tuple[int, float]]:
     """The user's ``limit`` nearest memories by cosine distance: exact for small histories, HNSW for big ones."""
-    return _vector_arm(user_id=user_id, vector=vector, now=now, limit=limit, exact=exact, also=[])[0]
+    return _vector_arm(user_id=user_id, vector=vector, now=now, limit=limit, exact=exact, also=[], window=window)[0]
 
 
 def _vector_arm(
-    *, user_id: int, vector: list[float], now: datetime, limit: int, exact: bool | None, also: list[int]
+    *,
+    user_id: int,
+    vector: list[float],
+    now: datetime,
+    limit: int,
+    exact: bool | None,
+    also: list[int],
+    window: RecentWindow | None = None,
 ) -> tuple[list[tuple[int, float]], dict[int, float]]:
     """The nearest memories (as ``_vector_search``) and, in the same round trip, the distance of each memory
     in ``also`` (the word arm's candidates; 1.0 for one without a vector)."""
@@ -246,6 +299,7 @@ def _vector_arm(
         "now": now,
         "limit": limit,
         "also": also,
+        **_window_params(window),
     }
     sql = (
         f"SELECT 0, id, distance FROM ({_EXACT_VECTOR_SQL if exact else _VECTOR_SQL}) nearest UNION ALL "
@@ -269,7 +323,9 @@ def query_terms(query: str) -> list[str]:
     return list(seen)[:32]
 
 
-def word_candidates(*, user_id: int, query: str, now: datetime, limit: int | None = None) -> list[tuple[int, float]]:
+def word_candidates(
+    *, user_id: int, query: str, now: datetime, limit: int | None = None, window: RecentWindow | None = None
+) -> list[tuple[int, float]]:
     """Full-text candidates ranked by the idf-weighted share of query words they contain, best first:
     (id, share). Needs no query vector, so it runs while the query is being embedded.
 
@@ -301,7 +357,7 @@ def word_candidates(*, user_id: int, query: str, now: datetime, limit: int | Non
         WITH pool AS MATERIALIZED (
             SELECT id, created_at, {hits}
             FROM memory_memory
-            WHERE user_id = %(user)s AND kind <> 'procedural' AND {_CURRENT_SQL}
+            WHERE user_id = %(user)s AND kind <> 'procedural' AND {_CURRENT_SQL} AND {_NOT_IN_WINDOW_SQL}
               AND search_vector @@ to_tsquery('english', %(any)s)
             ORDER BY created_at DESC LIMIT %(pool)s  -- the newest matches: index memory_user_recent, streamed
         ), idf AS (SELECT {idf} FROM pool),
@@ -318,6 +374,7 @@ def word_candidates(*, user_id: int, query: str, now: datetime, limit: int | Non
         "any": " | ".join(terms),
         "pool": TEXT_POOL,
         "limit": limit,
+        **_window_params(window),
         **{f"t{i}": term for i, term in enumerate(terms)},
     }
     with connection.cursor() as cursor:
@@ -343,15 +400,21 @@ def hybrid_candidates(
     limit: int | None = None,
     small: bool | None = None,
     words: list[tuple[int, float]] | None = None,
+    window: RecentWindow | None = None,
 ) -> HybridSearch:
-    """Vector and full-text candidates of one user, fused by reciprocal rank fusion, best first, with their
-    rows. ``small`` (``_is_small_history``) and ``words`` (``word_candidates``) are what the caller has
-    read already, while the query was being embedded."""
+    """Vector and full-text candidates of one user, fused, best first, with their rows. ``small``
+    (``_is_small_history``) and ``words`` (``word_candidates``) are what the caller has read already, while
+    the query was being embedded.
+
+    Fusion is by reciprocal rank (``VECTOR_WEIGHT / (RRF_K + vector rank) + TEXT_WEIGHT / (RRF_K + text
+    rank)``) with equal weights: a memory climbs over the vector arm's best only with a better place in the
+    word arm, never by the word arm's weight alone (a weight of 2 did that, and cost recall on data that
+    was not LoCoMo's)."""
     limit = limit or settings.MEMORY_CANDIDATES
     timings: dict[str, float] = {}
     started = time.perf_counter()
     if words is None:
-        words = word_candidates(user_id=user.pk, query=query, now=now, limit=limit)
+        words = word_candidates(user_id=user.pk, query=query, now=now, limit=limit, window=window)
         timings["text_search"] = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
     if small is None:
@@ -360,7 +423,13 @@ def hybrid_candidates(
     # history costs graph steps, while full-text candidates are cheap (bench/memory_scale.py).
     vector_limit = min(limit, settings.MEMORY_VECTOR_CANDIDATES)
     nearest, word_distance = _vector_arm(
-        user_id=user.pk, vector=vector, now=now, limit=vector_limit, exact=small, also=[i for i, _ in words]
+        user_id=user.pk,
+        vector=vector,
+        now=now,
+        limit=vector_limit,
+        exact=small,
+        also=[i for i, _ in words],
+        window=window,
     )
     timings["exact_search" if small else "vector_search"] = (time.perf_counter() - started) * 1000
     # The word arm's ties at its cut go to the memories nearer the query.
@@ -378,24 +447,48 @@ def hybrid_candidates(
         cand.text_rank = rank
         cand.text_share = share
         cand.fused += TEXT_WEIGHT / (RRF_K + rank)
+    if FUSION == "cc":
+        _convex_fusion(by_id.values())
     started = time.perf_counter()
-    rows = _neighbours_and_rows(user_id=user.pk, by_id=by_id)
+    rows = _neighbours_and_rows(user_id=user.pk, by_id=by_id, window=window)
     timings["neighbours_and_rows"] = (time.perf_counter() - started) * 1000
     # Only rows of this user that still exist (a candidate deleted meanwhile simply drops out).
     fused = sorted((c for c in by_id.values() if c.memory_id in rows), key=lambda c: (-c.fused, -c.similarity))
     return HybridSearch(candidates=fused, rows=rows, timings=timings)
 
 
-# The neighbours of the best candidates, then the rows of every candidate and neighbour.
+def _convex_fusion(candidates: Any) -> None:
+    """Fused score as a convex combination of the two arms' scores, each on this query's own scale: the
+    cosine between the worst and the best candidate's (every candidate has one: the word arm's are measured
+    too), the word share as a part of the best. A memory passes the vector arm's best only where its words
+    make up for more than the cosine it lacks."""
+    candidates = list(candidates)
+    sims = [c.similarity for c in candidates]
+    low, high = min(sims, default=0.0), max(sims, default=0.0)
+    share_high = max((c.text_share for c in candidates), default=0.0)
+    for c in candidates:
+        meaning = (c.similarity - low) / (high - low) if high > low else 1.0
+        wording = c.text_share / share_high if share_high > 0 else 0.0
+        c.fused = VECTOR_SHARE * meaning + (1.0 - VECTOR_SHARE) * wording
+
+
+# The neighbours of the best candidates (the episodes just before and after each in its own chat session,
+# within NEIGHBOUR_MAX_GAP), then the rows of every candidate and neighbour.
+_NEIGHBOUR_SQL = """(SELECT {a}.id FROM memory_memory {a}
+                 WHERE {a}.source_session_id = c.source_session_id AND {a}.kind = 'episodic' AND NOT {a}.archived
+                   AND {a}.user_id = c.user_id AND {a}.occurred_at {op} c.occurred_at
+                   AND {a}.occurred_at {within} c.occurred_at {sign} %(gap)s AND {a}.id <> c.id
+                   AND NOT COALESCE({a}.source_turn_id IN (SELECT w.id FROM chat_sessions_turn w
+                                    WHERE w.session_id = %(wsession)s AND w.seq > %(wfloor)s), false)
+                 ORDER BY {a}.occurred_at {order} LIMIT 1)"""
 _NEIGHBOURS_AND_ROWS_SQL = f"""
         WITH src AS MATERIALIZED (
             SELECT c.id,
-              (SELECT p.id FROM memory_memory p WHERE p.user_id = c.user_id AND p.kind = 'episodic' AND NOT p.archived
-                 AND p.created_at < c.created_at ORDER BY p.created_at DESC LIMIT 1) AS before_id,
-              (SELECT n.id FROM memory_memory n WHERE n.user_id = c.user_id AND n.kind = 'episodic' AND NOT n.archived
-                 AND n.created_at > c.created_at ORDER BY n.created_at ASC LIMIT 1) AS after_id
+              {_NEIGHBOUR_SQL.format(a="p", op="<", within=">=", sign="-", order="DESC")} AS before_id,
+              {_NEIGHBOUR_SQL.format(a="n", op=">", within="<=", sign="+", order="ASC")} AS after_id
             FROM memory_memory c
             WHERE c.id = ANY(%(sources)s::bigint[]) AND c.user_id = %(user)s AND c.kind = 'episodic'
+              AND c.source_session_id IS NOT NULL
         ), wanted AS (
             SELECT unnest(%(ids)s::bigint[]) AS id UNION SELECT before_id FROM src UNION SELECT after_id FROM src
         )
@@ -405,12 +498,16 @@ _NEIGHBOURS_AND_ROWS_SQL = f"""
 """
 
 
-def _neighbours_and_rows(*, user_id: int, by_id: dict[int, HybridCandidate]) -> dict[int, Memory]:
+def _neighbours_and_rows(
+    *, user_id: int, by_id: dict[int, HybridCandidate], window: RecentWindow | None = None
+) -> dict[int, Memory]:
     """Load the rows of every candidate (vectors left out), and give the episodes just before and after a
     strong candidate part of its score: one round trip.
 
     A conversation's answer often sits in the turn next to the one that matches the words ("Yes, in
     Paris!" after "Where did you go?"): neighbours of the best candidates become candidates themselves.
+    Only where the neighbours are real: episodes of the same chat session, close in time. Rows written one
+    after another (an import, the API) are not a conversation, and have no neighbours.
     """
     if not by_id:
         return {}
@@ -419,6 +516,8 @@ def _neighbours_and_rows(*, user_id: int, by_id: dict[int, HybridCandidate]) -> 
         "sources": [c.memory_id for c in top],
         "ids": list(by_id),
         "user": user_id,
+        "gap": NEIGHBOUR_MAX_GAP,
+        **_window_params(window),
     }
     rows: dict[int, Memory] = {}
     links: dict[int, tuple[Any, ...]] = {}
@@ -432,6 +531,8 @@ def _neighbours_and_rows(*, user_id: int, by_id: dict[int, HybridCandidate]) -> 
             if neighbour is None or neighbour not in rows:
                 continue
             cand = by_id.setdefault(neighbour, HybridCandidate(neighbour))
+            if cand.neighbour_of is None:
+                cand.neighbour_of = parent.memory_id  # parents come strongest first
             cand.fused += NEIGHBOUR_WEIGHT * parent.fused
             cand.similarity = max(cand.similarity, NEIGHBOUR_WEIGHT * parent.similarity)
             cand.text_share = max(cand.text_share, NEIGHBOUR_WEIGHT * parent.text_share)
@@ -447,18 +548,22 @@ RELEVANCE_SYSTEM_PROMPT = (
 )
 
 
-def _model_scores(*, agent: Agent | None, query: str, memories: list[Memory], timeout: float) -> dict[int, float]:
-    """One batched cheap-model call scoring all candidates; raises on error or when over the time budget."""
+def _cheap_structured(
+    *,
+    agent: Agent | None,
+    messages: list[dict[str, Any]],
+    schema: type[SchemaT],
+    purpose: Purpose,
+    max_tokens: int,
+    timeout: float,
+) -> SchemaT:
+    """One structured call to the cheap model, abandoned past ``timeout`` seconds (raises
+    ``concurrent.futures.TimeoutError``; any provider error is raised too)."""
     from agents.llm.base import CallContext
     from agents.llm.providers import get_provider
 
     provider = get_provider(agent=agent, cheap=True)
-    listing = "\n".join(f"[{m.id}] {m.text[:MODEL_FILTER_CHARS]}" for m in memories)
-    messages = [
-        {"role": "system", "content": RELEVANCE_SYSTEM_PROMPT},
-        {"role": "user", "content": f"User message:\n{query}\n\nMemories:\n{listing}"},
-    ]
-    ctx = CallContext(purpose="relevance", agent_id=agent.pk if agent else None)
+    ctx = CallContext(purpose=purpose, agent_id=agent.pk if agent else None)
 
     # The call runs in a worker thread (so it can be abandoned past its time budget) and writes its
     # LLMCall record there. Outside a transaction the thread uses (and closes) its own connection; inside
@@ -469,24 +574,107 @@ def _model_scores(*, agent: Agent | None, query: str, memories: list[Memory], ti
     if shared is not None:
         shared.inc_thread_sharing()
 
-    def call() -> RelevanceScores:
+    def call() -> SchemaT:
         try:
             if shared is not None:
                 connections[DEFAULT_DB_ALIAS] = shared
-            return provider.structured(messages, schema=RelevanceScores, ctx=ctx, max_tokens=20 + 12 * len(memories))
+            return provider.structured(messages, schema=schema, ctx=ctx, max_tokens=max_tokens)
         finally:
             if shared is not None:
                 shared.dec_thread_sharing()
             else:
                 connection.close()
 
-    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="relevance")
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=purpose)
     try:
-        result = executor.submit(call).result(timeout=timeout)
+        return executor.submit(call).result(timeout=timeout)
     finally:
         executor.shutdown(wait=False)
+
+
+def _model_scores(*, agent: Agent | None, query: str, memories: list[Memory], timeout: float) -> dict[int, float]:
+    """One batched cheap-model call scoring all candidates; raises on error or when over the time budget."""
+    listing = "\n".join(f"[{m.id}] {m.text[:MODEL_FILTER_CHARS]}" for m in memories)
+    messages = [
+        {"role": "system", "content": RELEVANCE_SYSTEM_PROMPT},
+        {"role": "user", "content": f"User message:\n{query}\n\nMemories:\n{listing}"},
+    ]
+    result = _cheap_structured(
+        agent=agent,
+        messages=messages,
+        schema=RelevanceScores,
+        purpose="relevance",
+        max_tokens=20 + 12 * len(memories),
+        timeout=timeout,
+    )
     wanted = {m.id for m in memories}
     return {s.id: s.score for s in result.scores if s.id in wanted}
+
+
+# --- the query -----------------------------------------------------------------------------------
+
+QUERY_CONTEXT_TURNS = 2  # the user's earlier messages searched with the new one
+QUERY_CONTEXT_CHARS = 600  # at most this much of them
+QUERY_STANDALONE_WORDS = 6  # a message with this many words is searched alone (a shorter one is a follow-up)
+QUERY_REWRITE_PROMPT = (
+    "Rewrite the user's newest message as one standalone search query for their stored memories: resolve "
+    "what 'it', 'there', 'that' and the like refer to from their earlier messages, keep names, places, dates "
+    "and the topic, drop greetings. Answer with the query only, in the user's language."
+)
+
+
+@dataclass(frozen=True)
+class RetrievalQuery:
+    text: str
+    source: str  # "message" (the message alone), "conversation" (with earlier messages), "rewrite" (cheap model)
+
+
+def retrieval_query(*, message: str, earlier: list[str], agent: Agent | None = None) -> RetrievalQuery:
+    """What to search the memories for: the new message, with the user's ``earlier`` messages (oldest
+    first) so a follow-up ("and when was that?") still finds its topic; rewritten by the cheap model into
+    a standalone query when one is configured (one short call, within MEMORY_RELEVANCE_TIMEOUT; any
+    failure keeps the message with its context). Without a cheap model, a short message (a follow-up, under
+    QUERY_STANDALONE_WORDS words) is searched with its context, the message first; a longer one alone."""
+    context = [t.strip() for t in earlier if t.strip()][-QUERY_CONTEXT_TURNS:]
+    if not context:
+        return RetrievalQuery(message, "message")
+    joined = " ".join(context)[-QUERY_CONTEXT_CHARS:]
+    if _cheap_model_configured(agent):
+        listing = "\n".join(f"- {t[:QUERY_CONTEXT_CHARS]}" for t in context)
+        messages = [
+            {"role": "system", "content": QUERY_REWRITE_PROMPT},
+            {"role": "user", "content": f"Earlier messages:\n{listing}\n\nNewest message:\n{message}"},
+        ]
+        try:
+            rewritten = _cheap_structured(
+                agent=agent,
+                messages=messages,
+                schema=SearchQuery,
+                purpose="query",
+                max_tokens=80,
+                timeout=float(settings.MEMORY_RELEVANCE_TIMEOUT),
+            ).query.strip()
+            if rewritten:
+                return RetrievalQuery(rewritten, "rewrite")
+        except Exception as exc:  # noqa: BLE001 - the rewrite is an aid: any failure keeps the plain query
+            logger.warning("query rewrite failed; searching the message with its context: %s", exc)
+    elif len(query_terms(message)) >= QUERY_STANDALONE_WORDS:
+        # Without a model, a message of a sentence or more stands on its own: the earlier ones only blur it
+        # (bench/memory_eval.py's conversational corpus lost recall@10 with them added to every query).
+        return RetrievalQuery(message, "message")
+    return RetrievalQuery(f"{message}\n{joined}", "conversation")
+
+
+def _cheap_model_configured(agent: Agent | None) -> bool:
+    """A cheap model is named for the agent's endpoint (``LLM_CHEAP_MODEL`` or the profile's ``cheap_model``):
+    the query rewrite is one more call before the reply, worth it only on a fast, cheap model."""
+    from agents.llm.providers import agent_profile
+
+    try:
+        profile = agent_profile(agent)
+    except Exception:  # noqa: BLE001 - a misconfigured endpoint is reported by the turn's own provider lookup
+        return False
+    return profile is not None and bool(profile.cheap_model)
 
 
 def _model_filter_available(agent: Agent | None) -> bool:
@@ -512,14 +700,15 @@ def trigger_matches(trigger: str, query: str) -> bool:
 
 
 def prompt_text(memory: Memory) -> str:
-    """A memory as it is shown to the model: episodes carry their date so "when" questions can be answered."""
-    if memory.kind == Memory.Kind.EPISODIC:
-        return f"({memory.created_at:%Y-%m-%d}) {memory.text}"
-    return memory.text
+    """A memory as it is shown to the model: episodes and facts carry the date they happened (or were
+    learned), so "when" questions can be answered and old news told from new."""
+    if memory.kind == Memory.Kind.PROCEDURAL:
+        return memory.text
+    return f"({memory.occurred_at:%Y-%m-%d}) {memory.text}"
 
 
 def _recency(memory: Memory, now: datetime) -> float:
-    age_days = max(0.0, (now - memory.created_at).total_seconds() / 86400)
+    age_days = max(0.0, (now - memory.occurred_at).total_seconds() / 86400)
     return 0.5 ** (age_days / RECENCY_HALF_LIFE_DAYS)
 
 
@@ -539,7 +728,8 @@ UNION ALL
 UNION ALL
 (SELECT {_LIGHT_COLUMNS}, 2, row_number() OVER (ORDER BY created_at DESC, id DESC)
    FROM memory_memory WHERE user_id = %(user)s AND {_CURRENT_SQL} AND kind = 'episodic'
-   ORDER BY created_at DESC, id DESC LIMIT %(recent)s)  -- index memory_user_recent
+    AND source_turn_id IS NOT NULL AND {_NOT_IN_WINDOW_SQL}
+   ORDER BY created_at DESC, id DESC LIMIT %(recent)s)  -- index memory_user_recent_actions
 UNION ALL
 (SELECT {_LIGHT_COLUMNS}, 3, row_number() OVER (ORDER BY pinned DESC, importance DESC, id)
    FROM memory_memory WHERE (user_id = %(user)s OR user_id IS NULL) AND {_CURRENT_SQL} AND kind = 'procedural'
@@ -549,10 +739,15 @@ UNION ALL
 
 
 def _exact_lookups(
-    *, user: Any, now: datetime, agent: Agent | None = None, workflow: str = ""
+    *, user: Any, now: datetime, agent: Agent | None = None, workflow: str = "", window: RecentWindow | None = None
 ) -> dict[str, list[Memory]]:
-    """Tier 1's lookups of one user and the candidate procedures (trigger not checked yet), by reason."""
+    """Tier 1's lookups of one user and the candidate procedures (trigger not checked yet), by reason.
+
+    Recent actions are the episodes of the user's latest turns with an agent (those the prompt does not
+    show already): what they were doing last time. Episodes written through the API or an import are
+    records, not recent actions; they compete on relevance like any other memory."""
     params = {
+        **_window_params(window),
         "user": user.pk,
         "now": now,
         "agent": agent.pk if agent else None,
@@ -583,6 +778,49 @@ def _tier1_from(grouped: dict[str, list[Memory]]) -> list[tuple[Memory, str]]:
     return tier1
 
 
+@dataclass(frozen=True)
+class _QueryScale:
+    """One query's own score distribution, per arm: the best and the worst cosine among the vector arm's
+    candidates, and the best word share among the word arm's."""
+
+    similarity_high: float
+    similarity_low: float
+    share_high: float
+
+    @classmethod
+    def of(cls, candidates: list[HybridCandidate]) -> _QueryScale:
+        sims = [c.similarity for c in candidates if c.vector_rank is not None]
+        shares = [c.text_share for c in candidates if c.text_rank is not None]
+        return cls(max(sims, default=0.0), min(sims, default=0.0), max(shares, default=0.0))
+
+
+def _calibrated_relevance(cand: HybridCandidate, scale: _QueryScale, by_id: dict[int, HybridCandidate]) -> float:
+    """The default filter's relevance, on the query's own scale (``_QueryScale``): where the candidate's cosine
+    falls between the vector arm's worst and best for this query, or its word share as a part of the best
+    share, whichever is higher; an episode pulled in next to a strong candidate gets NEIGHBOUR_WEIGHT of that
+    one's. Cosine and word overlap mean different things from one embedder, corpus or wording to the next;
+    one absolute cut-off over both (0.5) starved whole queries on data it was not tuned on."""
+
+    def own(c: HybridCandidate) -> float:
+        best = 0.0
+        if c.vector_rank is not None:
+            if c.similarity < NOISE_FLOOR:
+                pass  # what any unrelated text scores
+            elif scale.similarity_high > scale.similarity_low:
+                best = (c.similarity - scale.similarity_low) / (scale.similarity_high - scale.similarity_low)
+            else:
+                best = 1.0
+        if c.text_rank is not None and scale.share_high > 0:
+            best = max(best, c.text_share / scale.share_high)
+        return best
+
+    relevance = own(cand)
+    parent = by_id.get(cand.neighbour_of) if cand.neighbour_of is not None else None
+    if parent is not None:
+        relevance = max(relevance, NEIGHBOUR_WEIGHT * own(parent))
+    return relevance
+
+
 def memories_for_prompt(
     *,
     user: Any,
@@ -590,25 +828,30 @@ def memories_for_prompt(
     agent: Agent | None = None,
     workflow: str = "",
     budget_tokens: int,
-    relevance_threshold: float = 0.5,
+    relevance_threshold: float | None = None,
     use_model_filter: bool = True,
     now: datetime | None = None,
     query_vector: list[float] | None = None,
     touch: bool = True,
+    window: RecentWindow | None = None,
 ) -> RetrievedMemories:
     """The memories of ``user`` worth putting into a prompt about ``query``, ranked and cut to
-    ``budget_tokens``, with a report of every candidate and why it was kept or dropped.
+    ``budget_tokens``, with a report of every candidate (each memory once) and why it was kept or dropped.
 
-    Only ``user``'s own current memories are considered (plus shared procedures). Accessed memories get
-    their access count and last access time updated, unless ``touch`` is false: the runtime leaves that
-    to the turn's memory-write task, off the request path (``memory.services.turn_memories_write``).
-    ``query_vector`` skips embedding the query (when the caller has it already).
+    Only ``user``'s own current memories are considered (plus shared procedures); episodes of the turns in
+    ``window`` (the prompt shows those turns already) are left out. The relevance filter is the cheap
+    model's batched scores when one is configured (kept from ``relevance_threshold``, 0.5 when None), else
+    the calibrated default (``_calibrated_relevance``; None) or an absolute cut-off on the stronger of cosine
+    and word share (a number: an operator's choice; 0 keeps everything). Accessed memories get their access
+    count and last access time updated, unless ``touch`` is false: the runtime leaves that to the turn's
+    memory-write task, off the request path (``memory.services.turn_memories_write``). ``query_vector``
+    skips embedding the query (when the caller has it already).
     """
     from agents.llm.tokens import counter_for
 
     started_total = time.perf_counter()
     now = now or timezone.now()
-    result = RetrievedMemories(budget_tokens=budget_tokens)
+    result = RetrievedMemories(budget_tokens=budget_tokens, query=query)
     timings = result.timings_ms
     if user is None or not getattr(user, "pk", None):
         return result
@@ -627,7 +870,7 @@ def memories_for_prompt(
 
     # Tier 1: exact lookups.
     # Profile facts, pinned memories, recent actions and the candidate procedures: one query.
-    grouped = _exact_lookups(user=user, now=now, agent=agent, workflow=workflow)
+    grouped = _exact_lookups(user=user, now=now, agent=agent, workflow=workflow, window=window)
     tier1 = _tier1_from(grouped)
     seen = {memory.id for memory, _ in tier1}
     result.procedural = [m for m in grouped[PROCEDURE] if trigger_matches(m.trigger, query)]
@@ -640,14 +883,16 @@ def memories_for_prompt(
         started = time.perf_counter()
         small = _is_small_history(user.pk)
         timings["history_size"] = (time.perf_counter() - started) * 1000
-        words = word_candidates(user_id=user.pk, query=query, now=now)
+        words = word_candidates(user_id=user.pk, query=query, now=now, window=window)
         tier2_ms = (time.perf_counter() - started) * 1000
         timings["text_search"] = tier2_ms - timings["history_size"]
         started = time.perf_counter()
         vector = pending.result()
         timings["embed_wait"] = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
-        search = hybrid_candidates(user=user, query=query, vector=vector, now=now, small=small, words=words)
+        search = hybrid_candidates(
+            user=user, query=query, vector=vector, now=now, small=small, words=words, window=window
+        )
         fused, loaded = search.candidates, search.rows
         timings.update(search.timings)
         timings["tier2"] = tier2_ms + (time.perf_counter() - started) * 1000  # without the wait for the vector
@@ -656,7 +901,8 @@ def memories_for_prompt(
     started = time.perf_counter()
     fresh = [c for c in fused if c.memory_id not in seen]
     scores: dict[int, float] = {}
-    mode = "threshold"
+    fallback = "calibrated" if relevance_threshold is None else "threshold"
+    mode = fallback
     if use_model_filter and fresh:
         try:
             if _model_filter_available(agent):
@@ -668,24 +914,40 @@ def memories_for_prompt(
                 )
                 mode = "model"
         except concurrent.futures.TimeoutError:
-            mode = f"threshold (model failed: no answer within {settings.MEMORY_RELEVANCE_TIMEOUT:g}s)"
+            mode = f"{fallback} (model failed: no answer within {settings.MEMORY_RELEVANCE_TIMEOUT:g}s)"
         except Exception as exc:  # noqa: BLE001 - any provider failure must fall back, never break the turn
             # The report reaches the user (memory panel, API): the kind of failure only; its text is logged.
-            mode = f"threshold (model failed: {type(exc).__name__})"
-            logger.warning("relevance filter fell back to the threshold: %s", exc)
+            mode = f"{fallback} (model failed: {type(exc).__name__})"
+            logger.warning("relevance filter fell back to the %s filter: %s", fallback, exc)
     result.filter_mode = mode
     timings["filter"] = (time.perf_counter() - started) * 1000
 
     # Tier 4: rank and cut to the budget.
     started = time.perf_counter()
     best_fused = max((c.fused for c in fresh), default=1.0) or 1.0
+    scale = _QueryScale.of(fused)
+    by_id = {c.memory_id: c for c in fused}
+    if mode == "model":
+        cut_off, source = (0.5 if relevance_threshold is None else relevance_threshold), "model"
+    elif relevance_threshold is None:
+        cut_off, source = RELATIVE_KEEP, "calibrated"
+    else:
+        cut_off, source = relevance_threshold, "threshold"
     ranked: list[tuple[float, HybridCandidate, float, CandidateReport]] = []
     reports: list[CandidateReport] = []
+    tier1_reports: dict[int, CandidateReport] = {}
     for memory, reason in tier1:
-        reports.append(
-            CandidateReport(id=memory.id, kind=memory.kind, preview=memory.text[:PREVIEW_CHARS], tier=1, reason=reason)
+        report = CandidateReport(
+            id=memory.id, kind=memory.kind, preview=memory.text[:PREVIEW_CHARS], tier=1, reason=reason
         )
+        tier1_reports[memory.id] = report
+        reports.append(report)
     for cand in fused:
+        if cand.memory_id in tier1_reports:
+            # Each memory is reported once: tier 1's entry, with what tier 2 found too.
+            report = tier1_reports[cand.memory_id]
+            report.vector_rank, report.text_rank, report.fused_score = cand.vector_rank, cand.text_rank, cand.fused
+            continue
         memory = loaded[cand.memory_id]
         report = CandidateReport(
             id=memory.id,
@@ -696,23 +958,20 @@ def memories_for_prompt(
             text_rank=cand.text_rank,
             fused_score=cand.fused,
         )
-        if cand.memory_id in seen:
-            report.kept = True
-            report.reason = "already included by tier 1"
-            report.relevance = None
-            reports.append(report)
-            continue
         if mode == "model":
             relevance = scores.get(cand.memory_id, 0.0)
             base_score = relevance
+        elif relevance_threshold is None:
+            relevance = cand.fused / best_fused if FUSION == "cc" else _calibrated_relevance(cand, scale, by_id)
+            base_score = cand.fused / best_fused
         else:
-            # No model: the stronger of meaning (cosine) and wording (idf-weighted share of query words).
+            # An operator's absolute cut-off: the stronger of meaning (cosine) and wording (word share).
             relevance = max(cand.similarity, cand.text_share)
             base_score = cand.fused / best_fused
         report.relevance = relevance
         reports.append(report)
-        if relevance < relevance_threshold:
-            report.reason = f"below relevance threshold {relevance_threshold:.2f}"
+        if relevance < cut_off:
+            report.reason = f"below the {source} relevance cut-off {cut_off:.2f}"
             continue
         score = (
             WEIGHT_RELEVANCE * base_score
@@ -726,15 +985,19 @@ def memories_for_prompt(
     for memory, _reason in tier1:
         text = prompt_text(memory)
         tokens = counter.count(text)
-        report = next(r for r in reports if r.tier == 1 and r.id == memory.id)
+        report = tier1_reports[memory.id]
         if used + tokens > budget_tokens:
             report.reason += "; over the memory budget"
             continue
         used += tokens
         report.kept = True
         result.items.append(RetrievedMemory(memory=memory, text=text, score=1.0, tier=1, tokens=tokens))
+    most = int(settings.MEMORY_MAX_KEPT)
     for score, cand, relevance, report in ranked:
         memory = loaded[cand.memory_id]
+        if len(result.items) >= most:
+            report.reason = f"relevant ({relevance:.2f}) but past the {most} memories a prompt takes"
+            continue
         text = prompt_text(memory)
         tokens = counter.count(text)
         if used + tokens > budget_tokens:
@@ -742,7 +1005,6 @@ def memories_for_prompt(
             continue
         used += tokens
         report.kept = True
-        source = "model" if mode == "model" else "threshold"
         report.reason = f"relevant ({source} {relevance:.2f}), rank score {score:.3f}"
         result.items.append(RetrievedMemory(memory=memory, text=text, score=score, tier=2, tokens=tokens))
     result.candidates = reports

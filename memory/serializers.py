@@ -35,6 +35,7 @@ class MemoryOutputSerializer(serializers.ModelSerializer[Memory]):
             "expires_at",
             "access_count",
             "last_accessed_at",
+            "occurred_at",
             "created_at",
             "updated_at",
         ]
@@ -49,6 +50,11 @@ class MemoryCreateSerializer(serializers.Serializer[Any]):
     fact_key = serializers.CharField(max_length=80, required=False, allow_blank=True, default="")
     trigger = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     workflow = serializers.CharField(max_length=80, required=False, allow_blank=True, default="")
+    occurred_at = serializers.DateTimeField(
+        required=False,
+        default=None,
+        help_text="When what it tells happened (used for recency and shown to the model); default: now.",
+    )
 
 
 class MemoryUpdateSerializer(serializers.Serializer[Any]):
@@ -63,6 +69,7 @@ class MemoryUpdateSerializer(serializers.Serializer[Any]):
     trigger = serializers.CharField(max_length=200, required=False, allow_blank=True)
     workflow = serializers.CharField(max_length=80, required=False, allow_blank=True)
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
+    occurred_at = serializers.DateTimeField(required=False, help_text="When what it tells happened.")
 
 
 class MemorySearchInputSerializer(serializers.Serializer[Any]):

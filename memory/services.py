@@ -13,7 +13,7 @@ import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, ParamSpec
 
@@ -52,6 +52,7 @@ EDITABLE_FIELDS = frozenset(
         "needs_review",
         "valid_to",
         "expires_at",
+        "occurred_at",
         "agent",
     }
 )
@@ -115,6 +116,7 @@ def memory_get_or_create(
     source_session: ChatSession | None = None,
     source_turn: Turn | None = None,
     embedded: tuple[list[float], str] | None = None,
+    occurred_at: datetime | None = None,
 ) -> tuple[Memory, bool]:
     """(the memory, True when it was created). Create a memory with its embedding (computed now,
     synchronously: for the admin and the API; or ``embedded``, the text's ``(vector, model name)`` computed by
@@ -123,7 +125,8 @@ def memory_get_or_create(
     ``user=None`` is allowed only for procedural memories shared by an agent or workflow. An identical
     current fact or procedure is returned instead of duplicated (restored first if it was archived: it is
     asked for again); a semantic fact with a ``fact_key`` supersedes the user's other current facts with
-    that key (they get ``valid_to``), the restored one included.
+    that key (they get ``valid_to``), the restored one included. ``occurred_at`` is when what it tells
+    happened (default: now); a duplicate keeps its own.
     """
     text = text.strip()
     if not text:
@@ -173,6 +176,7 @@ def memory_get_or_create(
             embedding_model=model_name,
             content_hash=digest,
             valid_from=now,
+            occurred_at=occurred_at or now,
         )
         return created, True
 
@@ -571,6 +575,7 @@ def _fact_apply(
         embedding_model=model_name,
         content_hash=digest,
         valid_from=now,
+        occurred_at=turn.created_at or now,  # when the user said it
     )
     result.facts_added.append(memory.id)
 
@@ -635,7 +640,7 @@ def turn_memories_write(*, turn_id: int) -> TurnMemoryWriteResult:
                 embedding=vectors[0],
                 embedding_model=model_name,
                 content_hash=content_hash_for(text),
-                created_at=turn.created_at or now,
+                occurred_at=turn.created_at or now,  # when it was said; created_at is this row's own time
                 valid_from=turn.created_at or now,
             )
             result.episodic_id = episode.id

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 # A chat message in the OpenAI wire format: {"role": ..., "content": ..., ["tool_calls"|"tool_call_id"|"name"]}.
 Message = dict[str, Any]
 
-Purpose = Literal["reply", "summarize", "relevance", "extract", "route", "slots", "other"]
+Purpose = Literal["reply", "summarize", "relevance", "query", "extract", "route", "slots", "other"]
 Outcome = Literal[
     "ok",
     "timeout",

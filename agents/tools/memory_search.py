@@ -36,7 +36,7 @@ def _search_memory(args: SearchMemoryArgs, context: ToolContext) -> str:
         agent=agent,
         workflow=context.session.workflow if context.session is not None else "",
         budget_tokens=agent.memory_budget_tokens if agent is not None else DEFAULT_BUDGET_TOKENS,
-        relevance_threshold=agent.relevance_threshold if agent is not None else 0.5,
+        relevance_threshold=agent.relevance_threshold if agent is not None else None,
         # The model asked explicitly; a second model call inside the tool would only add latency.
         use_model_filter=False,
     )

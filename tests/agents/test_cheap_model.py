@@ -37,3 +37,30 @@ def test_the_reply_uses_the_model_and_the_helpers_the_cheap_model(alice: Any, se
     sent = [(r.body["model"], r.body["messages"][0]["content"][:40]) for r in fake_openai.chat_requests()]
     assert [model for model, _ in sent] == ["small", "big", "small", "small", "small"], sent
     assert Turn.objects.get(pk=turn.pk).assistant_message == "Ahoy."
+
+
+def test_a_follow_up_is_searched_as_the_cheap_model_rewrites_it(alice: Any, settings: Any, fake_openai: Any) -> None:
+    """With earlier messages in the session, the cheap model turns the new one into a standalone query (one
+    short call before retrieval); when that call fails, the message is searched with its context instead."""
+    settings.LLM_PROFILES = {"default": fake_openai.profile(model="big", cheap_model="small", max_retries=0)}
+    agent = Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.", workflow="free_chat")
+    session = session_create(user=alice, agent=agent)
+    fake_openai.enqueue(fake.stream("Lovely city."))
+    turn_run(session=session, message="I moved to Lisbon last spring.")
+
+    fake_openai.enqueue(fake.json_reply({"query": "weather in Lisbon"}), fake.stream("Sunny."))
+    second = turn_run(session=session, message="What is the weather like there?").turn
+
+    report = Turn.objects.get(pk=second.pk).retrieval
+    assert report["query"] == "weather in Lisbon" and report["query_source"] == "rewrite"
+    rewrite = fake_openai.chat_requests()[1]
+    assert rewrite.body["model"] == "small"
+    assert "I moved to Lisbon last spring." in rewrite.body["messages"][1]["content"]
+
+    fake_openai.enqueue(fake.error(500, "down"), fake.stream("Still sunny."))
+    third = turn_run(session=session, message="And in winter?").turn
+
+    report = Turn.objects.get(pk=third.pk).retrieval
+    assert report["query_source"] == "conversation"
+    assert report["query"].startswith("And in winter?\n") and "What is the weather like there?" in report["query"]
+    assert Turn.objects.get(pk=third.pk).assistant_message == "Still sunny."

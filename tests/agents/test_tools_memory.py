@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from agents.llm.base import ToolCallRequest
 from agents.models import Agent
@@ -29,7 +30,7 @@ def test_search_memory_finds_the_users_memories_and_never_anothers(alice: Any, b
     result = search(ToolContext(user=alice, agent=agent), query="seat preference on flights")
     assert result.ok, result.content
     assert result.content.startswith("Memories about the user matching 'seat preference on flights':")
-    assert "[semantic] Alice prefers aisle seats on long flights" in result.content
+    assert f"[semantic] ({timezone.now():%Y-%m-%d}) Alice prefers aisle seats on long flights" in result.content
     assert "Bob" not in result.content
 
     result = search(ToolContext(user=bob, agent=agent), query="seat preference on flights", limit=1)

@@ -122,3 +122,44 @@ def test_an_edit_onto_another_memorys_text_is_a_400(alice_client: APIClient, arc
     assert f"#{tea['id']}" in str(error["details"]) and ("archived" in str(error["details"])) == archived
     stored = Memory.objects.get(pk=other["id"])
     assert (stored.kind, stored.text) == (other_kind, other_text)
+
+
+@pytest.mark.django_db
+def test_occurred_at_is_taken_shown_to_the_model_and_editable(alice_client: APIClient) -> None:
+    """When it happened is the client's to say (an import of old events); the row keeps its own created_at."""
+    created = alice_client.post(
+        "/api/memories/",
+        {"kind": "episodic", "text": "Ran the Porto half marathon.", "occurred_at": "2025-09-27T09:00:00Z"},
+        format="json",
+    )
+    assert created.status_code == 201, created.content
+    body = created.json()
+    assert body["occurred_at"].startswith("2025-09-27T09:00:00") and not body["created_at"].startswith("2025-09-27")
+    found = alice_client.get("/api/memories/search/", {"q": "half marathon"}).json()
+    assert found["items"][0]["memory"]["id"] == body["id"]
+    stored = Memory.objects.get(pk=body["id"])
+    from memory.selectors import prompt_text
+
+    assert prompt_text(stored) == "(2025-09-27) Ran the Porto half marathon."
+
+    patched = alice_client.patch(f"/api/memories/{body['id']}/", {"occurred_at": "2025-09-28T10:00:00Z"}, format="json")
+    assert patched.status_code == 200 and patched.json()["occurred_at"].startswith("2025-09-28")
+    error = assert_error(
+        alice_client.post("/api/memories/", {"kind": "episodic", "text": "x", "occurred_at": "soon"}, format="json"),
+        400,
+        "invalid",
+    )
+    assert "occurred_at" in error["details"]["fields"]
+    assert Memory.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_search_uses_the_calibrated_filter_by_default(alice_client: APIClient) -> None:
+    """With nothing but q, the search filters as a chat turn does: on the query's own scale, where the best
+    candidate of each arm has relevance 1."""
+    for text in ("Adopted a grey rescue cat called Biscoito.", "Bought a second-hand road bike."):
+        alice_client.post("/api/memories/", {"kind": "episodic", "text": text}, format="json")
+    body = alice_client.get("/api/memories/search/", {"q": "Biscoito the cat is sneezing"}).json()
+    assert body["report"]["filter_mode"] == "calibrated"
+    assert max(c["relevance"] for c in body["report"]["candidates"]) == 1.0
+    assert body["items"][0]["memory"]["text"].startswith("Adopted a grey rescue cat")

@@ -8,10 +8,12 @@ import pytest
 from django.utils import timezone
 
 from agents.llm.base import LLMTimeout
+from agents.models import Agent
 from memory.models import Memory
 from memory.schemas import RelevanceScores
 from memory.selectors import memories_for_prompt, memory_search, trigger_matches
 from memory.services import memory_create, memory_update
+from sessions.models import ChatSession
 
 pytestmark = pytest.mark.django_db
 
@@ -32,7 +34,8 @@ def test_bob_never_gets_alices_memories(alice: Any, bob: Any) -> None:
     ids = {i.memory.id for i in result.items} | {c.id for c in result.candidates}
     assert ids, "Bob's own memory should be a candidate"
     assert all(Memory.objects.get(pk=i).user_id == bob.id for i in ids)
-    assert "X1234567" not in json.dumps(result.as_report())
+    assert "X1234567" not in json.dumps({k: v for k, v in result.as_report().items() if k != "query"})
+    assert result.as_report()["query"] == "what is my passport number X1234567"  # Bob's own words
     # The prompt text handed to the context builder carries nothing of Alice's.
     assert all("X1234567" not in item.text for item in result.items)
     # And Alice does get it.
@@ -178,12 +181,29 @@ def test_trigger_matches(trigger: str, query: str, expected: bool) -> None:
     assert trigger_matches(trigger, query) is expected
 
 
-def test_neighbouring_episode_becomes_a_candidate(alice: Any, settings: Any) -> None:
+def _episodes(user: Any, agent: Agent, texts: list[str], *, gap: timedelta, session: bool = True) -> list[Memory]:
+    """Episodes of one chat session (or of none), ``gap`` apart in when they happened."""
+    chat = (
+        ChatSession.objects.create(user=user, agent=agent, workflow="free_chat", state="CHATTING") if session else None
+    )
+    start = timezone.now() - timedelta(days=1)
+    return [
+        memory_create(user=user, kind="episodic", text=text, source_session=chat, occurred_at=start + i * gap)
+        for i, text in enumerate(texts)
+    ]
+
+
+HONEYMOON = [
+    "Assistant: where did you spend the honeymoon?",
+    "User: Kyoto, in the cherry blossom season",
+    "User: the printer is out of toner",
+]
+
+
+def test_neighbouring_episode_becomes_a_candidate(alice: Any, agent: Agent, settings: Any) -> None:
     settings.MEMORY_RECENT_ACTIONS = 0
     settings.MEMORY_VECTOR_CANDIDATES = 1
-    question = memory_create(user=alice, kind="episodic", text="Assistant: where did you spend the honeymoon?")
-    answer = memory_create(user=alice, kind="episodic", text="User: Kyoto, in the cherry blossom season")
-    memory_create(user=alice, kind="episodic", text="User: the printer is out of toner")
+    question, answer, _ = _episodes(alice, agent, HONEYMOON, gap=timedelta(minutes=1))
 
     result = _retrieve(alice, "honeymoon", relevance_threshold=0.0)
 
@@ -193,6 +213,25 @@ def test_neighbouring_episode_becomes_a_candidate(alice: Any, settings: Any) -> 
     assert report[question.id].vector_rank == 1
     assert answer.id in report and report[answer.id].kept
     assert report[answer.id].text_rank is None and report[answer.id].vector_rank is None
+
+
+@pytest.mark.parametrize(
+    ("gap", "session"),
+    [(timedelta(hours=3), True), (timedelta(minutes=1), False)],
+    ids=["hours-apart", "no-session"],
+)
+def test_rows_that_are_not_one_conversation_have_no_neighbours(
+    alice: Any, agent: Agent, settings: Any, gap: timedelta, session: bool
+) -> None:
+    """Rows written one after another (the API, an import) or hours apart are not turns of one conversation:
+    the one after the match gets nothing from it."""
+    settings.MEMORY_RECENT_ACTIONS = 0
+    settings.MEMORY_VECTOR_CANDIDATES = 1
+    _question, answer, _ = _episodes(alice, agent, HONEYMOON, gap=gap, session=session)
+
+    result = _retrieve(alice, "honeymoon", relevance_threshold=0.0)
+
+    assert answer.id not in {c.id for c in result.candidates}
 
 
 def test_search_memory_tool_never_returns_another_users_memory(alice: Any, bob: Any) -> None:
@@ -254,6 +293,7 @@ def test_big_histories_get_an_hnsw_index_of_their_own(alice: Any, bob: Any, sett
     assert result.created == [alice.pk] and user_indexes_present() == {alice.pk: user_index_name(alice.pk)}
     vector = get_embedder().embed_query("note on c")
     params = {"user": alice.pk, "vector": vector_literal(vector), "now": timezone.now(), "limit": 3}
+    params |= {"wsession": None, "wfloor": 0}  # no chat window to leave out
     with connection.cursor() as cursor:
         # A tiny table: without these the planner would sort a scan of it; the ORDER BY must come from an index.
         cursor.execute("ANALYZE memory_memory")
@@ -432,3 +472,53 @@ def test_the_query_is_embedded_while_tier_1_is_read(alice: Any, settings: Any) -
     )
     assert [i.memory.id for i in result.items] == [i.memory.id for i in inline.items]
     assert {fact.id, trip.id} <= {i.memory.id for i in result.items}
+
+
+def test_episodes_of_turns_the_prompt_shows_are_not_sent_again(alice: Any, make_turn: Any, settings: Any) -> None:
+    """The window's turns are in the prompt already: their episodes are neither candidates nor recent actions;
+    an older turn's episode, out of the window, still is."""
+    settings.MEMORY_RECENT_ACTIONS = 3
+    first = make_turn(alice, "I booked the ferry to Tangier")
+    session = first.session
+    later = [make_turn(alice, f"the ferry to Tangier leaves at {h} o'clock", session=session) for h in (9, 10)]
+    episodes = {
+        t.seq: memory_create(
+            user=alice, kind="episodic", text=f"User: {t.user_message}", source_session=session, source_turn=t
+        )
+        for t in [first, *later]
+    }
+    from memory.selectors import RecentWindow
+
+    result = _retrieve(alice, "ferry to Tangier", relevance_threshold=0.0, window=RecentWindow(session.pk, 1))
+
+    considered = {c.id for c in result.candidates}
+    assert episodes[1].id in considered and {episodes[2].id, episodes[3].id}.isdisjoint(considered)
+    assert {i.memory.id for i in result.items} == {episodes[1].id}
+    # Without a window (the API, the admin) all three are there, the newest as recent actions.
+    everything = _retrieve(alice, "ferry to Tangier", relevance_threshold=0.0)
+    assert {i.memory.id for i in everything.items} == {m.id for m in episodes.values()}
+
+
+def test_each_memory_is_reported_once(alice: Any) -> None:
+    pinned = memory_create(user=alice, kind="semantic", text="The user's passport expires in 2031", pinned=True)
+    memory_create(user=alice, kind="semantic", text="The user renewed a library card")
+
+    result = _retrieve(alice, "when does my passport expire", relevance_threshold=0.0)
+
+    ids = [c.id for c in result.candidates]
+    assert len(ids) == len(set(ids))
+    entry = next(c for c in result.candidates if c.id == pinned.id)
+    # Tier 1's entry, carrying what tier 2 found of it too.
+    assert entry.tier == 1 and entry.reason == "pinned" and entry.kept and entry.vector_rank is not None
+    assert [i.memory.id for i in result.items].count(pinned.id) == 1
+
+
+def test_the_query_carries_the_users_earlier_messages_without_a_cheap_model() -> None:
+    from memory.selectors import retrieval_query
+
+    alone = retrieval_query(message="Hello", earlier=[])
+    assert (alone.text, alone.source) == ("Hello", "message")
+    follow_up = retrieval_query(message="and when was that?", earlier=["", "x", "I went to Kyoto", "with Rui"])
+    assert retrieval_query(message="I want to beat my half marathon time", earlier=["x"]).source == "message"
+    assert follow_up.source == "conversation"
+    assert follow_up.text == "and when was that?\nI went to Kyoto with Rui"  # the newest two, message first

@@ -510,3 +510,24 @@ def test_get_or_create_says_whether_the_memory_is_new(alice: Any) -> None:
     first, created = memory_get_or_create(user=alice, kind="semantic", text="Likes green tea.")
     again, created_again = memory_get_or_create(user=alice, kind="semantic", text="likes  GREEN tea.")
     assert created and not created_again and again.pk == first.pk
+
+
+@pytest.mark.django_db
+def test_a_turns_memories_happened_when_the_turn_did(alice: Any, make_turn: Any, scripted: Any) -> None:
+    """occurred_at is the turn's time (for recency and the prompt); created_at is the row's own."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from sessions.models import Turn
+
+    turn = make_turn(alice, "My home airport is LIS", "Got it.")
+    said = timezone.now() - timedelta(hours=5)
+    Turn.objects.filter(pk=turn.pk).update(created_at=said)
+    scripted.add(_facts(("home_airport", "The user's home airport is LIS.", 0.95)))
+
+    turn_memories_write(turn_id=turn.id)
+
+    written = list(Memory.objects.filter(source_turn=turn))
+    assert {m.kind for m in written} == {"episodic", "semantic"}
+    assert all(m.occurred_at == said and m.created_at > said + timedelta(hours=4) for m in written)

@@ -19,6 +19,7 @@ PARTS: dict[str, str] = {
     "api_throughput": "bench.api_throughput",
     "gallery": "bench.gallery",
     "soak": "bench.soak",
+    "memory_eval": "bench.memory_eval",
     "memory_locomo": "bench.memory_locomo",
     "memory_scale": "bench.memory_scale",
     "admin_scale": "bench.admin_scale",

@@ -97,15 +97,28 @@ def ingest(conversations: list[dict[str, Any]]) -> dict[str, tuple[Any, dict[int
     embedder = get_embedder()
     all_texts = [t for c in conversations for _, t, _ in c["turns"]]
     vectors = cached_embed(embedder, all_texts)
+    from agents.models import Agent
+    from sessions.models import ChatSession
+
     User = get_user_model()
     Memory.objects.all().delete()
+    ChatSession.objects.filter(user__username__startswith="locomo-").delete()
     User.objects.filter(username__startswith="locomo-").delete()
+    agent, _ = Agent.objects.get_or_create(slug="bench-locomo", defaults={"name": "LoCoMo", "system_prompt": "-"})
     out = {}
     offset = 0
     for conv in conversations:
         user = User.objects.create(username=f"locomo-{conv['id']}")
         rows = []
-        for i, (_, text, when) in enumerate(conv["turns"]):
+        # Each LoCoMo session a chat session of its own, as the turns would have been written: the episodes
+        # next to a match are its neighbours only within its session.
+        sessions: dict[str, ChatSession] = {}
+        for i, (dia_id, text, when) in enumerate(conv["turns"]):
+            number = dia_id.split(":")[0]
+            if number not in sessions:
+                sessions[number] = ChatSession.objects.create(
+                    user=user, agent=agent, workflow="free_chat", state="CHATTING", title=number
+                )
             rows.append(
                 Memory(
                     user=user,
@@ -115,6 +128,8 @@ def ingest(conversations: list[dict[str, Any]]) -> dict[str, tuple[Any, dict[int
                     embedding=vectors[offset + i].tolist(),
                     embedding_model=embedder.name,
                     content_hash=content_hash_for(text),
+                    source_session=sessions[number],
+                    occurred_at=when,
                     created_at=when,
                     valid_from=when,
                 )

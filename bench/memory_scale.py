@@ -40,7 +40,7 @@ VOCABULARY = 5000
 CHUNK = 20_000  # rows generated at a time
 COLUMNS = (
     "user_id, kind, text, fact_key, trigger, workflow, embedding, embedding_model, importance, pinned, archived, "
-    "needs_review, valid_from, created_at, updated_at, content_hash, access_count"
+    "needs_review, valid_from, occurred_at, created_at, updated_at, content_hash, access_count"
 )
 
 
@@ -98,7 +98,8 @@ def build(*, memories: int, users: int, big_user: int, seed: int = 7) -> dict[st
             copy.set_types(
                 [
                     "int4", "varchar", "text", "varchar", "varchar", "varchar", "vector", "varchar", "float8",
-                    "bool", "bool", "bool", "timestamptz", "timestamptz", "timestamptz", "varchar", "int4",
+                    "bool", "bool", "bool", "timestamptz", "timestamptz", "timestamptz", "timestamptz", "varchar",
+                    "int4",
                 ]
             )  # fmt: skip
             # Rows of all users interleave, as they do when memories are written over time (a per-user
@@ -136,6 +137,7 @@ def build(*, memories: int, users: int, big_user: int, seed: int = 7) -> dict[st
                             bool(kinds[j] > 0.995),
                             False,
                             False,
+                            created_at,
                             created_at,
                             created_at,
                             created_at,

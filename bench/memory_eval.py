@@ -1,0 +1,331 @@
+"""Memory retrieval on corpora of several shapes, against plain dense retrieval measured in the same run.
+
+For each corpus (``bench/memory_corpora.py``) three retrievers answer every query:
+- ``dense``: plain dense retrieval, the floor: the same embedder, cosine top-k over the user's memories,
+  no tiers, the query as it is;
+- ``ranking``: the app's retrieval with its relevance filter off (``relevance_threshold=0``): what the
+  tiers and the ranking alone find;
+- ``defaults``: the app's retrieval exactly as ``GET /api/memories/search/`` runs it with no parameter but
+  ``q`` (``memory.selectors.memories_for_prompt`` with the API's defaults: a 2,000-token budget, no model
+  filter, the default relevance filter).
+
+Recall@k is the share of a query's labelled memories among the first k returned. Every setting of the
+retriever was chosen on the tuning split (every 4th query of each corpus, counting from the first); the
+table shows the held-out rest, and ``bench/results/memory_eval.json`` has both.
+
+Run: ``python -m bench memory_eval [-- --corpora persona,locomo_turns] [--split tuning|held_out|all]
+[--set NAME=VALUE ...] [--no-write]``. ``--set`` changes a constant of ``memory.selectors`` for the run
+(a sweep on the tuning split; the figures it prints are not written unless ``--write-anyway``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from bench.memory_corpora import BUILDERS, LOCOMO, NEEDS_LOCOMO, Corpus, label_hits
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DATABASE = os.environ.get("BENCH_EVAL_DATABASE", "bench_memory_eval")
+KS = (5, 10, 25)
+TUNING_EVERY = 4
+BUDGET_TOKENS = 2000  # the API's default budget_tokens
+RETRIEVERS = ("dense", "ranking", "defaults")
+# The app's retrievers search what the chat would: a conversational query with the person's earlier
+# messages (memory.selectors.retrieval_query; no model here, so no rewrite). Dense searches the turn alone.
+USE_CONTEXT = os.environ.get("BENCH_QUERY_CONTEXT", "1") != "0"
+DRAGON_OBSERVATIONS = {"recall@5": 0.562, "recall@10": 0.613, "recall@25": 0.675}  # LoCoMo paper, Table 3
+DRAGON_TURNS = {"recall@5": 0.567, "recall@10": 0.662, "recall@25": 0.767}
+
+
+def split_of(index: int) -> str:
+    return "tuning" if index % TUNING_EVERY == 0 else "held_out"
+
+
+def ingest(corpus: Corpus) -> tuple[dict[str, Any], dict[int, str], dict[str, tuple[np.ndarray, list[str]]]]:
+    """Write the corpus's users and memories (vectors from the bench cache); (users, memory id -> label,
+    user key -> (matrix, labels) for plain dense retrieval)."""
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.utils import timezone
+
+    from agents.models import Agent
+    from bench.memory_cache import cached_embed
+    from memory.embedding import get_embedder
+    from memory.models import Memory
+    from memory.services import EPISODE_IMPORTANCE, content_hash_for
+    from sessions.models import ChatSession
+
+    embedder = get_embedder()
+    User = get_user_model()
+    prefix = f"eval-{corpus.name}-"
+    Memory.objects.filter(user__username__startswith=prefix).delete()
+    ChatSession.objects.filter(user__username__startswith=prefix).delete()
+    User.objects.filter(username__startswith=prefix).delete()
+    agent, _ = Agent.objects.get_or_create(
+        slug="bench-eval", defaults={"name": "Bench eval", "system_prompt": "You remember."}
+    )
+    texts = [m.text for ms in corpus.memories.values() for m in ms]
+    vectors = cached_embed(embedder, texts)
+    users: dict[str, Any] = {}
+    labels: dict[int, str] = {}
+    dense: dict[str, tuple[np.ndarray, list[str]]] = {}
+    offset = 0
+    written_at = timezone.now()
+    for key, specs in corpus.memories.items():
+        user = User.objects.create(username=(prefix + key.replace("/", "-"))[:150])
+        users[key] = user
+        sessions: dict[str, ChatSession] = {}
+        rows = []
+        for i, spec in enumerate(specs):
+            session = None
+            if spec.session is not None:
+                if spec.session not in sessions:
+                    sessions[spec.session] = ChatSession.objects.create(
+                        user=user, agent=agent, workflow="free_chat", state="CHATTING", title=spec.session
+                    )
+                session = sessions[spec.session]
+            created = spec.occurred_at if corpus.turns_written_live else written_at
+            rows.append(
+                Memory(
+                    user=user,
+                    kind=spec.kind,
+                    text=spec.text,
+                    importance=EPISODE_IMPORTANCE if spec.kind == "episodic" else 0.5,
+                    embedding=vectors[offset + i].tolist(),
+                    embedding_model=embedder.name,
+                    content_hash=content_hash_for(spec.text + f"#{i}"),  # repeated texts stay separate rows
+                    source_session=session,
+                    occurred_at=spec.occurred_at,
+                    created_at=created,
+                    valid_from=spec.occurred_at,  # known from when it happened (a query before then cannot see it)
+                )
+            )
+        created_rows = Memory.objects.bulk_create(rows, batch_size=500)
+        labels.update({m.id: specs[i].label for i, m in enumerate(created_rows)})
+        dense[key] = (vectors[offset : offset + len(specs)], [s.label for s in specs])
+        offset += len(specs)
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM (ANALYZE) memory_memory")
+    return users, labels, dense
+
+
+def recall_at(ranked: list[str], relevant: frozenset[str], k: int) -> float:
+    found: set[str] = set()
+    for label in ranked[:k]:
+        found |= label_hits(label) & relevant
+    return len(found) / len(relevant)
+
+
+def evaluate(corpus: Corpus, *, split: str, limit: int | None, sweep: list[dict[str, Any]] | None = None) -> Any:
+    """The corpus's figures (or, with ``sweep``, a list of (overrides, figures), one per setting tried)."""
+    ingested = ingest(corpus)
+    if not sweep:
+        return _evaluate(corpus, ingested, split=split, limit=limit)
+    results = []
+    for overrides in sweep:
+        _apply_overrides([f"{k}={json.dumps(v)}" for k, v in overrides.items()])
+        results.append((overrides, _evaluate(corpus, ingested, split=split, limit=limit, quiet=True)))
+    return results
+
+
+def _evaluate(corpus: Corpus, ingested: Any, *, split: str, limit: int | None, quiet: bool = False) -> dict[str, Any]:
+    from bench.memory_cache import cached_embed
+    from memory.embedding import get_embedder
+    from memory.selectors import memories_for_prompt, retrieval_query
+
+    users, labels, dense = ingested
+    chosen = [(i, q) for i, q in enumerate(corpus.queries) if split == "all" or split_of(i) == split]
+    if limit:
+        chosen = chosen[:limit]
+    qvectors = cached_embed(get_embedder(), [q.text for _, q in chosen], progress=not quiet)
+    # What the app searches for (the turn with the person's earlier messages), embedded once: the ranking
+    # run and sweeps reuse the vector; the timed defaults run embeds its query as the API does.
+    queries = [
+        retrieval_query(message=q.text, earlier=list(q.earlier)).text if USE_CONTEXT else q.text for _, q in chosen
+    ]
+    app_vectors = cached_embed(get_embedder(), queries, progress=False)
+    per: dict[str, dict[str, dict[str, list[float]]]] = {
+        s: {r: {f"recall@{k}": [] for k in KS} for r in RETRIEVERS} for s in ("tuning", "held_out")
+    }
+    stats: dict[str, dict[str, list[float]]] = {s: {"tokens": [], "kept": [], "ms": [], "empty": []} for s in per}
+    for n, (i, q) in enumerate(tqdm(chosen, desc=corpus.name, mininterval=2, disable=quiet)):
+        s = split_of(i)
+        matrix, dense_labels = dense[q.user]
+        order = np.argsort(-(matrix @ qvectors[n]), kind="stable")
+        rankings = {"dense": [dense_labels[j] for j in order if dense_labels[j] not in q.hidden]}
+        for name, threshold in (("ranking", 0.0), ("defaults", None)):
+            started = time.perf_counter()
+            found = memories_for_prompt(
+                user=users[q.user],
+                query=queries[n],
+                query_vector=app_vectors[n].tolist() if quiet or name == "ranking" else None,
+                budget_tokens=BUDGET_TOKENS,
+                use_model_filter=False,
+                now=q.now,
+                touch=False,
+                relevance_threshold=threshold,  # None: the default, as the API passes it
+            )
+            elapsed = (time.perf_counter() - started) * 1000
+            rankings[name] = [labels[it.memory.id] for it in found.items if labels.get(it.memory.id) not in q.hidden]
+            if name == "defaults":
+                stats[s]["ms"].append(elapsed)
+                stats[s]["tokens"].append(found.total_tokens)
+                stats[s]["kept"].append(len(found.items))
+                stats[s]["empty"].append(float(not found.items))
+        for name, ranked in rankings.items():
+            for k in KS:
+                per[s][name][f"recall@{k}"].append(recall_at(ranked, q.relevant, k))
+    out: dict[str, Any] = {"about": corpus.about, "memories": len(labels), "queries": len(chosen)}
+    for s, by_retriever in per.items():
+        if not stats[s]["ms"]:
+            continue
+        block: dict[str, Any] = {
+            r: {key: round(statistics.fmean(v), 4) for key, v in recalls.items()} for r, recalls in by_retriever.items()
+        }
+        block["queries"] = len(stats[s]["ms"])
+        block["tokens_per_query"] = round(statistics.fmean(stats[s]["tokens"]), 1)
+        block["kept_per_query"] = round(statistics.fmean(stats[s]["kept"]), 2)
+        block["queries_with_no_memory"] = int(sum(stats[s]["empty"]))
+        ms = stats[s]["ms"]
+        block["latency_ms"] = {
+            "p50": round(statistics.median(ms), 2),
+            "p95": round(statistics.quantiles(ms, n=20)[18], 2) if len(ms) >= 20 else round(max(ms), 2),
+        }
+        out[s] = block
+    # The figures of record: the held-out split (the tuning split when only that one ran).
+    main_split = out.get("held_out") or out.get("tuning") or {}
+    for key in ("dense", "ranking", "defaults", "tokens_per_query", "kept_per_query", "latency_ms"):
+        if key in main_split:
+            out[key] = main_split[key]
+    return out
+
+
+def _apply_overrides(pairs: list[str]) -> dict[str, Any]:
+    from django.conf import settings
+
+    import memory.selectors as selectors
+
+    applied = {}
+    for pair in pairs:
+        name, _, raw = pair.partition("=")
+        target: Any = selectors if hasattr(selectors, name) else settings if name.startswith("MEMORY_") else None
+        if target is None:
+            raise SystemExit(f"memory.selectors has no {name} (and it is no MEMORY_ setting)")
+        value = type(getattr(target, name))(json.loads(raw))
+        setattr(target, name, value)
+        applied[name] = value
+    return applied
+
+
+def table(report: dict[str, Any]) -> str:
+    head = "| corpus | retriever | R@5 | R@10 | R@25 | tokens/query | kept/query | p50 / p95 ms |\n|---|---|---|---|---|---|---|---|"
+    lines = [head]
+    for name, c in report["corpora"].items():
+        for r in RETRIEVERS:
+            if r not in c:
+                continue
+            rec = c[r]
+            extra = (
+                f"{c['tokens_per_query']:.0f} | {c['kept_per_query']:.1f} | "
+                f"{c['latency_ms']['p50']:.1f} / {c['latency_ms']['p95']:.1f}"
+                if r == "defaults"
+                else " | | "
+            )
+            lines.append(
+                f"| {name} | {r} | {rec['recall@5']:.3f} | {rec['recall@10']:.3f} | {rec['recall@25']:.3f} | {extra} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="bench.memory_eval", description=__doc__)
+    parser.add_argument("--corpora", default=",".join(BUILDERS))
+    parser.add_argument("--split", choices=("tuning", "held_out", "all"), default="all")
+    parser.add_argument("--limit", type=int, default=None, help="at most this many queries a corpus")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="NAME=V1,V2",
+        help="try every combination of these memory.selectors constants (after one ingest a corpus); prints only",
+    )
+    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--write-anyway", action="store_true", help="write results even with --set or --limit")
+    args, _ = parser.parse_known_args(argv)
+    from django.conf import settings
+
+    from bench.memory_db import use_database
+
+    names = [n for n in args.corpora.split(",") if n]
+    unknown = [n for n in names if n not in BUILDERS]
+    if unknown:
+        print(f"unknown corpora: {', '.join(unknown)}; known: {', '.join(BUILDERS)}", file=sys.stderr)
+        return 2
+    if not LOCOMO.exists():
+        skipped = [n for n in names if n in NEEDS_LOCOMO]
+        if skipped:
+            print(f"LoCoMo data not found at {LOCOMO}; skipping {', '.join(skipped)}", file=sys.stderr)
+        names = [n for n in names if n not in NEEDS_LOCOMO]
+    settings.EMBEDDING_BACKEND = os.environ.get("BENCH_EMBEDDING_BACKEND", "sentence-transformers")
+    overrides = _apply_overrides(args.set)
+    use_database(DATABASE)
+    report: dict[str, Any] = {
+        "benchmark": "memory retrieval on corpora of several shapes vs plain dense (bench/memory_eval.py)",
+        "embedder": settings.EMBEDDING_BACKEND,
+        "budget_tokens": BUDGET_TOKENS,
+        "split": args.split,
+        "overrides": overrides,
+        "corpora": {},
+    }
+    if args.sweep:
+        grid: list[dict[str, Any]] = [{}]
+        for spec in args.sweep:
+            key, _, values = spec.partition("=")
+            grid = [{**g, key: json.loads(v)} for g in grid for v in values.split(",")]
+        totals: dict[str, list[float]] = {}
+        for name in names:
+            for overrides, figures in evaluate(BUILDERS[name](), split=args.split, limit=args.limit, sweep=grid):
+                tag = json.dumps(overrides)
+                d, r, f = figures["dense"], figures["ranking"], figures["defaults"]
+                totals.setdefault(tag, []).append(f["recall@10"] - d["recall@10"])
+                print(
+                    f"{name:20} {tag:60} dense {d['recall@10']:.3f} ranking {r['recall@5']:.3f}/"
+                    f"{r['recall@10']:.3f}/{r['recall@25']:.3f} defaults {f['recall@5']:.3f}/{f['recall@10']:.3f}/"
+                    f"{f['recall@25']:.3f} tokens {figures['tokens_per_query']:.0f}",
+                    flush=True,
+                )
+        for tag, gains in sorted(totals.items(), key=lambda t: -min(t[1])):
+            print(f"min gain over dense @10 {min(gains):+.3f}  mean {statistics.fmean(gains):+.3f}  {tag}")
+        return 0
+    for name in names:
+        report["corpora"][name] = evaluate(BUILDERS[name](), split=args.split, limit=args.limit)
+    report["reference"] = {"dragon_locomo_turns": DRAGON_TURNS, "dragon_locomo_observations": DRAGON_OBSERVATIONS}
+    report["measured_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    print(table(report))
+    print(json.dumps({k: v for k, v in report.items() if k != "corpora"}, indent=1))
+    writes = not args.no_write and (args.write_anyway or (not overrides and not args.limit and args.split == "all"))
+    if writes and set(names) == set(BUILDERS):
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "memory_eval.json").write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {RESULTS / 'memory_eval.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    import django
+
+    django.setup()
+    raise SystemExit(main(sys.argv[1:]))

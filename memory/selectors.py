@@ -4,11 +4,16 @@ Tiers:
 1. exact lookups: the user's profile facts (semantic, with a ``fact_key``), pinned memories, recent actions;
 2. hybrid candidates for this user only: cosine search (exact for histories under MEMORY_EXACT_SEARCH_MAX;
    above it the user's own partial HNSW index, or the shared one with pgvector 0.8 iterative scans so the
-   user filter cannot starve it) fused with idf-weighted full-text search by reciprocal rank fusion, with
-   the episodes next to the best candidates pulled in;
-3. a relevance filter: one batched cheap-model call scoring every candidate, or a score threshold when no
-   model is configured, the call fails, or it is slower than its time budget;
-4. ranking by relevance, importance and recency, and a cut to the memory token budget.
+   user filter cannot starve it) and idf-weighted full-text search, fused on the query's own scale, with
+   the episodes next to the best candidates in their chat session pulled in;
+3. a relevance filter: one batched cheap-model call scoring every candidate, or the calibrated filter (on
+   the query's own scale) when no model is configured, the call fails, or it is slower than its time
+   budget, or an operator's absolute cut-off;
+4. ranking by relevance, importance and recency (when it happened), at most MEMORY_MAX_KEPT memories and
+   the memory token budget.
+
+The query is the message, or what ``retrieval_query`` makes of it with the conversation. Episodes of the
+turns the prompt shows (``RecentWindow``) are left out. docs/memory.md has the measurements.
 
 Every query here filters on the requesting user: no path returns another user's memory (shared
 procedures, with no user, are everyone's).
@@ -52,10 +57,10 @@ TEXT_POOL = 1000  # newest full-text matches scored per query (bounds the work f
 RECENCY_HALF_LIFE_DAYS = 30.0
 WEIGHT_RELEVANCE, WEIGHT_IMPORTANCE, WEIGHT_RECENCY = 0.8, 0.1, 0.1
 # The default relevance filter (no model, or its call failed): a candidate is kept when its fused score is at
-# least this share of the query's best candidate's, and the best one stands out of the query's own pool
-# (see _calibrated_relevance).
+# least this share of the query's best candidate's. With FUSION "cc" the fused score is on the query's own
+# scale already (cosine and word share each between this query's worst and best): one absolute cut-off over
+# cosine and word share (0.5) starved whole queries on data it was not tuned on.
 RELATIVE_KEEP = 0.3
-NOISE_FLOOR = 0.0  # cosine under which a candidate found by meaning alone is unrelated, whatever its rank
 PREVIEW_CHARS = 160
 MODEL_FILTER_CHARS = 400  # per memory in the relevance prompt
 PROFILE_LIMIT = 20
@@ -159,7 +164,6 @@ class HybridCandidate:
     similarity: float = 0.0  # cosine similarity to the query
     text_share: float = 0.0  # idf-weighted share of the query's words the memory contains
     fused: float = 0.0
-    neighbour_of: int | None = None  # the strongest candidate this one is the episode next to
 
 
 _CURRENT_SQL = (
@@ -406,10 +410,9 @@ def hybrid_candidates(
     (``_is_small_history``) and ``words`` (``word_candidates``) are what the caller has read already, while
     the query was being embedded.
 
-    Fusion is by reciprocal rank (``VECTOR_WEIGHT / (RRF_K + vector rank) + TEXT_WEIGHT / (RRF_K + text
-    rank)``) with equal weights: a memory climbs over the vector arm's best only with a better place in the
-    word arm, never by the word arm's weight alone (a weight of 2 did that, and cost recall on data that
-    was not LoCoMo's)."""
+    Fusion (FUSION): "cc", the default, is ``_convex_fusion`` (each arm's score on this query's own scale);
+    "rrf" is reciprocal rank fusion (``VECTOR_WEIGHT / (RRF_K + vector rank) + TEXT_WEIGHT / (RRF_K + text
+    rank)``), kept for comparison in bench/memory_eval.py."""
     limit = limit or settings.MEMORY_CANDIDATES
     timings: dict[str, float] = {}
     started = time.perf_counter()
@@ -531,8 +534,6 @@ def _neighbours_and_rows(
             if neighbour is None or neighbour not in rows:
                 continue
             cand = by_id.setdefault(neighbour, HybridCandidate(neighbour))
-            if cand.neighbour_of is None:
-                cand.neighbour_of = parent.memory_id  # parents come strongest first
             cand.fused += NEIGHBOUR_WEIGHT * parent.fused
             cand.similarity = max(cand.similarity, NEIGHBOUR_WEIGHT * parent.similarity)
             cand.text_share = max(cand.text_share, NEIGHBOUR_WEIGHT * parent.text_share)
@@ -778,49 +779,6 @@ def _tier1_from(grouped: dict[str, list[Memory]]) -> list[tuple[Memory, str]]:
     return tier1
 
 
-@dataclass(frozen=True)
-class _QueryScale:
-    """One query's own score distribution, per arm: the best and the worst cosine among the vector arm's
-    candidates, and the best word share among the word arm's."""
-
-    similarity_high: float
-    similarity_low: float
-    share_high: float
-
-    @classmethod
-    def of(cls, candidates: list[HybridCandidate]) -> _QueryScale:
-        sims = [c.similarity for c in candidates if c.vector_rank is not None]
-        shares = [c.text_share for c in candidates if c.text_rank is not None]
-        return cls(max(sims, default=0.0), min(sims, default=0.0), max(shares, default=0.0))
-
-
-def _calibrated_relevance(cand: HybridCandidate, scale: _QueryScale, by_id: dict[int, HybridCandidate]) -> float:
-    """The default filter's relevance, on the query's own scale (``_QueryScale``): where the candidate's cosine
-    falls between the vector arm's worst and best for this query, or its word share as a part of the best
-    share, whichever is higher; an episode pulled in next to a strong candidate gets NEIGHBOUR_WEIGHT of that
-    one's. Cosine and word overlap mean different things from one embedder, corpus or wording to the next;
-    one absolute cut-off over both (0.5) starved whole queries on data it was not tuned on."""
-
-    def own(c: HybridCandidate) -> float:
-        best = 0.0
-        if c.vector_rank is not None:
-            if c.similarity < NOISE_FLOOR:
-                pass  # what any unrelated text scores
-            elif scale.similarity_high > scale.similarity_low:
-                best = (c.similarity - scale.similarity_low) / (scale.similarity_high - scale.similarity_low)
-            else:
-                best = 1.0
-        if c.text_rank is not None and scale.share_high > 0:
-            best = max(best, c.text_share / scale.share_high)
-        return best
-
-    relevance = own(cand)
-    parent = by_id.get(cand.neighbour_of) if cand.neighbour_of is not None else None
-    if parent is not None:
-        relevance = max(relevance, NEIGHBOUR_WEIGHT * own(parent))
-    return relevance
-
-
 def memories_for_prompt(
     *,
     user: Any,
@@ -841,8 +799,9 @@ def memories_for_prompt(
     Only ``user``'s own current memories are considered (plus shared procedures); episodes of the turns in
     ``window`` (the prompt shows those turns already) are left out. The relevance filter is the cheap
     model's batched scores when one is configured (kept from ``relevance_threshold``, 0.5 when None), else
-    the calibrated default (``_calibrated_relevance``; None) or an absolute cut-off on the stronger of cosine
-    and word share (a number: an operator's choice; 0 keeps everything). Accessed memories get their access
+    the calibrated default (None: the fused score as a part of the query's best, kept from RELATIVE_KEEP)
+    or an absolute cut-off on the stronger of cosine and word share (a number: an operator's choice; 0
+    keeps everything). Accessed memories get their access
     count and last access time updated, unless ``touch`` is false: the runtime leaves that to the turn's
     memory-write task, off the request path (``memory.services.turn_memories_write``). ``query_vector``
     skips embedding the query (when the caller has it already).
@@ -925,8 +884,6 @@ def memories_for_prompt(
     # Tier 4: rank and cut to the budget.
     started = time.perf_counter()
     best_fused = max((c.fused for c in fresh), default=1.0) or 1.0
-    scale = _QueryScale.of(fused)
-    by_id = {c.memory_id: c for c in fused}
     if mode == "model":
         cut_off, source = (0.5 if relevance_threshold is None else relevance_threshold), "model"
     elif relevance_threshold is None:
@@ -962,7 +919,8 @@ def memories_for_prompt(
             relevance = scores.get(cand.memory_id, 0.0)
             base_score = relevance
         elif relevance_threshold is None:
-            relevance = cand.fused / best_fused if FUSION == "cc" else _calibrated_relevance(cand, scale, by_id)
+            # Calibrated: the fused score, already on this query's own scale, as a part of its best's.
+            relevance = cand.fused / best_fused
             base_score = cand.fused / best_fused
         else:
             # An operator's absolute cut-off: the stronger of meaning (cosine) and wording (word share).

@@ -153,6 +153,18 @@ def test_memory_panel_shows_what_was_retrieved_and_why(alice: Any, chat_agent: A
 
 
 @pytest.mark.django_db
+def test_memory_panel_says_what_a_follow_up_searched_for_escaped(alice: Any, chat_agent: Agent) -> None:
+    """A short follow-up is searched with the user's earlier message; the panel says so, as text."""
+    memory_create(user=alice, kind="semantic", text="Alice flies to Oslo in May.")
+    session = session_create(user=alice, agent=chat_agent)
+    turn_run(session=session, message="I fly to <b>Oslo</b> soon")
+    turn_run(session=session, message="and when exactly?")
+    panels = _signed_in(alice).get(f"/chats/{session.pk}/panels/").content.decode()
+    assert "Searched for (with your earlier messages): and when exactly?" in panels
+    assert escape("I fly to <b>Oslo</b> soon") in panels and "<b>Oslo</b>" not in panels
+
+
+@pytest.mark.django_db
 def test_context_inspector_is_for_staff_only(alice: Any, staff: Any, chat_agent: Agent) -> None:
     for user in (alice, staff):
         session = session_create(user=user, agent=chat_agent)

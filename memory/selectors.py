@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Every constant below was chosen on the tuning split of bench/memory_eval.py (every 4th query of each of
-# its corpora); bench/README.md has the held-out figures and the command.
+# its corpora); docs/memory.md has the held-out figures and the command.
 FUSION = "cc"  # "rrf": reciprocal rank fusion; "cc": convex combination of the arms' scores (_convex_fusion)
 VECTOR_SHARE = 0.6  # "cc": the cosine's share of the fused score
 RRF_K = 10  # reciprocal-rank-fusion constant: lower than the usual 60, so top ranks dominate

@@ -179,3 +179,34 @@ def test_an_admin_edit_onto_another_memorys_text_is_a_form_error(staff_client: C
 def test_a_nul_in_a_page_address_is_a_400(staff_client: Client, path: str) -> None:
     response = staff_client.get(path)
     assert response.status_code == 400 and "NUL" in response.content.decode()
+
+
+def test_try_retrieval_the_api_and_a_chat_turn_make_the_same_decisions(
+    staff_client: Client, alice: Any, agent: Any
+) -> None:
+    """One retriever behind three doors: with its cut-off left blank, Try retrieval filters as the chosen agent
+    does (calibrated here), as the API's search does, and keeps the same memories."""
+    import re
+
+    from rest_framework.test import APIClient
+
+    for text in ("Alice sails on the lake", "Alice's boat is called Gaivota", "Alice bakes rye bread"):
+        memory_create(user=alice, kind="semantic", text=text)
+    query = "sailing the boat on the lake"
+
+    page = staff_client.get(
+        reverse(TRY_URL), {"user": alice.pk, "query": query, "agent": agent.pk, "budget_tokens": 2000}
+    ).content.decode()
+    api = APIClient()
+    api.force_authenticate(alice)
+    body = api.get("/api/memories/search/", {"q": query}).json()
+
+    assert "Filter: <strong>calibrated</strong>" in page and body["report"]["filter_mode"] == "calibrated"
+    kept_on_page = {int(i) for i in re.findall(r'<tr class="kept">\s*<td><a href="[^"]+">(\d+)</a>', page)}
+    assert kept_on_page and kept_on_page == {item["memory"]["id"] for item in body["items"]}
+    agent.relevance_threshold = 0.99
+    agent.save()
+    strict = staff_client.get(
+        reverse(TRY_URL), {"user": alice.pk, "query": query, "agent": agent.pk, "budget_tokens": 2000}
+    ).content.decode()
+    assert "Filter: <strong>threshold</strong>" in strict  # the agent's own cut-off, when it names one

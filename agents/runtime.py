@@ -766,11 +766,9 @@ def _retrieve(
     session: ChatSession, agent: Agent, workflow_name: str, message: str, history: TurnHistory
 ) -> tuple[Any, dict[str, Any]]:
     try:
-        from memory.selectors import QUERY_CONTEXT_TURNS, RecentWindow, memories_for_prompt, retrieval_query
+        from memory.selectors import RecentWindow, memories_for_prompt, retrieval_query
 
-        query = retrieval_query(
-            message=message, earlier=[t.user for t in history.newest[-QUERY_CONTEXT_TURNS:]], agent=agent
-        )
+        query = retrieval_query(message=message, earlier=[t.user for t in history.newest], agent=agent)
         retrieved = memories_for_prompt(
             user=session.user,
             query=query.text,

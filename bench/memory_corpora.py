@@ -125,6 +125,15 @@ def _observations(sample: dict[str, Any]) -> list[tuple[str, str, list[str], dat
     return out
 
 
+def _fact_memories(sample: dict[str, Any], kind: str) -> list[tuple[str, MemorySpec]]:
+    """(speaker, memory) for every observation fact: a fact citing several turns is one memory labelled with
+    each (its label holds them all, and its place, so equal texts stay apart)."""
+    return [
+        (speaker, MemorySpec("|".join(labels) + f"#{i}", fact, when, kind=kind))
+        for i, (speaker, fact, labels, when) in enumerate(_observations(sample))
+    ]
+
+
 def locomo_turns() -> Corpus:
     corpus = Corpus(
         name="locomo_turns",
@@ -159,12 +168,10 @@ def locomo_observations() -> Corpus:
         speakers = [conv["speaker_a"], conv["speaker_b"]]
         by_speaker: dict[str, list[MemorySpec]] = {s: [] for s in speakers}
         cited_by: dict[str, set[str]] = {s: set() for s in speakers}
-        for i, (speaker, fact, labels, when) in enumerate(_observations(sample)):
-            if speaker not in by_speaker:
-                continue
-            # A fact citing several turns is one memory labelled with each (its label holds them all).
-            by_speaker[speaker].append(MemorySpec("|".join(labels) + f"#{i}", fact, when, kind="semantic"))
-            cited_by[speaker].update(labels)
+        for speaker, memory in _fact_memories(sample, "semantic"):
+            if speaker in by_speaker:
+                by_speaker[speaker].append(memory)
+                cited_by[speaker] |= label_hits(memory.label)
         for speaker, memories in by_speaker.items():
             rng.shuffle(memories)
             corpus.memories[f"{sample['sample_id']}/{speaker}"] = memories
@@ -196,16 +203,13 @@ def locomo_callbacks() -> Corpus:
         dates = {n: when for n, when, _ in sessions}
         turns = {t["dia_id"]: (n, t) for n, _, ts in sessions for t in ts}
         session_turns = {n: ts for n, _, ts in sessions}
-        memories = []
-        cited: set[str] = set()
-        for i, (_speaker, fact, labels, when) in enumerate(_observations(sample)):
-            memories.append(MemorySpec("|".join(labels) + f"#{i}", fact, when, kind="episodic"))
-            cited.update(labels)
+        memories = [memory for _, memory in _fact_memories(sample, "episodic")]
         rng.shuffle(memories)
         corpus.memories[user] = memories
+        cited = {lab for m in memories for lab in label_hits(m.label)}
         by_session: dict[int, set[str]] = {}
         for m in memories:
-            for lab in m.label.split("#")[0].split("|"):
+            for lab in label_hits(m.label):
                 by_session.setdefault(_session_of(lab), set()).add(m.label)
         seen: set[tuple[str, frozenset[str]]] = set()
         for qa in sample["qa"]:

@@ -24,6 +24,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from bench.memory_corpora import parse_session_date, turn_text
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "eval" / "locomo10.json"
 RESULTS = ROOT / "bench" / "results"
@@ -37,25 +39,6 @@ EVIDENCE_ID = re.compile(r"D:?(\d+):0*(\d+)")
 # RRF_K, TEXT_WEIGHT and NEIGHBOUR_WEIGHT (memory/selectors.py) were chosen on every 4th question with
 # evidence, counting from the first (index % 4 == 0). The other three quarters are the held-out figure.
 TUNING_EVERY = 4
-
-
-def turn_text(turn: dict[str, Any]) -> str:
-    text = f"{turn['speaker']}: {turn['text']}"
-    if turn.get("blip_caption"):
-        text += f" [shares an image: {turn['blip_caption']}]"
-    return text
-
-
-def parse_session_date(raw: str) -> datetime:
-    try:
-        return datetime.strptime(raw.strip(), "%I:%M %p on %d %B, %Y").replace(tzinfo=UTC)
-    except ValueError:
-        import dateparser
-
-        parsed = dateparser.parse(raw)
-        if parsed is None:
-            raise
-        return parsed.replace(tzinfo=UTC)
 
 
 def load_conversations() -> list[dict[str, Any]]:

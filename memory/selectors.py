@@ -442,16 +442,13 @@ def hybrid_candidates(
         cand = by_id.setdefault(memory_id, HybridCandidate(memory_id))
         cand.vector_rank = rank
         cand.similarity = 1.0 - distance
-        cand.fused += VECTOR_WEIGHT / (RRF_K + rank)
     for rank, (memory_id, share) in enumerate(words, start=1):
         cand = by_id.setdefault(
             memory_id, HybridCandidate(memory_id, similarity=1.0 - word_distance.get(memory_id, 1.0))
         )
         cand.text_rank = rank
         cand.text_share = share
-        cand.fused += TEXT_WEIGHT / (RRF_K + rank)
-    if FUSION == "cc":
-        _convex_fusion(by_id.values())
+    (_convex_fusion if FUSION == "cc" else _rank_fusion)(list(by_id.values()))
     started = time.perf_counter()
     rows = _neighbours_and_rows(user_id=user.pk, by_id=by_id, window=window)
     timings["neighbours_and_rows"] = (time.perf_counter() - started) * 1000
@@ -460,12 +457,19 @@ def hybrid_candidates(
     return HybridSearch(candidates=fused, rows=rows, timings=timings)
 
 
-def _convex_fusion(candidates: Any) -> None:
+def _rank_fusion(candidates: list[HybridCandidate]) -> None:
+    """Reciprocal rank fusion: each arm adds its weight over RRF_K plus the candidate's rank in it."""
+    for c in candidates:
+        c.fused = (VECTOR_WEIGHT / (RRF_K + c.vector_rank) if c.vector_rank else 0.0) + (
+            TEXT_WEIGHT / (RRF_K + c.text_rank) if c.text_rank else 0.0
+        )
+
+
+def _convex_fusion(candidates: list[HybridCandidate]) -> None:
     """Fused score as a convex combination of the two arms' scores, each on this query's own scale: the
     cosine between the worst and the best candidate's (every candidate has one: the word arm's are measured
     too), the word share as a part of the best. A memory passes the vector arm's best only where its words
     make up for more than the cosine it lacks."""
-    candidates = list(candidates)
     sims = [c.similarity for c in candidates]
     low, high = min(sims, default=0.0), max(sims, default=0.0)
     share_high = max((c.text_share for c in candidates), default=0.0)

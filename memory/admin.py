@@ -332,7 +332,9 @@ class TryRetrievalForm(forms.Form):
     user = forms.ModelChoiceField(
         queryset=get_user_model().objects.order_by("username"), help_text="Retrieve as this user."
     )
-    query = forms.CharField(max_length=2000, widget=forms.Textarea(attrs={"rows": 2, "cols": 80}))
+    query = forms.CharField(
+        max_length=2000, widget=forms.Textarea(attrs={"rows": 2, "style": "width: 100%; box-sizing: border-box"})
+    )
     agent = forms.ModelChoiceField(queryset=Agent.objects.all(), required=False)
     workflow = forms.CharField(max_length=80, required=False)
     budget_tokens = forms.IntegerField(min_value=0, max_value=100_000, initial=2000)

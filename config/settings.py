@@ -1,6 +1,6 @@
 """Settings for the agent runtime: one file, driven by environment variables.
 
-Every variable is documented in the README's configuration table. Helpers in
+Every variable is documented in docs/configuration.md. Helpers in
 ``config.env`` raise ``ImproperlyConfigured`` on values they cannot parse.
 """
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -178,15 +179,57 @@ def _fresh_cache() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def _tasks_reach_the_worker_only_in_its_tests(request: pytest.FixtureRequest) -> None:
+def _tasks_reach_the_worker_only_in_its_tests(request: pytest.FixtureRequest) -> Iterator[None]:
     """Once started, the session's worker stays up; a test that did not ask for it must not feed it.
 
     Otherwise the worker would still be running a task of that test (a turn's memory writes) while the
     test's database is flushed: the flush and the task deadlock, and the rows left over fail the next test.
+    For the same reason a test that did ask for it ends only when the worker has finished what the test
+    started (a turn's after-work is sent after the turn completes, which is all most tests wait for).
     """
     from config.celery import app
 
-    _use_broker(app, broker_for(request.fixturenames, started=_BROKERS))
+    broker = broker_for(request.fixturenames, started=_BROKERS)
+    if broker == "worker":
+        # Requested here so that this fixture's teardown (the wait) runs before the database's (the flush).
+        request.getfixturevalue("_django_db_helper")
+    _use_broker(app, broker)
+    yield
+    if broker == "worker":
+        worker_wait_idle(app, request.getfixturevalue("celery_worker"))
+
+
+def worker_wait_idle(app: Any, worker: WorkerHandle, *, timeout: float = 60.0) -> bool:
+    """Wait until the worker has no task running, reserved or waiting in its queue (twice in a row).
+
+    Returns whether it got there within ``timeout``; a worker that answers nothing counts as busy.
+    """
+    destination = [f"{worker.queue}@{socket.gethostname()}"]
+    deadline = time.monotonic() + timeout
+    idle_polls = 0
+    while time.monotonic() < deadline and worker.proc.poll() is None:
+        inspect = app.control.inspect(destination=destination, timeout=1.0)
+        active, reserved = inspect.active(), inspect.reserved()
+        busy = (
+            active is None
+            or reserved is None
+            or any(active.values())
+            or any(reserved.values())
+            or _queued(worker) > 0
+        )
+        idle_polls = 0 if busy else idle_polls + 1
+        if idle_polls >= 2:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _queued(worker: WorkerHandle) -> int:
+    if not worker.broker_url.startswith("redis"):
+        return 0  # the filesystem broker: what the worker has not taken yet shows in inspect's reserved soon
+    import redis
+
+    return int(redis.Redis.from_url(worker.broker_url).llen(worker.queue))
 
 
 def broker_for(fixturenames: Any, *, started: dict[str, Any]) -> str:

@@ -39,6 +39,7 @@ test-reliability: install-dev
 lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 # mypy's Django plugin imports the settings; a database URL that is never opened keeps that import from
 # starting the embedded PostgreSQL (which nothing would stop afterwards).

@@ -211,11 +211,7 @@ def worker_wait_idle(app: Any, worker: WorkerHandle, *, timeout: float = 60.0) -
         inspect = app.control.inspect(destination=destination, timeout=1.0)
         active, reserved = inspect.active(), inspect.reserved()
         busy = (
-            active is None
-            or reserved is None
-            or any(active.values())
-            or any(reserved.values())
-            or _queued(worker) > 0
+            active is None or reserved is None or any(active.values()) or any(reserved.values()) or _queued(worker) > 0
         )
         idle_polls = 0 if busy else idle_polls + 1
         if idle_polls >= 2:

@@ -8,6 +8,13 @@ class AgentsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # The llm library records each model call through a callback; this one writes an LLMCall row.
+        from agents.call_records import llm_call_save, tool_invocation_save
+        from agents.llm.recording import set_call_recorder
+        from agents.tools.registry import set_invocation_recorder
+
+        set_call_recorder(llm_call_save)
+        set_invocation_recorder(tool_invocation_save)
         # Workflows register themselves on import; the booking workflow also teaches the demo model its steps.
         import agents.workflows  # noqa: F401
         from agents.workflows import demo_handlers

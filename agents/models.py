@@ -5,6 +5,11 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from agents.llm.providers import DEMO_PROFILE
+from agents.llm.sections import DEFAULT_SHARES
+from agents.tools.registry import tool_names
+from agents.workflows import workflow_choices
+
 
 def default_section_budgets() -> dict[str, float]:
     """Share of the prompt budget each section may use (after the response reserve and safety margin)."""
@@ -82,11 +87,6 @@ class Agent(models.Model):
     def clean(self) -> None:
         """Values the runtime can use, checked when an operator saves the agent (the admin's form calls this):
         a typo here would otherwise fail every session of the agent, or every page that lists it."""
-        from agents.llm.providers import DEMO_PROFILE
-        from agents.tools.registry import tool_names
-        from agents.workflows import workflow_choices
-        from sessions.context import DEFAULT_SHARES
-
         errors: dict[str, str] = {}
         workflows = [name for name, _title in workflow_choices()]
         if self.workflow not in workflows:

@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
-import uuid
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import (
     Case,
     Exists,
@@ -51,6 +50,11 @@ from django.utils import timezone
 from agents.llm.base import CallContext, LLMError, Message, StructuredOutputError, TruncatedOutputError
 from agents.routing import RouteOutcome, route_message
 from config.db import refresh_from, update_returning
+from config.errors import Refusal
+from config.queue import enqueue
+from config.services import requeue_each
+from sessions.context import ContextOverflowError
+from sessions.locks import SessionBusyError, SessionTurnLock, TurnLockLost
 from sessions.models import ChatSession, Checkpoint, Turn
 
 if TYPE_CHECKING:
@@ -59,13 +63,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Advisory-lock namespace: the high bits of every key we take, so our locks never collide with other users
-# of pg_advisory_lock on the same database.
-_LOCK_NAMESPACE = 0x5A17 << 48
 HANDOFF_NOTICE = "I've passed this conversation to a person on our team; they will reply here."
 
 
-class MessageRejected(Exception):
+class MessageRejected(Refusal):
     """The message cannot be accepted as it is. ``status`` is the HTTP status the doors answer with."""
 
     def __init__(self, code: str, message: str, *, status: int = 400) -> None:
@@ -75,20 +76,10 @@ class MessageRejected(Exception):
         self.status = status
 
 
-class SessionBusyError(Exception):
-    """Another turn is running on this session and did not finish within the wait."""
-
-    code = "session_busy"
-
-
-class SessionClosedError(Exception):
+class SessionClosedError(Refusal):
     code = "session_closed"
-
-
-class TurnLockLost(Exception):
-    """The database connection holding the turn lock was lost and another process took the turn over."""
-
-    code = "turn_taken_over"
+    status = 409
+    default_message = "This session is closed."
 
 
 @dataclass
@@ -140,84 +131,6 @@ def validate_message(message: object) -> str:
             status=413,
         )
     return message
-
-
-def _lock_key(session_id: uuid.UUID | str) -> int:
-    raw = uuid.UUID(str(session_id)).int & ((1 << 48) - 1)
-    key = _LOCK_NAMESPACE | raw
-    return key - (1 << 64) if key >= 1 << 63 else key
-
-
-class SessionTurnLock:
-    """A PostgreSQL advisory lock for one session's turns, held by this thread's connection."""
-
-    def __init__(self, session_id: uuid.UUID | str) -> None:
-        self.key = _lock_key(session_id)
-        self.held = False
-
-    def try_acquire(self) -> bool:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_lock(%s)", [self.key])
-            row = cursor.fetchone()
-        self.held = bool(row and row[0])
-        return self.held
-
-    def acquire(self, *, wait_seconds: float) -> bool:
-        deadline = time.monotonic() + max(0.0, wait_seconds)
-        delay = 0.02
-        while True:
-            if self.try_acquire():
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.25)
-
-    def holds_or_retakes(self) -> bool:
-        """Before writing a turn's outcome: do we still own the lock?
-
-        A session-level advisory lock dies with the connection that took it, and the connection may have
-        been cut while the model answered: a dead one is replaced first. If our lock is gone, take it
-        again on the new connection; if someone else holds it, they have taken the turn over as
-        orphaned, and we must not write.
-        """
-        from config.db import reconnect_if_broken
-
-        reconnect_if_broken()
-        unsigned = self.key & 0xFFFFFFFFFFFFFFFF
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted "
-                    "AND classid = %s AND objid = %s AND objsubid = 1",
-                    [unsigned >> 32, unsigned & 0xFFFFFFFF],
-                )
-                if cursor.fetchone():
-                    return True
-        except (OperationalError, InterfaceError):
-            # Cut since its last use: the lock went with it. Reconnect (or fail here if the database is down).
-            if not reconnect_if_broken():
-                raise
-        return self.try_acquire()
-
-    def release(self) -> None:
-        if not self.held:
-            return
-        self.held = False
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s)", [self.key])
-        except Exception:  # a dead connection has released the lock already
-            logger.warning("could not release the turn lock explicitly; the connection is gone", exc_info=True)
-
-
-def session_is_locked(session_id: uuid.UUID | str) -> bool:
-    """True when some connection holds this session's turn lock (a turn is running somewhere)."""
-    lock = SessionTurnLock(session_id)
-    if lock.try_acquire():
-        lock.release()
-        return False
-    return True
 
 
 # --------------------------------------------------------------------------------------------------
@@ -427,15 +340,10 @@ def stuck_turns_enqueue(*, older_than: timedelta | None = None, limit: int = 200
 
     One task for all of them had one time limit for all: after a crash with many turns to finish, it cut
     the turn it was answering short, and that turn failed; the ones after it waited for the next sweep."""
-    from functools import partial
-
-    from agents.tasks import recover_turn
-    from config.services import requeue_each
-
     turn_ids = list(_stuck(older_than).values_list("pk", flat=True)[: limit * 4])
     sent = requeue_each(
         "turn-recovery",
-        ((turn_id, partial(recover_turn.delay, turn_id)) for turn_id in turn_ids),
+        ((turn_id, partial(enqueue, "agents.tasks.recover_turn", turn_id)) for turn_id in turn_ids),
         within=RECOVERY_RESEND_AFTER,
         limit=limit,
     )
@@ -620,8 +528,7 @@ def _execute(session: ChatSession, turn: Turn, *, resumed: bool, fresh: bool = F
 def _error_code(exc: Exception) -> str:
     if isinstance(exc, LLMError):
         return f"llm_{exc.outcome}"
-    name = type(exc).__name__
-    return "context_overflow" if name == "ContextOverflowError" else "turn_failed"
+    return "context_overflow" if isinstance(exc, ContextOverflowError) else "turn_failed"
 
 
 def _user_facing_error(exc: Exception) -> str:
@@ -629,7 +536,7 @@ def _user_facing_error(exc: Exception) -> str:
         return "The model's reply was cut off before it finished, so it was not used. Your message is saved; please try again."
     if isinstance(exc, LLMError):
         return f"The model could not answer ({exc.outcome.replace('_', ' ')}). Your message is saved; please try again."
-    if type(exc).__name__ == "ContextOverflowError":
+    if isinstance(exc, ContextOverflowError):
         return "This message does not fit in the model's context window even after trimming. Please shorten it."
     return "Something went wrong while answering. Your message is saved; please try again."
 

@@ -1,8 +1,8 @@
 """One error format for the whole API: ``{"error": {"code": ..., "message": ..., "details": {...}}}``.
 
 Every error a client can meet goes through here: DRF's own exceptions (400 parse errors, 401, 403,
-404, 405, 415, 429), Django's ``Http404``/``PermissionDenied``/``RequestDataTooBig``, the runtime's
-``SessionBusyError`` (409) and ``MessageRejected`` (400/413), and unexpected exceptions (500, logged).
+404, 405, 415, 429), Django's ``Http404``/``PermissionDenied``/``RequestDataTooBig``, every
+``config.errors.Refusal`` (the runtime's ``SessionBusyError``, 409, and ``MessageRejected``, 400/413), and unexpected exceptions (500, logged).
 Routes that DRF never sees (an unknown ``/api/...`` path, a body over the size limit) use
 ``error_response`` directly: the catch-all route in ``config.api_urls`` and ``RequestSizeLimitMiddleware``.
 """
@@ -21,6 +21,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
+from config.errors import Refusal
 from config.parsers import PayloadTooLarge
 
 logger = logging.getLogger(__name__)
@@ -41,25 +42,10 @@ def error_response(*, code: str, message: str, status_code: int, details: dict[s
 
 
 def runtime_error_status(exc: Exception) -> tuple[str, str, int] | None:
-    """``(code, message, status)`` for the runtime's refusals (busy or closed session, rejected message),
-    or None for any other exception."""
-    # The runtime imports half the project: import it only when an error needs classifying.
-    from agents.runtime import MessageRejected, SessionBusyError, SessionClosedError
-    from agents.workflows.base import UnknownWorkflowError
-
-    if isinstance(exc, UnknownWorkflowError):
-        # An agent saved around the admin's checks (Agent.clean), or a workflow module since removed.
-        return (
-            "agent_unavailable",
-            "This agent's workflow is not available on this server; an operator has to fix the agent.",
-            status.HTTP_503_SERVICE_UNAVAILABLE,
-        )
-    if isinstance(exc, SessionBusyError):
-        return "session_busy", str(exc) or "Another turn is running on this session.", status.HTTP_409_CONFLICT
-    if isinstance(exc, SessionClosedError):
-        return "session_closed", str(exc) or "This session is closed.", status.HTTP_409_CONFLICT
-    if isinstance(exc, MessageRejected):
-        return exc.code, exc.message, int(exc.status)
+    """``(code, message, status)`` for a refusal (busy or closed session, rejected message, an agent whose
+    workflow is gone: any ``config.errors.Refusal``), or None for any other exception."""
+    if isinstance(exc, Refusal):
+        return exc.code, exc.message_for_people(), int(exc.status)
     return None
 
 

@@ -363,6 +363,16 @@ LOG_FORMAT = env_str("LOG_FORMAT", "json") or "json"
 if LOG_FORMAT not in {"json", "plain"}:
     raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r} must be json or plain")
 # --- Tools (agents/tools) -------------------------------------------------------------------
+# The tools agents may use: dotted paths to a Tool (``@tool`` or ``Tool(...)``) or a list of them; installed
+# packages add theirs through the entry-point group ``agents_runtime.tools`` (docs/extending.md).
+# AGENT_EXTRA_TOOLS adds paths to these without a settings module of your own.
+AGENT_TOOLS = [
+    "memory.tools.SEARCH_MEMORY",
+    "agents.tools.flights.SEARCH_FLIGHTS",
+    "agents.tools.flights.BOOK_FLIGHT",
+    "agents.tools.web.HTTP_GET",
+    *env_list("AGENT_EXTRA_TOOLS", []),
+]
 # Seconds one attempt of a tool may run before it is abandoned (the model sees "TOOL_ERROR: … timed out").
 TOOLS_DEFAULT_TIMEOUT = env_float("TOOLS_DEFAULT_TIMEOUT", 10.0, minimum=0.05, maximum=600.0)
 # Retryable failures (timeouts, connection errors, 5xx) get up to this many attempts; 4xx never retry.

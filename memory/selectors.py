@@ -34,6 +34,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import Q
 from django.utils import timezone
 
+from memory.access import memories_touch
 from memory.embedding import embed_query_soon, get_embedder
 from memory.models import Memory
 from memory.schemas import RelevanceScores, SearchQuery
@@ -246,11 +247,29 @@ def _users_with_own_index() -> frozenset[int]:
     global _own_index_cache
     read_at, users = _own_index_cache
     if time.monotonic() - read_at > _OWN_INDEX_TTL:
-        from memory.services import user_indexes_present
-
         users = frozenset(user_indexes_present())
         _own_index_cache = (time.monotonic(), users)
     return users
+
+
+USER_INDEX_PREFIX = "memory_hnsw_user_"
+
+
+def user_index_name(user_id: int) -> str:
+    return f"{USER_INDEX_PREFIX}{int(user_id)}"
+
+
+def user_indexes_present(*, valid: bool = True) -> dict[int, str]:
+    """User id -> name of the per-user HNSW indexes that exist now (``valid=False``: those an interrupted
+    build left unusable)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE i.indrelid = 'memory_memory'::regclass AND i.indisvalid = %s AND c.relname LIKE %s",
+            [valid, USER_INDEX_PREFIX + "%"],
+        )
+        names = [row[0] for row in cursor.fetchall()]
+    return {int(name.removeprefix(USER_INDEX_PREFIX)): name for name in names}
 
 
 def forget_user_indexes() -> None:
@@ -980,8 +999,6 @@ def memories_for_prompt(
 
 
 def _touch(ids: list[int], now: datetime) -> None:
-    from memory.services import memories_touch
-
     memories_touch(memory_ids=ids, now=now)
 
 

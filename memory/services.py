@@ -19,13 +19,17 @@ from typing import TYPE_CHECKING, Any, ParamSpec
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from config.db import refresh_from
+from config.queue import enqueue
+from config.services import requeue_each
+from memory.access import memories_touch
 from memory.embedding import get_embedder
 from memory.models import Memory, MemoryReview
 from memory.schemas import ExtractedFacts, Fact
+from memory.selectors import forget_user_indexes, user_index_name, user_indexes_present
 
 if TYPE_CHECKING:
     from agents.models import Agent
@@ -371,12 +375,14 @@ class TurnMemoryWriteResult:
     extraction_error: str = ""
 
 
+# The memory-write task (``memory.tasks.write_turn_memories``), sent by name: tasks are doors, above this.
+WRITE_TASK = "memory.tasks.write_turn_memories"
+
+
 def memory_writes_enqueue(*, turn: Turn) -> None:
     """Schedule the turn's memory writes for after the current transaction commits."""
-    from memory.tasks import write_turn_memories
-
     turn_id = turn.id
-    transaction.on_commit(lambda: write_turn_memories.delay(turn_id))
+    transaction.on_commit(lambda: enqueue(WRITE_TASK, turn_id))
 
 
 # The outbox sweep: a turn's write is enqueued after commit, straight to the broker. If the broker was
@@ -432,9 +438,6 @@ def memory_writes_requeue(
     every pending write per run. Returns how many were enqueued (at most ``limit``); stops at the first
     enqueue that fails (the broker is still down: the next run retries).
     """
-    from config.services import requeue_each
-    from memory.tasks import write_turn_memories
-
     # Past the ones sent recently (still queued), up to ``limit`` more.
     turn_ids = list(
         turns_with_lost_memory_writes(older_than=older_than, lookback=lookback).values_list("pk", flat=True)[
@@ -443,7 +446,7 @@ def memory_writes_requeue(
     )
     sent = requeue_each(
         "memory-write",
-        ((turn_id, partial(write_turn_memories.delay, turn_id)) for turn_id in turn_ids),
+        ((turn_id, partial(enqueue, WRITE_TASK, turn_id)) for turn_id in turn_ids),
         within=again_after,
         limit=limit,
     )
@@ -671,16 +674,6 @@ def turn_memories_write(*, turn_id: int) -> TurnMemoryWriteResult:
     return result
 
 
-def memories_touch(*, memory_ids: list[int], now: Any = None, user_id: int | None = None) -> int:
-    """Count an access on memories that went into a prompt (one UPDATE, for recency and curation)."""
-    if not memory_ids:
-        return 0
-    qs = Memory.objects.filter(id__in=memory_ids)
-    if user_id is not None:
-        qs = qs.filter(Q(user_id=user_id) | Q(user__isnull=True))
-    return qs.update(access_count=F("access_count") + 1, last_accessed_at=now or timezone.now())
-
-
 def _retrieved_ids(turn: Turn) -> list[int]:
     """Ids of the memories that went into a turn's prompt, from its retrieval report."""
     items = (turn.retrieval or {}).get("items", []) if isinstance(turn.retrieval, dict) else []
@@ -694,7 +687,6 @@ def _retrieved_ids(turn: Turn) -> list[int]:
 # shared index does in proportion to how small the user's share of all rows is. The planner picks it by
 # itself for queries with that user id (a literal: Django binds parameters on the client). Until the
 # sync has made it, the shared HNSW index with its iterative scan serves the user.
-USER_INDEX_PREFIX = "memory_hnsw_user_"
 USER_INDEX_BUILD_MEMORY = "512MB"  # maintenance_work_mem while building one (a 100k history's graph: ~200 MB)
 
 
@@ -703,25 +695,6 @@ class UserIndexSync:
     created: list[int] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)
     kept: list[int] = field(default_factory=list)
-
-
-def user_index_name(user_id: int) -> str:
-    return f"{USER_INDEX_PREFIX}{int(user_id)}"
-
-
-def user_indexes_present(*, valid: bool = True) -> dict[int, str]:
-    """User id -> name of the per-user HNSW indexes that exist now (``valid=False``: those an interrupted
-    build left unusable)."""
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-            "WHERE i.indrelid = 'memory_memory'::regclass AND i.indisvalid = %s AND c.relname LIKE %s",
-            [valid, USER_INDEX_PREFIX + "%"],
-        )
-        names = [row[0] for row in cursor.fetchall()]
-    return {int(name.removeprefix(USER_INDEX_PREFIX)): name for name in names}
 
 
 def users_needing_own_index(*, minimum: int | None = None) -> dict[int, int]:
@@ -786,8 +759,6 @@ def user_indexes_sync(
                 cursor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')
                 result.dropped.append(user_id)
     if result.created or result.dropped:
-        from memory.selectors import forget_user_indexes
-
         forget_user_indexes()
         logger.info("per-user vector indexes: created %s, dropped %s", result.created, result.dropped)
     return result

@@ -258,7 +258,7 @@ class ChatSessionAdmin(admin.ModelAdmin):
 
     def delete_view(self, request: HttpRequest, object_id: str, extra_context: Any = None) -> Any:
         """A session whose turn is running is not offered for deletion (the confirmation page says why)."""
-        from agents.runtime import session_is_locked
+        from sessions.locks import session_is_locked
 
         if request.method == "POST" and session_is_locked(object_id):
             self.message_user(request, "Not deleted: a turn is running on this session.", level=messages.ERROR)
@@ -287,7 +287,7 @@ class ChatSessionAdmin(admin.ModelAdmin):
 
     def _delete_idle(self, request: HttpRequest, sessions: Iterable[ChatSession]) -> int:
         """Delete each session through ``session_delete``; say which were not, a turn running on them."""
-        from agents.runtime import SessionBusyError
+        from sessions.locks import SessionBusyError
         from sessions.services import session_delete
 
         deleted, busy = 0, []

@@ -29,24 +29,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from agents.llm.base import LLMConfigurationError
+from agents.llm.providers import endpoint_window
+from agents.llm.sections import DEFAULT_SHARES
 from agents.llm.tokens import REPLY_PRIMING, TOKENS_PER_MESSAGE, TokenCounter
+from sessions.models import ChatSession, Turn
 
 if TYPE_CHECKING:
     from agents.models import Agent
-    from sessions.models import ChatSession
 
 SECTIONS: tuple[str, ...] = ("system", "workflow", "procedural", "memories", "summary", "recent", "message", "tools")
-# Used when an agent's section_budgets has no entry for a section (older agents have no "tools").
-DEFAULT_SHARES: dict[str, float] = {
-    "system": 0.10,
-    "workflow": 0.08,
-    "procedural": 0.05,
-    "memories": 0.20,
-    "summary": 0.12,
-    "recent": 0.35,
-    "message": 0.10,
-    "tools": 0.10,
-}
 MIN_TURNS = 3
 # A simplified system prompt keeps its first paragraph, at most this long; below the floor it is not cut further.
 SIMPLIFIED_SYSTEM_TOKENS = 200
@@ -107,8 +99,6 @@ class ContextBudget:
         """The agent's budget. The reserve is at least ``max_tokens``: a reply must never be cut for lack of room.
         The window is the agent's, capped by its endpoint's when one is configured (``LLM_CONTEXT_WINDOW``, or
         a profile's ``context_window``): an agent set up bigger than its model cannot overflow it."""
-        from agents.llm.providers import endpoint_window
-
         shares = dict(DEFAULT_SHARES)
         budgets = agent.section_budgets if isinstance(agent.section_budgets, dict) else {}  # validated by Agent.clean
         for name, share in budgets.items():
@@ -122,8 +112,6 @@ class ContextBudget:
             and window < agent.context_window
             and window - reserve - math.ceil(window * agent.safety_margin) <= 0
         ):
-            from agents.llm.base import LLMConfigurationError
-
             raise LLMConfigurationError(
                 f"the endpoint's context window ({ceiling} tokens, LLM_CONTEXT_WINDOW or the profile's "
                 f"context_window) leaves no room for a prompt after agent {agent.slug!r}'s reply reserve of "
@@ -559,8 +547,6 @@ class TurnHistory:
 
 def turn_history(*, session: ChatSession, before_seq: int | None = None, cap: int = 200) -> TurnHistory:
     """The newest completed turns (before ``before_seq``), in one query; see ``TurnHistory``."""
-    from sessions.models import Turn
-
     window = max(session.agent.window_turns, MIN_TURNS)
     turns = Turn.objects.filter(session=session, status=Turn.Status.COMPLETED)
     if before_seq is not None:

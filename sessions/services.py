@@ -22,6 +22,7 @@ from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
 from agents.workflows import MAX_RETRIES, Workflow, WorkflowDecision, get_workflow
+from sessions.locks import SessionBusyError, lock_key
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.selectors import (
     last_good_checkpoint,
@@ -125,15 +126,13 @@ def session_create(*, user: Any, agent: Any, title: str = "") -> ChatSession:
 def session_delete(*, session: ChatSession) -> None:
     """Delete a session with its turns and checkpoints, holding its turn lock until the delete commits.
 
-    Raises ``agents.runtime.SessionBusyError`` when a turn is running: deleting under it would leave it
+    Raises ``sessions.locks.SessionBusyError`` when a turn is running: deleting under it would leave it
     writing into rows that are gone. The lock is the transaction-level form of the turn lock (the same key,
     so the two exclude each other): held to the commit of the caller's transaction (the admin's delete view
     runs in one), so no turn starts on the session before the rows are gone."""
-    from agents.runtime import SessionBusyError, SessionTurnLock
-
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [SessionTurnLock(session.pk).key])
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [lock_key(session.pk)])
             (taken,) = cursor.fetchone() or (False,)
         if not taken:
             raise SessionBusyError("A message on this session is still being answered; try again when it has finished.")

@@ -27,6 +27,8 @@ from django.utils import timezone
 
 from agents.llm.base import CallContext, LLMError
 from agents.llm.tokens import TokenCounter, counter_for
+from config.queue import enqueue
+from config.services import requeue_each
 from sessions.context import ContextBudget, TurnHistory, TurnText, cut_to_budget, turn_history, window_size
 from sessions.models import ChatSession, Turn
 
@@ -88,6 +90,10 @@ def newest_turns(*, session: ChatSession, budget: ContextBudget) -> list[TurnTex
     return turn_history(session=session, cap=_checked_turns(budget)).newest
 
 
+# The summary task (``sessions.tasks.summarize_session``), sent by name: tasks are doors, above this.
+SUMMARY_TASK = "sessions.tasks.summarize_session"
+
+
 def summary_request_if_due(
     *, session: ChatSession, history: TurnHistory | None = None, finished: TurnText | None = None
 ) -> bool:
@@ -125,12 +131,7 @@ def summary_request_if_due(
     session.summary_requested_seq = due
     session_id = str(session.pk)
 
-    def enqueue() -> None:
-        from sessions.tasks import summarize_session
-
-        summarize_session.delay(session_id, due)
-
-    transaction.on_commit(enqueue)
+    transaction.on_commit(lambda: enqueue(SUMMARY_TASK, session_id, due))
     return True
 
 
@@ -156,9 +157,6 @@ def summaries_requeue(
     it is still queued). Returns how many were sent (at most ``limit``); stops at the first failed
     enqueue (the broker is still down).
     """
-    from config.services import requeue_each
-    from sessions.tasks import summarize_session
-
     now = timezone.now()
     pending = (
         ChatSession.objects.filter(
@@ -172,7 +170,7 @@ def summaries_requeue(
     return requeue_each(
         "summary",
         (
-            (f"{session_id}:{through_seq}", partial(summarize_session.delay, str(session_id), through_seq))
+            (f"{session_id}:{through_seq}", partial(enqueue, SUMMARY_TASK, str(session_id), through_seq))
             for session_id, through_seq in pending
         ),
         within=again_after,

@@ -247,7 +247,7 @@ def chat_stream(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
 @login_required
 @require_POST
 def chat_delete(request: HttpRequest, session_id: UUID) -> HttpResponse:
-    from agents.runtime import SessionBusyError
+    from sessions.locks import SessionBusyError
     from sessions.services import session_delete
 
     session = _own_session(request, session_id)

@@ -1,22 +1,48 @@
-"""One ``LLMCall`` row per model call, written so that recording can never break the call."""
+"""Where the record of each model call goes: a recorder the application installs.
+
+The library has no ORM: ``llm_call_record`` hands a ``CallRecord`` to the recorder installed with
+``set_call_recorder`` (the agents app installs ``agents.call_records.llm_call_save``, which writes an
+``LLMCall`` row). Recording can never break the call: a recorder that raises is logged, the caller gets
+its reply.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-
-from django.db import Error as DatabaseError
-from django.db import transaction
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from agents.llm.base import CallContext
-from agents.models import LLMCall
 
 logger = logging.getLogger(__name__)
 
-# Column limits of LLMCall (kept here so a long model name or error cannot fail the insert).
-_MAX_MODEL = 200
-_MAX_FINISH = 30
-_MAX_ERROR = 4000
+
+@dataclass(frozen=True)
+class CallRecord:
+    """The figures of one model call, as ``llm_call_record`` received them."""
+
+    ctx: CallContext
+    provider: str
+    model: str
+    outcome: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_ms: float = 0.0
+    ttft_ms: float | None = None
+    retries: int = 0
+    finish_reason: str = ""
+    error: str = ""
+
+
+CallRecorder = Callable[[CallRecord], object]
+_recorder: CallRecorder | None = None
+
+
+def set_call_recorder(recorder: CallRecorder | None) -> CallRecorder | None:
+    """Install ``recorder`` for every call from now on (None: calls are not recorded); returns the previous one."""
+    global _recorder
+    previous, _recorder = _recorder, recorder
+    return previous
 
 
 def llm_call_record(
@@ -32,39 +58,29 @@ def llm_call_record(
     retries: int = 0,
     finish_reason: str = "",
     error: str = "",
-) -> LLMCall | None:
-    """Save the record of one model call; on a database error log it and return ``None``.
-
-    Model calls are made outside transactions (a request waiting on a model must not hold one
-    open), so this is its own short write. When a caller does call inside a transaction, the
-    savepoint keeps a failed insert from poisoning the caller's transaction (outside one, the insert
-    is a single autocommit statement: no BEGIN and COMMIT round trips around it).
-    """
+) -> object:
+    """Hand the record of one model call to the installed recorder; return what it returned (None when
+    none is installed or it failed: the failure is logged, never raised)."""
+    recorder = _recorder
+    if recorder is None:
+        return None
+    record = CallRecord(
+        ctx=ctx,
+        provider=provider,
+        model=model,
+        outcome=outcome,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        latency_ms=latency_ms,
+        ttft_ms=ttft_ms,
+        retries=retries,
+        finish_reason=finish_reason,
+        error=error,
+    )
     try:
-        guard = transaction.atomic() if transaction.get_connection().in_atomic_block else contextlib.nullcontext()
-        with guard:
-            return LLMCall.objects.create(
-                agent_id=ctx.agent_id,
-                session_id=ctx.session_id,
-                turn_id=ctx.turn_id,
-                purpose=ctx.purpose,
-                provider=provider[:20],
-                model=model[:_MAX_MODEL],
-                prompt_tokens=max(0, prompt_tokens),
-                prompt_sections=dict(ctx.prompt_sections),
-                completion_tokens=max(0, completion_tokens),
-                latency_ms=latency_ms,
-                ttft_ms=ttft_ms,
-                retries=retries,
-                outcome=outcome,
-                finish_reason=finish_reason[:_MAX_FINISH],
-                error=error[:_MAX_ERROR],
-            )
-    except DatabaseError:
-        from config.db import reconnect_if_broken
-
-        reconnect_if_broken()  # a connection cut during the model call: the turn's next query reconnects
-        # Note: the caller gets its reply even when the record cannot be written (database down,
-        # a turn id that no longer exists); the failure is visible in the logs instead.
+        return recorder(record)
+    except Exception:
+        # The caller gets its reply even when the record cannot be written (database down, a turn id that
+        # no longer exists); the failure is visible in the logs instead.
         logger.exception("could not record LLM call (purpose=%s, model=%s, outcome=%s)", ctx.purpose, model, outcome)
         return None

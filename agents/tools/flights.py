@@ -19,6 +19,7 @@ from typing import Annotated, Any
 from django.db import IntegrityError, transaction
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
+from agents.models import Booking
 from agents.tools.errors import ToolInputError
 from agents.tools.registry import Tool, ToolContext, ToolOutput
 
@@ -191,8 +192,6 @@ def _describe(booking: Any, flight: Flight | None) -> str:
 
 
 def _book_flight(args: BookFlightArgs, context: ToolContext) -> ToolOutput:
-    from agents.models import Booking
-
     user = context.user
     if user is None or not getattr(user, "is_authenticated", False):
         raise ToolInputError("booking needs a signed-in user.")

@@ -22,11 +22,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 import httpx
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.utils.module_loading import import_string
 from pydantic import BaseModel, ValidationError
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
@@ -153,16 +156,63 @@ _default: ToolRegistry | None = None
 _default_lock = threading.Lock()
 
 
+# Installable packages offer tools under this entry-point group: each entry names a Tool or a sequence of them.
+TOOLS_ENTRY_POINT_GROUP = "agents_runtime.tools"
+
+
 def default_registry() -> ToolRegistry:
-    """The process-wide registry holding the built-in tools (created on first use)."""
+    """The process-wide registry: the tools of ``settings.AGENT_TOOLS``, then those of installed packages'
+    entry points (group ``agents_runtime.tools``). Built on first use; ``ImproperlyConfigured`` names an
+    entry that cannot be imported, is not a tool, or takes a name another tool has."""
     global _default
     if _default is None:
         with _default_lock:
             if _default is None:
-                from agents.tools.builtins import BUILTIN_TOOLS
-
-                _default = ToolRegistry(BUILTIN_TOOLS)
+                _default = ToolRegistry(configured_tools())
     return _default
+
+
+def default_registry_reset() -> None:
+    """Forget the process-wide registry: the next use builds it from the settings again (tests, reloads)."""
+    global _default
+    with _default_lock:
+        _default = None
+
+
+def configured_tools() -> list[Tool]:
+    """Every tool the settings and the installed packages name, in that order (see ``default_registry``)."""
+    found: list[Tool] = []
+    for path in getattr(settings, "AGENT_TOOLS", []):
+        try:
+            value = import_string(path)
+        except ImportError as exc:
+            raise ImproperlyConfigured(f"AGENT_TOOLS: cannot import {path!r} ({exc})") from exc
+        found.extend(_as_tools(value, f"AGENT_TOOLS entry {path!r}"))
+    for entry in entry_points(group=TOOLS_ENTRY_POINT_GROUP):
+        try:
+            value = entry.load()
+        except Exception as exc:  # a broken package must say which one it is
+            raise ImproperlyConfigured(
+                f"tool entry point {entry.name!r} ({entry.value}) cannot be loaded: {exc}"
+            ) from exc
+        found.extend(_as_tools(value, f"tool entry point {entry.name!r} ({entry.value})"))
+    names = [tool.name for tool in found]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ImproperlyConfigured(
+            f"more than one tool is named {', '.join(map(repr, twice))} (AGENT_TOOLS, entry points)"
+        )
+    return found
+
+
+def _as_tools(value: object, source: str) -> list[Tool]:
+    if isinstance(value, Tool):
+        return [value]
+    if isinstance(value, list | tuple) and value and all(isinstance(item, Tool) for item in value):
+        return list(value)
+    raise ImproperlyConfigured(
+        f"{source} is {type(value).__name__}, not a Tool or a list of them (define one with @tool or Tool(...))"
+    )
 
 
 def tool_names(*, registry: ToolRegistry | None = None) -> list[str]:
@@ -453,26 +503,25 @@ def _short(value: object, limit: int = _DETAIL_MAX_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+InvocationRecorder = Callable[[ToolResult, ToolContext], object]
+_invocation_recorder: InvocationRecorder | None = None
+
+
+def set_invocation_recorder(recorder: InvocationRecorder | None) -> InvocationRecorder | None:
+    """Install what records each tool call of a session (the agents app installs
+    ``agents.call_records.tool_invocation_save``); returns the previous recorder."""
+    global _invocation_recorder
+    previous, _invocation_recorder = _invocation_recorder, recorder
+    return previous
+
+
 def _record(result: ToolResult, context: ToolContext) -> None:
-    """Write the ``ToolInvocation`` row; a failure here is logged, never raised (the turn goes on)."""
-    if context.session is None:
+    """Record the call (a ``ToolInvocation`` row); a failure here is logged, never raised (the turn goes on)."""
+    recorder = _invocation_recorder
+    if context.session is None or recorder is None:
         return
     try:
-        from agents.models import ToolInvocation
-
-        # A savepoint, so a failed insert cannot poison a transaction the caller may have open.
-        with transaction.atomic():
-            ToolInvocation.objects.create(
-                session=context.session,
-                turn=context.turn,
-                name=result.name[:80],
-                arguments=result.arguments,
-                result=result.content,
-                ok=result.ok,
-                error_kind=result.error_kind,
-                attempts=result.attempts,
-                latency_ms=result.latency_ms,
-            )
+        recorder(result, context)
     except Exception:
         logger.exception("could not record the invocation of tool %s", result.name)
 

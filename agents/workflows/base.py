@@ -19,6 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from config.errors import Refusal
+
 # The retry counter may reach this many failed turns; one more and the session moves to the failed state.
 MAX_RETRIES = 3
 
@@ -44,8 +46,13 @@ class WorkflowDecision(BaseModel):
         return {} if value is None else value
 
 
-class UnknownWorkflowError(KeyError):
-    """An agent refers to a workflow name that no module registered."""
+class UnknownWorkflowError(KeyError, Refusal):
+    """An agent refers to a workflow name that no module registered (saved around the admin's checks,
+    ``Agent.clean``, or a workflow module since removed): its chats refuse new messages."""
+
+    code = "agent_unavailable"
+    status = 503
+    public_message = "This agent's workflow is not available on this server; an operator has to fix the agent."
 
 
 @dataclass(frozen=True)

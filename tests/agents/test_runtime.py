@@ -17,10 +17,11 @@ from agents.llm.base import LLMServerError, ToolCallRequest
 from agents.llm.scripted import ScriptedProvider, ScriptedReply
 from agents.models import Agent, Booking, LLMCall, ToolInvocation
 from agents.routing import RouteDecision, route_message
-from agents.runtime import MessageRejected, SessionBusyError, SessionTurnLock, turn_run, turn_stream
+from agents.runtime import MessageRejected, turn_run, turn_stream
 from agents.services import default_agents_ensure
 from agents.tools.faults import ALWAYS, inject_fault
 from conftest import wait_for
+from sessions.locks import SessionBusyError, SessionTurnLock, TurnLockLost
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import session_create
 
@@ -447,7 +448,7 @@ def _lock_held_elsewhere(session_id: Any) -> Iterator[None]:
 @pytest.mark.django_db(transaction=True)
 def test_a_lost_turn_lock_is_retaken_or_the_turn_stops_without_writing(alice: Any, chat_agent: Agent) -> None:
     """Django reconnects silently after a lost connection; the advisory lock dies with the old one."""
-    from agents.runtime import TurnLockLost, _complete_turn
+    from agents.runtime import _complete_turn
 
     session = session_create(user=alice, agent=chat_agent)
     lock = SessionTurnLock(session.pk)

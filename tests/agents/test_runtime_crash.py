@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from agents.models import Agent
-from agents.runtime import session_is_locked, stuck_turns_recover, turn_run
+from agents.runtime import stuck_turns_recover, turn_run
 from config.db import database_url
 from conftest import wait_for
+from sessions.locks import session_is_locked
 from sessions.models import Checkpoint, Turn
 from sessions.services import session_create
 from tests.fakes.openai_server import hang

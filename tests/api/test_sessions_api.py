@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 
 from agents.llm.providers import DEMO_LABEL
 from agents.models import Agent
-from agents.runtime import session_is_locked
+from sessions.locks import session_is_locked
 from sessions.models import ChatSession, Checkpoint, Turn
 from tests.api.conftest import assert_error
 from tests.html_checks import active_parts

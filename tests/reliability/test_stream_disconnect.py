@@ -10,8 +10,8 @@ from urllib.parse import urlparse
 import pytest
 
 from agents.models import Agent, LLMCall
-from agents.runtime import session_is_locked
 from conftest import wait_for
+from sessions.locks import session_is_locked
 from sessions.models import Turn
 from sessions.services import session_create
 from tests.fakes.openai_server import stream

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from agents.models import Agent
-from agents.runtime import session_is_locked
 from conftest import wait_for
+from sessions.locks import session_is_locked
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import session_create
 from tests.fakes.openai_server import hang, stream

@@ -280,7 +280,7 @@ def _locked_elsewhere(session_id: Any) -> bool:
 
     from django.db import connection
 
-    from agents.runtime import session_is_locked
+    from sessions.locks import session_is_locked
 
     answer: list[bool] = []
 

@@ -1,7 +1,8 @@
 """``search_memory``: lets the model look up what it knows about the user beyond what the prompt holds.
 
 It goes through the same tiered retrieval as the prompt (``memory.selectors.memories_for_prompt``), so
-it sees only the signed-in user's own current memories.
+it sees only the signed-in user's own current memories. The memory app offers it to agents through
+``settings.AGENT_TOOLS`` like any other package's tool.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agents.tools.errors import ToolInputError
 from agents.tools.registry import Tool, ToolContext
+from memory.selectors import memories_for_prompt
 
 # Used when there is no agent to take a memory budget from.
 DEFAULT_BUDGET_TOKENS = 1000
@@ -23,9 +25,6 @@ class SearchMemoryArgs(BaseModel):
 
 
 def _search_memory(args: SearchMemoryArgs, context: ToolContext) -> str:
-    # Imported here: the memory app imports the agents app, and tools load before it is needed.
-    from memory.selectors import memories_for_prompt
-
     user = context.user
     if user is None or not getattr(user, "is_authenticated", False):
         raise ToolInputError("searching memory needs a signed-in user.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -257,6 +258,16 @@ def _deterministic_embedder(request: pytest.FixtureRequest, settings: Any) -> No
     """Tests embed with the fast deterministic hashing embedder unless marked ``real_embedder``."""
     if request.node.get_closest_marker("real_embedder") is None:
         settings.EMBEDDING_BACKEND = "hashing"
+
+
+@pytest.fixture
+def use_provider() -> Iterator[Any]:
+    """``use_provider(model)``: every model call of the test goes to ``model`` (a provider, or a function of
+    ``(agent, cheap)`` choosing one) until the test ends (``agents.llm.providers.provider_override``)."""
+    from agents.llm.providers import provider_override
+
+    with contextlib.ExitStack() as stack:
+        yield lambda provider: stack.enter_context(provider_override(provider))
 
 
 @pytest.fixture

@@ -7,7 +7,10 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from agents.llm.base import Outcome, Purpose
+from agents.llm.demo import DemoModel
+from agents.llm.openai_compat import OpenAICompatibleProvider
 from agents.models import Agent, LLMCall, ToolInvocation
+from agents.tools import tool_names
 from agents.tools.errors import ErrorKind
 from config.admin_lists import LogAdmin, known_values_filter
 
@@ -16,15 +19,10 @@ FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter", "function_ca
 
 
 def _provider_names() -> list[str]:
-    from agents.llm.demo import DemoModel
-    from agents.llm.openai_compat import OpenAICompatibleProvider
-
     return [OpenAICompatibleProvider.name, DemoModel.name]
 
 
 def _tool_names() -> list[str]:
-    from agents.tools import tool_names
-
     return tool_names()
 
 

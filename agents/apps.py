@@ -15,8 +15,3 @@ class AgentsConfig(AppConfig):
 
         set_call_recorder(llm_call_save)
         set_invocation_recorder(tool_invocation_save)
-        # Workflows register themselves on import; the booking workflow also teaches the demo model its steps.
-        import agents.workflows  # noqa: F401
-        from agents.workflows import demo_handlers
-
-        demo_handlers.register()

@@ -22,7 +22,6 @@ and the next request (or the sweep beat runs every minute) resumes it from its c
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
@@ -48,14 +47,38 @@ from django.db.models.functions import Concat
 from django.utils import timezone
 
 from agents.llm.base import CallContext, LLMError, Message, StructuredOutputError, TruncatedOutputError
+from agents.llm.providers import get_provider
+from agents.llm.tokens import counter_for
 from agents.routing import RouteOutcome, route_message
+from agents.tools import TOOL_ERROR_POLICY, ToolContext, run_tool_call, tool_specs
+from agents.workflows import get_workflow
 from config.db import refresh_from, update_returning
 from config.errors import Refusal
 from config.queue import enqueue
 from config.services import requeue_each
-from sessions.context import ContextOverflowError
+from memory.selectors import RecentWindow, memories_for_prompt, retrieval_query
+from memory.services import memory_writes_enqueue
+from observability.logging import log_context
+from observability.tracing import span
+from sessions.context import (
+    ContextBudget,
+    ContextOverflowError,
+    MemoryItem,
+    PromptInputs,
+    TurnText,
+    build_prompt,
+    turn_history,
+)
 from sessions.locks import SessionBusyError, SessionTurnLock, TurnLockLost
 from sessions.models import ChatSession, Checkpoint, Turn
+from sessions.services import (
+    checkpoint_before_call,
+    checkpoint_record,
+    stuck_turns_find,
+    transition_apply,
+    turn_failure_record,
+)
+from sessions.summaries import summary_request_if_due
 
 if TYPE_CHECKING:
     from agents.models import Agent
@@ -146,8 +169,6 @@ def turn_begin(
     wait_seconds: float | None = None,
 ) -> TurnHandle:
     """Accept a message: validate, lock, save it with a checkpoint. Raises MessageRejected / SessionBusyError."""
-    from sessions.services import checkpoint_before_call
-
     text = validate_message(message)
     key = (idempotency_key or "").strip()[:200] or None
     if key:
@@ -353,8 +374,6 @@ def stuck_turns_enqueue(*, older_than: timedelta | None = None, limit: int = 200
 
 
 def _stuck(older_than: timedelta | None) -> QuerySet[Turn]:
-    from sessions.services import stuck_turns_find
-
     age = older_than if older_than is not None else timedelta(seconds=int(getattr(settings, "STUCK_TURN_SECONDS", 120)))
     return stuck_turns_find(older_than=age)
 
@@ -381,8 +400,6 @@ def handoff_reply(*, session: ChatSession, text: str, author: Any) -> Turn:
 
 def handoff_resume(*, session: ChatSession, actor: Any = None) -> ChatSession:
     """Give a handed-off session back to the agent."""
-    from sessions.services import checkpoint_record
-
     ChatSession.objects.filter(pk=session.pk).update(
         status=ChatSession.Status.ACTIVE, retry_count=0, version=F("version") + 1, updated_at=timezone.now()
     )
@@ -423,8 +440,6 @@ def _reload(session: ChatSession) -> None:
 
 def _before_call(session: ChatSession, turn: Turn) -> None:
     """Checkpoint the state before a model call (unless the turn's opening checkpoint still stands)."""
-    from sessions.services import checkpoint_before_call
-
     if getattr(turn, "_checkpoint_fresh", False):
         turn._checkpoint_fresh = False  # type: ignore[attr-defined]
         return
@@ -463,33 +478,11 @@ def _done_event(turn: Turn, session: ChatSession, *, replayed: bool = False) -> 
     }
 
 
-@contextlib.contextmanager
-def _span(name: str, /, **attributes: Any) -> Iterator[None]:
-    try:
-        from observability.tracing import span
-    except ImportError:  # observability is optional at import time (tests of parts)
-        yield
-        return
-    with span(name, **attributes):
-        yield
-
-
-@contextlib.contextmanager
-def _log_context(**ids: Any) -> Iterator[None]:
-    try:
-        from observability.logging import log_context
-    except ImportError:
-        yield
-        return
-    with log_context(**ids):
-        yield
-
-
 def _execute(session: ChatSession, turn: Turn, *, resumed: bool, fresh: bool = False) -> Iterator[dict[str, Any]]:
     """Run a saved turn to completion. Every failure is caught, recorded on the turn, and reported as an event."""
     with (
-        _log_context(session_id=str(session.pk), turn_id=turn.pk),
-        _span("turn", session_id=str(session.pk), turn_id=turn.pk),
+        log_context(session_id=str(session.pk), turn_id=turn.pk),
+        span("turn", session_id=str(session.pk), turn_id=turn.pk),
     ):
         yield {"type": "turn", "turn_id": turn.pk, "seq": turn.seq, "resumed": resumed}
         try:
@@ -566,8 +559,6 @@ def _fail_turn(session: ChatSession, turn: Turn, *, reason: str, reply: str, sum
     """Mark the turn failed. ``reason`` (the exception's text) is for staff, in ``Turn.error`` and the log;
     ``summary`` goes into the checkpoint log, which the session's owner reads through the API. False when
     the turn was finished elsewhere meanwhile (or deleted): nothing is written."""
-    from sessions.services import turn_failure_record
-
     failed = {"status": Turn.Status.FAILED, "error": reason[:4000], "assistant_message": reply}
     if not _write_unfinished(turn, completed_at=timezone.now(), **failed):
         # Finished elsewhere (see _finish_turn_row), or deleted with its session: nothing of ours to record.
@@ -582,10 +573,6 @@ def _fail_turn(session: ChatSession, turn: Turn, *, reason: str, reply: str, sum
 
 
 def _execute_inner(session: ChatSession, turn: Turn, *, resumed: bool, fresh: bool) -> Iterator[dict[str, Any]]:
-    from agents.llm.providers import get_provider
-    from agents.llm.tokens import counter_for
-    from agents.workflows import get_workflow
-
     if not fresh:
         _reload(session)
     agent: Agent = session.agent
@@ -619,10 +606,9 @@ def _execute_inner(session: ChatSession, turn: Turn, *, resumed: bool, fresh: bo
 
     # 2. Memories. The turns the prompt will show are read once, here: retrieval searches with the user's
     # earlier messages and leaves out the episodes of turns the prompt shows anyway.
-    from sessions.context import turn_history
 
     history = turn_history(session=session, before_seq=turn.seq)
-    with _span("retrieval"):
+    with span("retrieval"):
         retrieved, retrieval_report = _retrieve(session, agent, workflow.name, message, history)
 
     # 3. Workflow decision (slots + next state) — structured output only.
@@ -673,8 +659,6 @@ def _retrieve(
     session: ChatSession, agent: Agent, workflow_name: str, message: str, history: TurnHistory
 ) -> tuple[Any, dict[str, Any]]:
     try:
-        from memory.selectors import RecentWindow, memories_for_prompt, retrieval_query
-
         query = retrieval_query(message=message, earlier=[t.user for t in history.newest], agent=agent)
         retrieved = memories_for_prompt(
             user=session.user,
@@ -698,8 +682,6 @@ def _decide(
     session: ChatSession, turn: Turn, agent: Agent, provider: Any, workflow: Any, message: str
 ) -> Generator[dict[str, Any], None, list[str]]:
     """The workflow's decision for this message, applied or refused; returns the refused slot values."""
-    from sessions.services import transition_apply, turn_failure_record
-
     recent = [
         (t.user_message, t.assistant_message)
         for t in session.turns.filter(status=Turn.Status.COMPLETED).order_by("-seq")[:3]
@@ -709,7 +691,7 @@ def _decide(
     )
     _before_call(session, turn)
     try:
-        with _span("llm.call", purpose="slots"):
+        with span("llm.call", purpose="slots"):
             decision = provider.structured(
                 messages,
                 schema=workflow.decision_schema,
@@ -732,7 +714,6 @@ def _decide(
         return []
     if getattr(decision, "confidence", 1.0) < agent.routing_confidence_threshold:
         # Below the threshold the safe default is to stay where we are (and keep what we have).
-        from sessions.services import checkpoint_record
 
         checkpoint_record(
             session=session,
@@ -752,8 +733,6 @@ def _decide(
 
 
 def _handoff(session: ChatSession, turn: Turn, *, reason: str) -> Iterator[dict[str, Any]]:
-    from sessions.services import checkpoint_record
-
     with transaction.atomic():
         # The turn first: a runner that lost the turn to another changes nothing (_finish_turn_row).
         _finish_turn_row(
@@ -782,9 +761,6 @@ def _prompt_inputs(
     history: TurnHistory,
     refused: list[str],
 ) -> Any:
-    from agents.tools import TOOL_ERROR_POLICY
-    from sessions.context import MemoryItem, PromptInputs
-
     # The window plus any turns that left it but are not in the summary yet: the builder keeps those
     # when they fit and degrades them (visibly) when they do not.
     recent = history.for_prompt
@@ -826,10 +802,6 @@ def _reply_loop(
     refused: list[str],
     history: TurnHistory,
 ) -> Iterator[dict[str, Any]]:
-    from agents.tools import ToolContext, run_tool_call, tool_specs
-    from sessions.context import ContextBudget, build_prompt
-    from sessions.services import transition_apply
-
     budget = ContextBudget.from_agent(agent)
     # ``history`` was read once for every step of the turn (a tool step adds tool messages, not turns),
     # and is handed to the summary check after it.
@@ -848,7 +820,7 @@ def _reply_loop(
             limit_hit = True
             break
         steps += 1
-        with _span("context.build"):
+        with span("context.build"):
             built = build_prompt(
                 inputs=_prompt_inputs(
                     session, turn, agent, workflow, retrieved, specs, tool_messages, history, refused
@@ -858,7 +830,7 @@ def _reply_loop(
             )
         _before_call(session, turn)
         step_text: list[str] = []
-        with _span("llm.call", purpose="reply", step=steps):
+        with span("llm.call", purpose="reply", step=steps):
             stream = provider.stream(
                 built.messages,
                 ctx=CallContext(
@@ -895,7 +867,7 @@ def _reply_loop(
             }
         )
         for call in calls:
-            with _span("tool", name=call.name):
+            with span("tool", name=call.name):
                 result = run_tool_call(call=call, context=context, enabled=names)
             tool_messages.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
             yield {"type": "tool", "name": call.name, "ok": result.ok, "error_kind": result.error_kind}
@@ -931,15 +903,10 @@ def _reply_loop(
 
 def _action_decision(workflow: Any, session: ChatSession, result: Any, success: str, failure: str) -> Any:
     """The decision for an action state, built from the tool's structured outcome (ok / not ok)."""
-    from sessions.services import turn_failure_record
-
     if result.ok:
         # The tool's structured output (ToolOutput.data), never its text, feeds the transition.
-        slots: dict[str, Any] = {}
-        if result.data.get("reference"):
-            slots["booking_reference"] = str(result.data["reference"])
-        return workflow.decision_schema.model_validate(
-            {"next_state": success, "slots": slots, "confidence": 1.0, "reasoning": f"{result.name} succeeded"}
+        return workflow.decision(
+            next_state=success, slots=workflow.action_slots(result.data), reasoning=f"{result.name} succeeded"
         )
     # A failed action counts as a failed attempt; after the retry limit the session moves to FAILED.
     turn_failure_record(session=session, turn=None, reason=f"{result.name} failed ({result.error_kind or 'error'})")
@@ -1000,8 +967,6 @@ def _complete_turn(
 ) -> None:
     """Save the reply and reset the failure count in one transaction; after the commit, enqueue the
     turn's background work. ``history`` is what the turn's prompt was built from, if it was."""
-    from sessions.context import TurnText
-
     if not SessionTurnLock(session.pk).holds_or_retakes():
         raise TurnLockLost("The database connection was lost mid-turn and another request is finishing this turn.")
     now = timezone.now()
@@ -1060,14 +1025,10 @@ def _after_turn(
     With the history the turn read and the turn as finished, the summary check reads no turns again.
     """
     try:
-        from memory.services import memory_writes_enqueue
-
         memory_writes_enqueue(turn=turn)
     except Exception:
         logger.exception("could not enqueue memory writes for turn %s", turn.pk)
     try:
-        from sessions.summaries import summary_request_if_due
-
         summary_request_if_due(session=session, history=history, finished=finished)
     except Exception:
         logger.exception("could not request a summary for session %s", session.pk)

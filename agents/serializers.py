@@ -7,14 +7,13 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from agents.llm.base import LLMConfigurationError
+from agents.llm.providers import DEMO_LABEL, get_provider
 from agents.models import Agent
 
 
 def agent_model_label(agent: Agent) -> dict[str, Any]:
     """Which model answers for ``agent`` (``is_demo`` true for the offline demo model), without any secret."""
-    from agents.llm.base import LLMConfigurationError
-    from agents.llm.providers import DEMO_LABEL, get_provider
-
     try:
         provider = get_provider(agent=agent)
     except LLMConfigurationError:

@@ -215,8 +215,8 @@ def script_problems(script: list[ScriptTurn], *, today: date) -> list[str]:
     """Messages the demo model's keyword parsers would misread (both models share them), so the comparison
     stays about the architecture: a stray "from nine to six" is read as a new route by either model, and in
     CONFIRMING the demo reads "ticket", "when", "day"… as a request to change that detail."""
-    from agents.workflows.demo_handlers import _CHANGE_TARGETS, _START_OVER
-    from agents.workflows.slot_parsing import extract_slots
+    from examples.booking.demo import _CHANGE_TARGETS, _START_OVER
+    from examples.booking.slot_parsing import extract_slots
 
     problems: list[str] = []
     given: set[str] = set()
@@ -334,7 +334,7 @@ def gallery_demo_model(*, window: int = WINDOW) -> Any:
     from agents.llm.demo import DemoModel
     from agents.llm.provider_base import RawCompletion
     from agents.llm.tokens import counter_for
-    from agents.workflows.demo_handlers import read_prompt_state
+    from examples.booking.demo import read_prompt_state
 
     class GalleryDemoModel(DemoModel):
         """``DemoModel`` + a window it enforces, flight searches on request, and the turn's injected faults."""
@@ -414,8 +414,7 @@ def gallery_demo_model(*, window: int = WINDOW) -> Any:
 
 def run_app(script: list[ScriptTurn], *, user: Any) -> AgentRun:
     """The app: ``turn_run`` with the flight-booking agent, one session, on ``GalleryDemoModel``."""
-    from unittest import mock
-
+    from agents.llm.providers import provider_override
     from agents.models import Agent, ToolInvocation
     from agents.runtime import turn_run
     from agents.services import default_agents_ensure
@@ -429,7 +428,7 @@ def run_app(script: list[ScriptTurn], *, user: Any) -> AgentRun:
     session = session_create(user=user, agent=agent, title="failure gallery")
     run = AgentRun(name="this app")
     started = time.monotonic()
-    with mock.patch("agents.llm.providers.get_provider", lambda **kwargs: model):
+    with provider_override(model):
         for seq, turn in enumerate(script, start=1):
             model.fault, model.reads, model.cut_texts = turn.model_fault, [], []
             record = TurnRecord(seq=seq, reply=None, branch="", prompt_tokens=0)
@@ -466,8 +465,8 @@ def run_naive(script: list[ScriptTurn], *, user: Any, today: date) -> AgentRun:
     from agents.llm.demo import DEMO_MODEL_NAME
     from agents.llm.tokens import counter_for
     from agents.tools.faults import apply_fault
-    from agents.tools.flights import BookFlightArgs, SearchFlightsArgs
     from agents.tools.registry import ToolContext, ToolOutput, default_registry
+    from examples.booking.tools import BookFlightArgs, SearchFlightsArgs
     from memory.embedding import get_embedder
 
     registry = default_registry()

@@ -12,7 +12,7 @@ What makes it naive is the architecture, not the model:
 - **string routing**: ``if "search" in decision.lower()`` picks the branch (seed 004, pattern 3).
 
 Its model, ``NaiveModel``, is deterministic and behaves like the app's offline demo model: it reads slots
-with the same parsers (``agents.workflows.slot_parsing``), asks the same questions, summarises the trip in
+with the same parsers (``examples.booking.slot_parsing``), asks the same questions, summarises the trip in
 the same words and reports tool results the same way (``search_reply``, ``booking_reply_text``). It has the
 same 8,192-token window and, like a real API, refuses a longer prompt with ``context_length_exceeded``.
 The faults the gallery injects into it (``ModelFault``) are the ones it injects into the app's model.
@@ -28,8 +28,8 @@ from datetime import date
 from typing import Any
 
 from agents.llm.tokens import TokenCounter
-from agents.workflows.flight_booking import FLIGHT_BOOKING, trip_summary
-from agents.workflows.slot_parsing import extract_slots
+from examples.booking.slot_parsing import extract_slots
+from examples.booking.workflow import FLIGHT_BOOKING, trip_summary
 
 # The slots a booking needs, in the order the workflow asks for them (return_date is optional).
 REQUIRED_SLOTS: tuple[str, ...] = ("origin", "destination", "depart_date", "passengers")

@@ -154,8 +154,8 @@ class OurSide:
         # threshold path), as LangGraph has no relevance model either.
         self.no_filter = DemoModel()
 
-    def provider(self, **kwargs: Any) -> Any:
-        return self.no_filter if kwargs.get("cheap") else self.model
+    def provider(self, _agent: Any, cheap: bool) -> Any:
+        return self.no_filter if cheap else self.model
 
     def turn(self, message: str) -> float:
         """One turn, timed (milliseconds); then, untimed, the summary worker's share of it."""
@@ -471,10 +471,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-write", action="store_true")
     args, _ = parser.parse_known_args(argv)
 
-    from unittest import mock
-
     from django.conf import settings
 
+    from agents.llm.providers import provider_override
     from bench.context_bench import SYSTEM_PROMPT
     from bench.memory_db import use_database
 
@@ -514,7 +513,7 @@ def main(argv: list[str]) -> int:
     phases: dict[str, float] = {}
     database: dict[str, Any] = {}
     try:
-        with mock.patch("agents.llm.providers.get_provider", ours.provider):
+        with provider_override(ours.provider):
             for i, message in enumerate(messages[: args.warmup + args.turns]):
                 # Alternate which side goes first so neither always runs on a warmer cache.
                 first, second = (ours, theirs) if i % 2 == 0 else (theirs, ours)

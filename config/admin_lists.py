@@ -25,6 +25,8 @@ from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 from django.utils.functional import cached_property
 
+from agents.workflows import registered_workflows
+
 # Below this many rows an exact count is cheap enough (a few milliseconds), and exact.
 ESTIMATE_COUNT_ABOVE = 100_000
 
@@ -84,6 +86,4 @@ def known_values_filter(field: str, title: str, values: Callable[[], Iterable[st
 
 def workflow_states() -> list[str]:
     """Every state of every registered workflow."""
-    from agents.workflows import registered_workflows
-
     return [state for workflow in registered_workflows() for state in workflow.states]

@@ -19,14 +19,13 @@ from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.cache import cache
 from django.core.exceptions import ValidationError
+from rest_framework.throttling import BaseThrottle
 
 
 def client_address(request: Any) -> str:
     """The client's address as the API throttles see it (DRF's ``get_ident``): ``REMOTE_ADDR``, or with
     ``NUM_PROXIES`` = n, the n-th address from the end of X-Forwarded-For (those before it are the
     client's to write, so they never count)."""
-    from rest_framework.throttling import BaseThrottle
-
     return str(BaseThrottle().get_ident(request) or "")
 
 

@@ -16,6 +16,9 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from config.celery import app
+from config.models import WorkerHeartbeat
+
 logger = logging.getLogger(__name__)
 WORKER_FRESH_FOR = timedelta(seconds=60)
 
@@ -40,8 +43,6 @@ def check_database() -> dict[str, Any]:
 
 
 def check_broker() -> dict[str, Any]:
-    from config.celery import app
-
     url = str(app.conf.broker_url)
     transport = url.split("://", 1)[0]
     try:
@@ -53,8 +54,6 @@ def check_broker() -> dict[str, Any]:
 
 
 def check_worker() -> dict[str, Any]:
-    from config.models import WorkerHeartbeat
-
     try:
         beat = WorkerHeartbeat.objects.order_by("-seen_at").first()
     except Exception as exc:  # noqa: BLE001

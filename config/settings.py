@@ -69,6 +69,9 @@ INSTALLED_APPS = [
     "memory",
     "sessions.apps.ChatSessionsConfig",
     "observability",
+    # The flight-booking demo: a workflow, two tools and the demo model's script for them, plugged in through
+    # AGENT_WORKFLOWS and AGENT_TOOLS below as any package of yours would be (examples/booking/).
+    "examples.booking",
 ]
 
 MIDDLEWARE = [
@@ -362,14 +365,21 @@ MEMORY_CONTRADICTION_CONFIDENCE = env_float("MEMORY_CONTRADICTION_CONFIDENCE", 0
 LOG_FORMAT = env_str("LOG_FORMAT", "json") or "json"
 if LOG_FORMAT not in {"json", "plain"}:
     raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r} must be json or plain")
-# --- Tools (agents/tools) -------------------------------------------------------------------
+# --- Workflows and tools (agents/workflows, agents/tools; docs/extending.md) ------------------------
+# The workflows agents may follow, besides the built-in free chat: dotted paths to a Workflow; installed
+# packages add theirs through the entry-point group ``agents_runtime.workflows``. AGENT_EXTRA_WORKFLOWS adds
+# paths without a settings module of your own.
+AGENT_WORKFLOWS = [
+    "examples.booking.workflow.FLIGHT_BOOKING",
+    *env_list("AGENT_EXTRA_WORKFLOWS", []),
+]
 # The tools agents may use: dotted paths to a Tool (``@tool`` or ``Tool(...)``) or a list of them; installed
 # packages add theirs through the entry-point group ``agents_runtime.tools`` (docs/extending.md).
 # AGENT_EXTRA_TOOLS adds paths to these without a settings module of your own.
 AGENT_TOOLS = [
     "memory.tools.SEARCH_MEMORY",
-    "agents.tools.flights.SEARCH_FLIGHTS",
-    "agents.tools.flights.BOOK_FLIGHT",
+    "examples.booking.tools.SEARCH_FLIGHTS",
+    "examples.booking.tools.BOOK_FLIGHT",
     "agents.tools.web.HTTP_GET",
     *env_list("AGENT_EXTRA_TOOLS", []),
 ]

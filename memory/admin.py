@@ -14,6 +14,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.contrib.postgres.search import SearchQuery, SearchRank
+from django.core.exceptions import PermissionDenied
 from django.db.models import Case, F, IntegerField, Q, QuerySet, Value, When
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -26,7 +27,7 @@ from agents.models import Agent
 from config.admin_lists import LogAdmin
 from memory.embedding import get_embedder
 from memory.models import Memory, MemoryReview
-from memory.selectors import memories_for_prompt
+from memory.selectors import current_q, memories_for_prompt
 from memory.services import (
     current_duplicate,
     duplicate_message,
@@ -62,8 +63,6 @@ class CurrentFilter(admin.SimpleListFilter):
         return [("yes", "Current"), ("no", "Superseded or expired")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Memory]) -> QuerySet[Memory]:
-        from memory.selectors import current_q
-
         if self.value() == "yes":
             return queryset.filter(current_q(timezone.now()))
         if self.value() == "no":
@@ -289,8 +288,6 @@ class MemoryAdmin(LogAdmin):
     def try_retrieval_view(self, request: HttpRequest) -> HttpResponse:
         """Run the real selector as a chosen user and show every tier's candidates and scores."""
         if not self.has_view_permission(request):
-            from django.core.exceptions import PermissionDenied
-
             raise PermissionDenied
         form = TryRetrievalForm(request.GET or None)
         result = None

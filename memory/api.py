@@ -15,6 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from memory.models import Memory
+from memory.selectors import memories_for_prompt
 from memory.serializers import (
     MemoryCreateSerializer,
     MemoryOutputSerializer,
@@ -22,6 +23,7 @@ from memory.serializers import (
     MemorySearchOutputSerializer,
     MemoryUpdateSerializer,
 )
+from memory.services import memory_get_or_create, memory_update
 
 
 def own_memories(user: Any) -> QuerySet[Memory]:
@@ -64,8 +66,6 @@ class MemoryListApi(generics.GenericAPIView[Memory]):
         description="201 with the new memory; 200 with the existing one when a current memory of the same kind has this text (restored if it was archived).",
     )
     def post(self, request: Request) -> Response:
-        from memory.services import memory_get_or_create
-
         serializer = MemoryCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         try:
@@ -93,8 +93,6 @@ class MemoryDetailApi(APIView):
         responses=MemoryOutputSerializer,
     )
     def patch(self, request: Request, memory_id: int) -> Response:
-        from memory.services import memory_update
-
         memory = self._memory(request, memory_id)
         serializer = MemoryUpdateSerializer(data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
@@ -118,8 +116,6 @@ class MemorySearchApi(APIView):
         responses=MemorySearchOutputSerializer,
     )
     def get(self, request: Request) -> Response:
-        from memory.selectors import memories_for_prompt
-
         params = MemorySearchInputSerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
         found = memories_for_prompt(

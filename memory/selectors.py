@@ -34,6 +34,9 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import Q
 from django.utils import timezone
 
+from agents.llm.base import CallContext
+from agents.llm.providers import agent_profile, get_provider
+from agents.llm.tokens import counter_for
 from memory.access import memories_touch
 from memory.embedding import embed_query_soon, get_embedder
 from memory.models import Memory
@@ -583,9 +586,6 @@ def _cheap_structured(
 ) -> SchemaT:
     """One structured call to the cheap model, abandoned past ``timeout`` seconds (raises
     ``concurrent.futures.TimeoutError``; any provider error is raised too)."""
-    from agents.llm.base import CallContext
-    from agents.llm.providers import get_provider
-
     provider = get_provider(agent=agent, cheap=True)
     ctx = CallContext(purpose=purpose, agent_id=agent.pk if agent else None)
 
@@ -692,8 +692,6 @@ def retrieval_query(*, message: str, earlier: list[str], agent: Agent | None = N
 def _cheap_model_configured(agent: Agent | None) -> bool:
     """A cheap model is named for the agent's endpoint (``LLM_CHEAP_MODEL`` or the profile's ``cheap_model``):
     the query rewrite is one more call before the reply, worth it only on a fast, cheap model."""
-    from agents.llm.providers import agent_profile
-
     try:
         profile = agent_profile(agent)
     except Exception:  # noqa: BLE001 - a misconfigured endpoint is reported by the turn's own provider lookup
@@ -702,8 +700,6 @@ def _cheap_model_configured(agent: Agent | None) -> bool:
 
 
 def _model_filter_available(agent: Agent | None) -> bool:
-    from agents.llm.providers import get_provider
-
     return not get_provider(agent=agent, cheap=True).is_demo
 
 
@@ -829,8 +825,6 @@ def memories_for_prompt(
     memory-write task, off the request path (``memory.services.turn_memories_write``). ``query_vector``
     skips embedding the query (when the caller has it already).
     """
-    from agents.llm.tokens import counter_for
-
     started_total = time.perf_counter()
     now = now or timezone.now()
     result = RetrievedMemories(budget_tokens=budget_tokens, query=query)

@@ -21,7 +21,10 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
+from pgvector.django import CosineDistance
 
+from agents.llm.base import CallContext, LLMError
+from agents.llm.providers import get_provider
 from config.db import refresh_from
 from config.queue import enqueue
 from config.services import requeue_each
@@ -30,6 +33,7 @@ from memory.embedding import get_embedder
 from memory.models import Memory, MemoryReview
 from memory.schemas import ExtractedFacts, Fact
 from memory.selectors import forget_user_indexes, user_index_name, user_indexes_present
+from sessions.models import Checkpoint, Turn
 
 if TYPE_CHECKING:
     from agents.models import Agent
@@ -407,8 +411,6 @@ def turns_with_lost_memory_writes(
     its model call (a soft time limit, retries run out) is found and sent again. Handoff turns and turns
     answered by a person (no agent reply) never get a write, so they are not lost ones.
     """
-    from sessions.models import Checkpoint, Turn
-
     now = timezone.now()
     return (
         Turn.objects.filter(
@@ -481,9 +483,6 @@ def _extraction_messages(*, user_message: str, assistant_message: str, known_key
 
 
 def _extract_facts(*, turn: Turn, known_keys: list[str]) -> tuple[list[Fact], str]:
-    from agents.llm.base import CallContext, LLMError
-    from agents.llm.providers import get_provider
-
     session = turn.session
     provider = get_provider(agent=session.agent, cheap=True)
     messages = _extraction_messages(
@@ -516,8 +515,6 @@ def _fact_apply(
     now: Any,
 ) -> None:
     """Add, supersede, queue for review, or do nothing for one extracted fact (inside the write transaction)."""
-    from pgvector.django import CosineDistance
-
     text = fact.text.strip()
     key = _key_slug(fact.key)
     digest = content_hash_for(text)
@@ -598,8 +595,6 @@ def turn_memories_write(*, turn_id: int) -> TurnMemoryWriteResult:
     Idempotent: a second run for the same turn finds the episode and writes nothing. All rows are
     written in one transaction after the model calls, so a crash leaves either everything or nothing.
     """
-    from sessions.models import Turn
-
     turn = Turn.objects.select_related("session", "session__agent").get(pk=turn_id)
     result = TurnMemoryWriteResult(turn_id=turn_id, written=False)
     if not turn.user_message.strip():
@@ -725,8 +720,6 @@ def user_indexes_sync(
     is dropped only below half the threshold, so one hovering around it does not rebuild every day.
     An invalid index left by an interrupted build is dropped and built again.
     """
-    from django.db import connection
-
     if connection.in_atomic_block:
         raise RuntimeError("user_indexes_sync builds indexes CONCURRENTLY and cannot run inside a transaction")
     minimum = int(settings.MEMORY_EXACT_SEARCH_MAX if minimum is None else minimum)

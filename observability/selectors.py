@@ -20,7 +20,7 @@ from django.db.models import Aggregate, Avg, Count, DateTimeField, DurationField
 from django.db.models.functions import Coalesce
 
 from agents.models import Agent, LLMCall, ToolInvocation
-from observability.models import Alert, AlertRule
+from observability.models import Alert, AlertRule, MetricTotals
 from sessions.models import ChatSession, Checkpoint, Turn
 
 logger = logging.getLogger(__name__)
@@ -647,8 +647,6 @@ def _by_agent_to_json(by_agent: dict[int | None, dict[str, Any]]) -> list[list[A
 
 def _kept_state(key: str) -> dict[str, Any]:
     """The kept state (seal, sealed totals, offsets, last exposed values), or nothing to start from."""
-    from observability.models import MetricTotals
-
     row = MetricTotals.objects.filter(key=key).first()
     if row is None or not isinstance(row.state, dict):
         return {}
@@ -719,8 +717,6 @@ def metric_totals_by_agent(
     """All-time counters per agent slug ("none" for rows without an agent), for the /metrics exporter, with
     each histogram of ``histograms`` as a list of cumulative bucket counts under its name, and the sessions
     waiting for a summary (a gauge, read live). The counters never go down (``_never_lower``)."""
-    from observability.models import MetricTotals
-
     histograms = histograms or {}
     if now is None:
         # The database's clock, shared by every process: a process whose own clock ran ahead would store a

@@ -15,12 +15,21 @@ from django.db.models import QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect
+from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html
 
+from agents.runtime import MessageRejected, handoff_reply, handoff_resume
 from config.admin_lists import LogAdmin, known_values_filter, workflow_states
+from sessions.locks import SessionBusyError, session_is_locked
 from sessions.models import ChatSession, Checkpoint, Turn
-from sessions.services import StaleSessionError, session_reset, session_resume_from, session_resume_last_good
+from sessions.services import (
+    StaleSessionError,
+    session_delete,
+    session_reset,
+    session_resume_from,
+    session_resume_last_good,
+)
 
 
 def _compact_json(value: Any, limit: int = 160) -> str:
@@ -232,10 +241,6 @@ class ChatSessionAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(reverse("admin:chat_sessions_chatsession_change", args=[session.pk]))
 
     def handoff_reply_view(self, request: HttpRequest, session_id: Any) -> HttpResponse:
-        from django.template.response import TemplateResponse
-
-        from agents.runtime import MessageRejected, handoff_reply
-
         session = get_object_or_404(ChatSession, pk=session_id)
         if not self.has_change_permission(request, session):
             return HttpResponse(status=403)
@@ -258,8 +263,6 @@ class ChatSessionAdmin(admin.ModelAdmin):
 
     def delete_view(self, request: HttpRequest, object_id: str, extra_context: Any = None) -> Any:
         """A session whose turn is running is not offered for deletion (the confirmation page says why)."""
-        from sessions.locks import session_is_locked
-
         if request.method == "POST" and session_is_locked(object_id):
             self.message_user(request, "Not deleted: a turn is running on this session.", level=messages.ERROR)
             return redirect("admin:chat_sessions_chatsession_change", object_id)
@@ -287,9 +290,6 @@ class ChatSessionAdmin(admin.ModelAdmin):
 
     def _delete_idle(self, request: HttpRequest, sessions: Iterable[ChatSession]) -> int:
         """Delete each session through ``session_delete``; say which were not, a turn running on them."""
-        from sessions.locks import SessionBusyError
-        from sessions.services import session_delete
-
         deleted, busy = 0, []
         for session in sessions:
             try:
@@ -305,8 +305,6 @@ class ChatSessionAdmin(admin.ModelAdmin):
 
     @admin.action(description="Hand back to the agent (sessions waiting for a human)", permissions=["change"])
     def hand_back_to_agent(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> None:
-        from agents.runtime import handoff_resume
-
         sessions = list(queryset.filter(status=ChatSession.Status.NEEDS_HUMAN))
         for session in sessions:
             handoff_resume(session=session, actor=request.user)

@@ -23,6 +23,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from agents.llm.providers import DEMO_LABEL
+from agents.runtime import turn_run
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.rendering import markdown_to_safe_html
 from sessions.serializers import (
@@ -35,7 +37,8 @@ from sessions.serializers import (
     TurnCompositionSerializer,
     TurnOutputSerializer,
 )
-from sessions.streaming import idempotency_key_from
+from sessions.services import session_create, session_delete
+from sessions.streaming import idempotency_key_from, turn_event_response
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
     name="Idempotency-Key",
@@ -81,8 +84,6 @@ class SessionListApi(generics.GenericAPIView[ChatSession]):
         responses={201: SessionOutputSerializer},
     )
     def post(self, request: Request) -> Response:
-        from sessions.services import session_create
-
         serializer = SessionInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         session = session_create(user=request.user, **serializer.validated_data)
@@ -100,8 +101,6 @@ class SessionDetailApi(APIView):
         responses={204: None, 409: OpenApiResponse(description="A turn is running on this session.")},
     )
     def delete(self, request: Request, session_id: UUID) -> Response:
-        from sessions.services import session_delete
-
         session_delete(session=_own_session(request, session_id))  # 409 session_busy while a turn runs
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -158,9 +157,6 @@ class SessionMessageApi(generics.GenericAPIView[Turn]):
         },
     )
     def post(self, request: Request, session_id: UUID) -> Response:
-        from agents.llm.providers import DEMO_LABEL
-        from agents.runtime import turn_run
-
         session = _own_session(request, session_id)
         serializer = MessageInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -215,8 +211,6 @@ class SessionMessageStreamApi(APIView):
         },
     )
     def post(self, request: Request, session_id: UUID) -> HttpResponseBase:
-        from sessions.streaming import turn_event_response
-
         session = _own_session(request, session_id)
         serializer = MessageInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)

@@ -8,6 +8,7 @@ from typing import Any
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
+from agents.workflows import get_workflow
 from sessions.models import ChatSession, Checkpoint, Turn
 
 # Checkpoints that mark a change of state are history worth keeping forever; the rest can be pruned.
@@ -27,8 +28,6 @@ def session_checkpoints(*, session: ChatSession) -> QuerySet[Checkpoint]:
 
 def last_good_checkpoint(*, session: ChatSession) -> Checkpoint | None:
     """The newest checkpoint whose state is not the workflow's failed state (where "resume" goes back to)."""
-    from agents.workflows import get_workflow
-
     failed = get_workflow(session.workflow).failed_state
     qs = Checkpoint.objects.filter(session=session).order_by("-seq")
     if failed:
@@ -82,8 +81,6 @@ def prune_candidates(*, session_id: Any, keep_last: int) -> QuerySet[Checkpoint]
 
 def session_failure_message(*, session: ChatSession) -> str:
     """The clear message for a session in the failed state: what is kept, and the two ways forward."""
-    from agents.workflows import get_workflow
-
     workflow = get_workflow(session.workflow)
     known = ", ".join(f"{k}={v}" for k, v in (session.data or {}).items() if v not in (None, ""))
     resume_at = session.last_good_state or workflow.initial_state

@@ -10,6 +10,7 @@ from rest_framework import serializers
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
 from agents.models import Agent
+from agents.workflows import get_workflow
 from sessions.models import ChatSession, Checkpoint, Turn
 
 
@@ -103,8 +104,6 @@ class SessionStateSerializer(serializers.ModelSerializer[ChatSession]):
 
     def _workflow(self, session: ChatSession) -> Any:
         try:
-            from agents.workflows import get_workflow
-
             return get_workflow(session.workflow)
         except (ImportError, LookupError, KeyError, ValueError):
             # A workflow removed from the code since the session began: show the state without the map.

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.http import StreamingHttpResponse
 
+from agents.runtime import turn_stream
 from sessions.models import ChatSession
 from sessions.rendering import markdown_to_safe_html
 
@@ -116,8 +117,6 @@ def turn_event_response(
     Raises the runtime's ``MessageRejected`` / ``SessionBusyError`` / ``SessionClosedError`` before any
     byte is sent, for the caller to turn into an error response.
     """
-    from agents.runtime import turn_stream
-
     events = turn_stream(session=session, message=message, idempotency_key=idempotency_key)
     response = StreamingHttpResponse(_EventStream(events), content_type="text/event-stream; charset=utf-8")
     response["Cache-Control"] = "no-cache"

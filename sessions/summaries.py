@@ -26,6 +26,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from agents.llm.base import CallContext, LLMError
+from agents.llm.providers import get_provider
 from agents.llm.tokens import TokenCounter, counter_for
 from config.queue import enqueue
 from config.services import requeue_each
@@ -208,8 +209,6 @@ def summarize_session_through(
     budget = ContextBudget.from_agent(session.agent)
     limit = budget.section_limit("summary")
     if provider is None:
-        from agents.llm.providers import get_provider
-
         try:
             provider = get_provider(agent=session.agent, cheap=True)
         except LLMError as exc:

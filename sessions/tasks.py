@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import DatabaseError
 
+from sessions.services import checkpoints_prune
 from sessions.summaries import summaries_requeue, summarize_session_through
 
 
@@ -40,7 +41,6 @@ def summarize_session(session_id: str, through_seq: int) -> bool:
 )
 def prune_checkpoints(keep_last: int | None = None) -> int:
     # Idempotent: a second run finds nothing left over the limit. The policy lives in the service.
-    from sessions.services import checkpoints_prune
 
     return checkpoints_prune(keep_last=keep_last)
 

@@ -8,6 +8,7 @@ sanitized HTML (``sessions.rendering``) or as text set with ``textContent`` in t
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 from uuid import UUID
 
@@ -18,10 +19,15 @@ from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
+from rest_framework.throttling import ScopedRateThrottle
 
 from agents.models import Agent
+from agents.serializers import agent_model_label
+from agents.workflows import get_workflow
 from config.api_errors import error_body, error_response, runtime_error_status
+from sessions.locks import SessionBusyError
 from sessions.models import ChatSession, Turn
+from sessions.services import session_create, session_delete
 from sessions.streaming import idempotency_key_from, turn_event_response
 
 
@@ -30,8 +36,6 @@ def _own_session(request: HttpRequest, session_id: UUID) -> ChatSession:
 
 
 def _model_label(agent: Agent) -> dict[str, Any]:
-    from agents.serializers import agent_model_label
-
     return agent_model_label(agent)
 
 
@@ -41,8 +45,6 @@ def _workflow_panel(session: ChatSession) -> dict[str, Any]:
     title = session.workflow
     terminal: set[str] = set()
     try:
-        from agents.workflows import get_workflow
-
         workflow = get_workflow(session.workflow)
         states = list(workflow.states)
         title = str(getattr(workflow, "title", "") or session.workflow)
@@ -135,8 +137,6 @@ class NewChatForm(forms.Form):
 @login_required
 @require_POST
 def chat_new(request: HttpRequest) -> HttpResponse:
-    from sessions.services import session_create
-
     form = NewChatForm(request.POST)
     if not form.is_valid():
         # The form is two fields on the home page: its errors go back there as one message.
@@ -195,10 +195,6 @@ def chat_panels(request: HttpRequest, session_id: UUID) -> HttpResponse:
 def _messages_throttle_wait(request: HttpRequest) -> int | None:
     """The API's rate for posting messages (``API_THROTTLE_MESSAGES``), on the same per-user counter: a
     message costs a model call whichever door it comes through. Seconds to wait, or None when allowed."""
-    from types import SimpleNamespace
-
-    from rest_framework.throttling import ScopedRateThrottle
-
     throttle = ScopedRateThrottle()
     if throttle.allow_request(request, SimpleNamespace(throttle_scope="messages")):  # type: ignore[arg-type]
         return None
@@ -247,9 +243,6 @@ def chat_stream(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
 @login_required
 @require_POST
 def chat_delete(request: HttpRequest, session_id: UUID) -> HttpResponse:
-    from sessions.locks import SessionBusyError
-    from sessions.services import session_delete
-
     session = _own_session(request, session_id)
     try:
         session_delete(session=session)

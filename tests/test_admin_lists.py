@@ -15,7 +15,7 @@ from django.urls import reverse
 
 import config.admin_lists
 from agents.models import Agent, LLMCall, ToolInvocation
-from agents.workflows import FLIGHT_BOOKING
+from examples.booking.workflow import FLIGHT_BOOKING
 from memory.models import Memory
 from memory.services import memory_create
 from sessions.models import ChatSession, Checkpoint, Turn

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from django.conf import settings
@@ -14,13 +17,49 @@ from agents.llm.profiles import EndpointProfile
 if TYPE_CHECKING:
     from agents.models import Agent
 
-__all__ = ["DEMO_LABEL", "DEMO_PROFILE", "agent_profile", "endpoint_profile", "endpoint_window", "get_provider"]
+__all__ = [
+    "DEMO_LABEL",
+    "DEMO_PROFILE",
+    "agent_profile",
+    "endpoint_profile",
+    "endpoint_window",
+    "get_provider",
+    "provider_override",
+]
 
 DEFAULT_PROFILE = "default"
 # An agent whose endpoint is "demo" always gets the demo model, even when a real endpoint is configured.
 DEMO_PROFILE = "demo"
 
 _demo = DemoModel()
+
+# What answers every call while ``provider_override`` is in force (a test's scripted model): one provider,
+# or a function of (agent, cheap). Process-wide, not per thread: a turn's calls run on other threads too.
+ProviderChoice = Callable[["Agent | None", bool], LLMProvider]
+_override: ProviderChoice | None = None
+_override_lock = threading.Lock()
+
+
+@contextmanager
+def provider_override(provider: LLMProvider | ProviderChoice) -> Iterator[None]:
+    """Every ``get_provider`` call answers with ``provider`` until the block ends (or, given a function,
+    with what it returns for the agent and ``cheap``): how tests put a scripted model at the edge."""
+    global _override
+    if hasattr(provider, "complete"):  # a provider: it answers everything
+        fixed: LLMProvider = provider  # type: ignore[assignment]
+
+        def choice(_agent: Agent | None, _cheap: bool) -> LLMProvider:
+            return fixed
+
+    else:
+        choice = provider  # type: ignore[assignment]
+    with _override_lock:
+        previous, _override = _override, choice
+    try:
+        yield
+    finally:
+        with _override_lock:
+            _override = previous
 
 
 def endpoint_profile(name: str) -> EndpointProfile | None:
@@ -71,6 +110,9 @@ def get_provider(*, agent: Agent | None = None, cheap: bool = False) -> LLMProvi
     ``agent.model`` overrides the profile's model; ``cheap=True`` uses the profile's ``cheap_model``
     (falling back to the main model).
     """
+    override = _override
+    if override is not None:
+        return override(agent, cheap)
     profile = agent_profile(agent)
     if profile is None:
         return _demo

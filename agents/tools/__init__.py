@@ -1,11 +1,13 @@
 """Tools the model can call, which never raise: every failure comes back as a ``TOOL_ERROR: …`` string.
 
-Use ``run_tool_call`` to run one, ``tool_specs`` to offer them to the model, and put
+Define one with ``@tool`` (``agents.tools.decorator``) and list it in ``settings.AGENT_TOOLS``. Use
+``run_tool_call`` to run one, ``tool_specs`` to offer them to the model, and put
 ``TOOL_ERROR_POLICY`` in the system prompt so the model knows what a TOOL_ERROR means.
 """
 
 from __future__ import annotations
 
+from agents.tools.decorator import tool
 from agents.tools.errors import (
     ErrorKind,
     ToolConnectionError,
@@ -56,5 +58,6 @@ __all__ = [
     "parameters_schema",
     "run_tool_call",
     "tool_names",
+    "tool",
     "tool_specs",
 ]

@@ -1,10 +1,18 @@
-"""Workflows declared in code, and the registry agents use to refer to them by name.
+"""The workflows agents refer to by name: those of ``settings.AGENT_WORKFLOWS`` and of installed packages.
 
-``get_workflow("flight_booking")`` returns the shipped booking machine; ``free_chat`` is the default.
-Other modules may ``register`` more at import time (``AgentsConfig.ready`` imports this package).
+``get_workflow("free_chat")`` returns the default one-state chat. The registry is built on first use from
+``settings.AGENT_WORKFLOWS`` (dotted paths to a ``Workflow``; ``AGENT_EXTRA_WORKFLOWS`` adds more) and
+the entry-point group ``agents_runtime.workflows``; ``register`` adds one from code (docs/extending.md).
 """
 
 from __future__ import annotations
+
+import threading
+from importlib.metadata import entry_points
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 from agents.workflows.base import (
     MAX_RETRIES,
@@ -14,44 +22,93 @@ from agents.workflows.base import (
     Workflow,
     WorkflowDecision,
 )
-from agents.workflows.flight_booking import FLIGHT_BOOKING
 from agents.workflows.free_chat import FREE_CHAT
 
+# Installable packages offer workflows under this entry-point group: each entry names a Workflow.
+WORKFLOWS_ENTRY_POINT_GROUP = "agents_runtime.workflows"
+
 _REGISTRY: dict[str, Workflow] = {}
+_loaded = False
+_lock = threading.RLock()
 
 
 def register(workflow: Workflow) -> Workflow:
     """Add ``workflow`` to the registry under its name (registering the same name twice is an error)."""
-    existing = _REGISTRY.get(workflow.name)
-    if existing is not None and existing is not workflow:
-        raise ValueError(f"a different workflow is already registered as {workflow.name!r}")
-    _REGISTRY[workflow.name] = workflow
+    with _lock:
+        existing = _REGISTRY.get(workflow.name)
+        if existing is not None and existing is not workflow:
+            raise ValueError(f"a different workflow is already registered as {workflow.name!r}")
+        _REGISTRY[workflow.name] = workflow
     return workflow
+
+
+def _registry() -> dict[str, Workflow]:
+    """The registry, loaded from the settings and the entry points on first use."""
+    global _loaded
+    if not _loaded:
+        with _lock:
+            if not _loaded:
+                for workflow in configured_workflows():
+                    register(workflow)
+                _loaded = True
+    return _REGISTRY
+
+
+def configured_workflows() -> list[Workflow]:
+    """The free chat, then every workflow the settings and the installed packages name, in that order.
+    ``ImproperlyConfigured`` names an entry that cannot be imported or is not a ``Workflow``."""
+    found: list[Workflow] = [FREE_CHAT]
+    for path in getattr(settings, "AGENT_WORKFLOWS", []):
+        try:
+            value = import_string(path)
+        except ImportError as exc:
+            raise ImproperlyConfigured(f"AGENT_WORKFLOWS: cannot import {path!r} ({exc})") from exc
+        found.append(_as_workflow(value, f"AGENT_WORKFLOWS entry {path!r}"))
+    for entry in entry_points(group=WORKFLOWS_ENTRY_POINT_GROUP):
+        try:
+            value = entry.load()
+        except Exception as exc:  # a broken package must say which one it is
+            raise ImproperlyConfigured(
+                f"workflow entry point {entry.name!r} ({entry.value}) cannot be loaded: {exc}"
+            ) from exc
+        found.append(_as_workflow(value, f"workflow entry point {entry.name!r} ({entry.value})"))
+    return found
+
+
+def _as_workflow(value: object, source: str) -> Workflow:
+    if not isinstance(value, Workflow):
+        raise ImproperlyConfigured(f"{source} is {type(value).__name__}, not a Workflow")
+    return value
+
+
+def registry_reset() -> None:
+    """Forget every workflow: the next use loads the settings again (tests, reloads)."""
+    global _loaded
+    with _lock:
+        _REGISTRY.clear()
+        _loaded = False
 
 
 def get_workflow(name: str) -> Workflow:
     """The workflow registered as ``name``; ``UnknownWorkflowError`` names the known ones otherwise."""
+    registry = _registry()
     try:
-        return _REGISTRY[name]
+        return registry[name]
     except KeyError:
-        raise UnknownWorkflowError(f"unknown workflow {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+        raise UnknownWorkflowError(f"unknown workflow {name!r}; known: {', '.join(sorted(registry))}") from None
 
 
 def registered_workflows() -> list[Workflow]:
     """Every registered workflow."""
-    return list(_REGISTRY.values())
+    return list(_registry().values())
 
 
 def workflow_choices() -> list[tuple[str, str]]:
     """(name, title) pairs for form fields, sorted by title."""
-    return sorted(((w.name, w.title) for w in _REGISTRY.values()), key=lambda pair: pair[1])
+    return sorted(((w.name, w.title) for w in _registry().values()), key=lambda pair: pair[1])
 
-
-register(FREE_CHAT)
-register(FLIGHT_BOOKING)
 
 __all__ = [
-    "FLIGHT_BOOKING",
     "FREE_CHAT",
     "MAX_RETRIES",
     "StateSpec",
@@ -59,8 +116,10 @@ __all__ = [
     "UnknownWorkflowError",
     "Workflow",
     "WorkflowDecision",
+    "configured_workflows",
     "get_workflow",
     "register",
     "registered_workflows",
+    "registry_reset",
     "workflow_choices",
 ]

@@ -12,12 +12,14 @@ decides, without touching the database, whether that decision may be applied.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Any
+from types import UnionType
+from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from config.errors import Refusal
 
@@ -104,23 +106,29 @@ class Workflow:
         terminal_states: frozenset[str],
         failed_state: str | None,
         slots_model: type[BaseModel],
-        decision_schema: type[WorkflowDecision],
+        decision_schema: type[WorkflowDecision] | None = None,
         complete_state: str | None = None,
         action_states: Mapping[str, str] | None = None,
         action_outcomes: Mapping[str, tuple[str, str]] | None = None,
         slot_labels: Mapping[str, str] | None = None,
         describe: Callable[[Mapping[str, Any]], dict[str, str]] | None = None,
+        on_action_result: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
     ) -> None:
         self.name = name
         self.title = title
         self.initial_state = initial_state
         self.specs: dict[str, StateSpec] = {spec.name: spec for spec in specs}
         self.states: tuple[str, ...] = tuple(spec.name for spec in specs)
-        self.transitions: Mapping[str, frozenset[str]] = transitions
+        # An action state may always move to where its outcomes go: they are declared once, in action_outcomes.
+        merged = {state: frozenset(targets) for state, targets in transitions.items()}
+        for state, outcomes in (action_outcomes or {}).items():
+            merged[state] = merged.get(state, frozenset()) | frozenset(outcomes)
+        self.transitions: Mapping[str, frozenset[str]] = merged
         self.terminal_states = terminal_states
         self.failed_state = failed_state
         self.slots_model = slots_model
-        self.decision_schema = decision_schema
+        # The model's structured output each turn; generated from the states and slots unless given.
+        self.decision_schema = decision_schema or decision_schema_for(name, self.states, slots_model)
         # Where the flow goes once every gathering state is done (the confirmation step).
         self.complete_state = complete_state
         self.action_states: Mapping[str, str] = action_states or {}
@@ -128,6 +136,9 @@ class Workflow:
         self.slot_labels: Mapping[str, str] = slot_labels or {}
         # Extra fields the instructions may use, computed from the data (a one-line trip summary).
         self.describe = describe
+        # The slots a successful action's structured output (``ToolOutput.data``) sets; by default its keys
+        # that are slots of this workflow.
+        self.on_action_result = on_action_result
         self._check_definition()
 
     def __repr__(self) -> str:
@@ -383,11 +394,57 @@ class Workflow:
         messages.append({"role": "user", "content": user_message})
         return messages
 
+    def action_slots(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        """The slots a successful action sets, from its structured output (``on_action_result``, or the
+        output's keys that are slots of this workflow)."""
+        if self.on_action_result is not None:
+            return {k: v for k, v in self.on_action_result(data).items() if v is not None}
+        return {k: v for k, v in data.items() if k in self.slot_names and v is not None}
+
     def decision(self, *, next_state: str, slots: Mapping[str, Any] | None = None, reasoning: str = "") -> Any:
         """A decision built by code (the runtime applying a tool outcome), validated like a model's."""
         return self.decision_schema.model_validate(
             {"next_state": next_state, "slots": dict(slots or {}), "confidence": 1.0, "reasoning": reasoning}
         )
+
+
+def decision_schema_for(name: str, states: Sequence[str], slots_model: type[BaseModel]) -> type[WorkflowDecision]:
+    """The decision a model returns each turn of workflow ``name``: ``next_state`` one of ``states``, and
+    ``slots`` an update in which every slot is optional and loosely typed (a number stays a number, a date or
+    a constrained string is a string): the slots' own types and checks run when the update is merged
+    (``Workflow.merge_slots``), so that one bad value is reported and dropped instead of voiding the rest."""
+    camel = "".join(part[:1].upper() + part[1:] for part in re.split(r"[^A-Za-z0-9]+", name) if part) or "Workflow"
+    update_fields: dict[str, Any] = {
+        slot: (_loose(field.annotation), Field(default=None, description=field.description))
+        for slot, field in slots_model.model_fields.items()
+    }
+    state_type: Any = Literal[tuple(states)]
+    update = create_model(f"{camel}SlotsUpdate", __config__=ConfigDict(extra="ignore"), **update_fields)
+    return create_model(
+        f"{camel}Decision",
+        __base__=WorkflowDecision,
+        next_state=(state_type, Field(description="The workflow state to be in after this user message.")),
+        slots=(
+            update,
+            Field(default_factory=update, description="Slot values stated in this message; null when not given."),
+        ),
+    )
+
+
+def _loose(annotation: Any) -> Any:
+    """The JSON type a model writes for a slot of type ``annotation``, optional (see ``decision_schema_for``)."""
+    base = annotation
+    while True:
+        origin = get_origin(base)
+        if origin is Annotated:
+            base = get_args(base)[0]
+        elif origin in (Union, UnionType):
+            options = [arg for arg in get_args(base) if arg is not type(None)]
+            base = options[0] if len(options) == 1 else str
+        else:
+            break
+    loose: Any = base if base in (bool, int, float) else (list[Any] if get_origin(base) is list else str)
+    return Optional[loose]  # noqa: UP045 - a type built at run time, not an annotation
 
 
 class _Defaulting(dict[str, Any]):

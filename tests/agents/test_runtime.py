@@ -46,10 +46,10 @@ def chat_agent(db: Any) -> Agent:
 
 
 @pytest.fixture
-def scripted(monkeypatch: pytest.MonkeyPatch) -> ScriptedProvider:
+def scripted(use_provider: Any) -> ScriptedProvider:
     """The remote model, scripted: every runtime call goes to it (the edge of the world)."""
     provider = ScriptedProvider()
-    monkeypatch.setattr("agents.llm.providers.get_provider", lambda **kwargs: provider)
+    use_provider(provider)
     return provider
 
 
@@ -476,7 +476,7 @@ def test_a_lost_turn_lock_is_retaken_or_the_turn_stops_without_writing(alice: An
 
 @pytest.mark.django_db(transaction=True)
 def test_a_free_chat_turn_sends_a_bounded_number_of_sql_statements(
-    alice: Any, chat_agent: Agent, monkeypatch: pytest.MonkeyPatch
+    alice: Any, chat_agent: Agent, use_provider: Any
 ) -> None:
     """A guard on the turn's overhead (``bench/turn_overhead.py`` measures its time): retrieval, history,
     checkpoint, audit record and save in a fixed number of statements, none of them a write to memories
@@ -487,7 +487,7 @@ def test_a_free_chat_turn_sends_a_bounded_number_of_sql_statements(
     from memory.services import memory_create
 
     model, no_filter = ScriptedProvider(default="ok"), DemoModel()
-    monkeypatch.setattr("agents.llm.providers.get_provider", lambda **kw: no_filter if kw.get("cheap") else model)
+    use_provider(lambda _agent, cheap: no_filter if cheap else model)
     for i in range(6):
         memory_create(user=alice, kind="episodic", text=f"User: a note about trains and timetables, number {i}")
     session = session_create(user=alice, agent=chat_agent)
@@ -571,7 +571,7 @@ class _GatedProvider(ScriptedProvider):
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("a_gets", ["a reply", "an error"])
 def test_a_turn_finished_elsewhere_while_its_runner_lost_the_connection_is_answered_once(
-    alice: Any, chat_agent: Agent, monkeypatch: pytest.MonkeyPatch, a_gets: str
+    alice: Any, chat_agent: Agent, monkeypatch: pytest.MonkeyPatch, use_provider: Any, a_gets: str
 ) -> None:
     """Runner A's connection is cut while the model answers: the lock goes with it, and the sweep finishes
     the turn. When A's model call returns, A writes nothing (it had written a second reply over the first,
@@ -580,12 +580,9 @@ def test_a_turn_finished_elsewhere_while_its_runner_lost_the_connection_is_answe
 
     first = _GatedProvider(["Reply of runner A."] if a_gets == "a reply" else [LLMServerError("upstream 503")])
     recovery = ScriptedProvider(default="Reply of the recovery.")
-    monkeypatch.setattr(
-        "agents.llm.providers.get_provider",
-        lambda **kw: first if threading.current_thread().name == "runner-A" else recovery,
-    )
+    use_provider(lambda _agent, _cheap: first if threading.current_thread().name == "runner-A" else recovery)
     enqueued: list[int] = []
-    monkeypatch.setattr("memory.services.memory_writes_enqueue", lambda *, turn: enqueued.append(turn.pk))
+    monkeypatch.setattr("agents.runtime.memory_writes_enqueue", lambda *, turn: enqueued.append(turn.pk))
     session = session_create(user=alice, agent=chat_agent)
     outcome: dict[str, Any] = {}
 

@@ -15,7 +15,7 @@ from agents.llm.base import ToolCallRequest
 from agents.models import Agent, Booking, ToolInvocation
 from agents.tools import ToolContext, run_tool_call
 from agents.tools.faults import faults, inject_fault
-from agents.tools.flights import city_label, timetable
+from examples.booking.tools import city_label, timetable
 from sessions.models import ChatSession
 
 DAY = date.today() + timedelta(days=45)

@@ -26,7 +26,7 @@ from agents.tools import (
     tool_specs,
 )
 from agents.tools.faults import ALWAYS, faults, inject_fault, parse_faults
-from agents.tools.flights import timetable
+from examples.booking.tools import timetable
 from sessions.models import ChatSession
 
 pytestmark = pytest.mark.django_db

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from agents.workflows import (
-    FLIGHT_BOOKING,
     FREE_CHAT,
     UnknownWorkflowError,
     get_workflow,
     workflow_choices,
 )
+from examples.booking.workflow import FLIGHT_BOOKING
 
 TODAY = date(2026, 11, 30)
 WF = FLIGHT_BOOKING

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from agents.llm.base import ToolSpec
 from agents.llm.demo import demo_reply, structured_instance
-from agents.workflows import FLIGHT_BOOKING as WF
-from agents.workflows.demo_handlers import booking_reply, propose_decision, read_prompt_state
-from agents.workflows.slot_parsing import extract_dates, extract_passengers, extract_places
+from examples.booking.demo import booking_reply, propose_decision, read_prompt_state
+from examples.booking.slot_parsing import extract_dates, extract_passengers, extract_places
+from examples.booking.workflow import FLIGHT_BOOKING as WF
 
 TODAY = date(2026, 11, 30)
 BOOK_TOOL = ToolSpec(name="book_flight", description="book", parameters={"type": "object"})
@@ -208,7 +208,7 @@ def test_demo_reply_never_asks_for_an_already_collected_slot(state: str, data: d
 
 
 def test_confirming_a_question_that_mentions_a_day_is_not_a_change_request() -> None:
-    from agents.workflows.demo_handlers import propose_decision
+    from examples.booking.demo import propose_decision
 
     collected = {"origin": "London", "destination": "Paris", "depart_date": "2027-03-10", "passengers": 2}
     decision = propose_decision(

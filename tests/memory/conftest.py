@@ -34,11 +34,10 @@ def make_turn(agent: Agent) -> Any:
 
 
 @pytest.fixture
-def scripted(monkeypatch: pytest.MonkeyPatch) -> Any:
+def scripted(use_provider: Any) -> Any:
     """A scripted provider standing in for every model the memory app calls (the LLM is the edge)."""
-    from agents.llm import providers
     from agents.llm.scripted import ScriptedProvider
 
     provider = ScriptedProvider()
-    monkeypatch.setattr(providers, "get_provider", lambda *, agent=None, cheap=False: provider)
+    use_provider(provider)
     return provider

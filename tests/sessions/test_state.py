@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.django import TestCase as HypothesisTestCase
 
 from agents.models import Agent
-from agents.workflows import FLIGHT_BOOKING as WF
 from agents.workflows import MAX_RETRIES
+from examples.booking.workflow import FLIGHT_BOOKING as WF
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.selectors import last_good_checkpoint, session_failure_message, turn_checkpoint_before_call
 from sessions.services import (

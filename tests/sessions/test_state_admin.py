@@ -10,7 +10,7 @@ from django.test import Client
 from django.urls import reverse
 
 from agents.models import Agent
-from agents.workflows import FLIGHT_BOOKING as WF
+from examples.booking.workflow import FLIGHT_BOOKING as WF
 from sessions.models import ChatSession, Checkpoint
 from sessions.services import session_create, transition_apply
 

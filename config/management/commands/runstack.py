@@ -20,7 +20,10 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
+from django.db import connections
 
+from agents.services import default_agents_ensure
+from config import embedded_db
 from config.env import env_int
 
 CREDENTIALS_FILE = "first-staff-user.txt"
@@ -57,7 +60,6 @@ class Command(BaseCommand):
         self.stdout.write("Applying migrations…")
         call_command("migrate", interactive=False, verbosity=0)
         username, password = ensure_first_staff_user(data_dir)
-        from agents.services import default_agents_ensure
 
         default_agents_ensure()
 
@@ -150,10 +152,6 @@ class Command(BaseCommand):
                 p.kill()
                 p.wait()
         if not settings.DATABASE_URL:
-            from django.db import connections
-
-            from config import embedded_db
-
             connections.close_all()
             if embedded_db.started_by_this_process:
                 embedded_db.stop_embedded_postgres(settings.DATA_DIR / "pg")

@@ -228,4 +228,6 @@ FLIGHT_BOOKING = Workflow(
     action_states={"BOOKING": "book_flight"},
     action_outcomes={"BOOKING": ("COMPLETED", "FAILED")},
     describe=lambda data: {"trip": trip_summary(data)},
+    # book_flight's structured output: {"reference": "…", …}
+    on_action_result=lambda data: {"booking_reference": str(data["reference"]) if data.get("reference") else None},
 )

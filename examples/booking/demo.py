@@ -27,8 +27,8 @@ from django.utils import timezone
 from agents.llm.base import Message, ToolCallRequest, ToolSpec
 from agents.llm.demo import DemoReply, register_reply_handler, register_structured_handler
 from agents.workflows.base import REFUSED_PREFIX
-from agents.workflows.flight_booking import FLIGHT_BOOKING, BookingDecision, trip_summary
-from agents.workflows.slot_parsing import extract_slots
+from examples.booking.slot_parsing import extract_slots
+from examples.booking.workflow import FLIGHT_BOOKING, BookingDecision, trip_summary
 
 _STATE_LINE = re.compile(r"^CURRENT_STATE:\s*(\w+)\s*$", re.MULTILINE)
 _COLLECTED_LINE = re.compile(r"^COLLECTED:\s*(\{.*\})\s*$", re.MULTILINE)

@@ -1,0 +1,108 @@
+"""The returns example, plugged in by settings only, runs real turns through the API on a scripted model."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from agents.llm.base import ToolCallRequest
+from agents.llm.scripted import ScriptedProvider, ScriptedReply
+from agents.models import Agent, ToolInvocation
+from sessions.models import ChatSession
+from tests.api.conftest import token_client
+from tests.extending.conftest import RETURNS_TOOLS, RETURNS_WORKFLOW
+
+
+@pytest.fixture
+def returns_agent(db: Any, plug_in: Any) -> Agent:
+    plug_in(workflows=RETURNS_WORKFLOW, tools=RETURNS_TOOLS)
+    agent = Agent(
+        name="Returns",
+        slug="returns",
+        system_prompt="You handle returns and refunds.",
+        workflow="returns",
+        tools=["order_status"],
+    )
+    agent.full_clean()  # what the admin's form checks: the workflow and the tools are known
+    agent.save()
+    return agent
+
+
+def decision(state: str, **slots: Any) -> dict[str, Any]:
+    return {"next_state": state, "slots": slots, "confidence": 0.95, "reasoning": "scripted"}
+
+
+def call(name: str, **arguments: Any) -> ScriptedReply:
+    return ScriptedReply(tool_calls=[ToolCallRequest(id=f"call-{name}", name=name, arguments=json.dumps(arguments))])
+
+
+def say(client: APIClient, session_id: str, message: str) -> dict[str, Any]:
+    response = client.post(f"/api/sessions/{session_id}/messages/", {"message": message}, format="json")
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["turn"]["status"] == "completed", body
+    return body
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("order_id", "outcome_slot"),
+    [("A1001", "refund_reference"), ("A1002", "refund_refused")],  # a jacket; a bike over the automatic limit
+)
+def test_a_return_is_walked_to_its_refund_through_the_api(
+    alice: Any, returns_agent: Agent, use_provider: Any, order_id: str, outcome_slot: str
+) -> None:
+    model = ScriptedProvider(
+        [
+            decision("ASKING_ORDER"),
+            "Which order is it?",
+            decision("ASKING_REASON", order_id=order_id),
+            call("order_status", order_id=order_id),
+            "Found it. Why are you returning it?",
+            decision("CONFIRMING", reason="it leaks"),
+            "Shall I request the refund?",
+            decision("REFUNDING"),
+            call("refund_request", order_id=order_id, reason="it leaks"),
+            "Done: here is what happened.",
+        ]
+    )
+    use_provider(model)
+    client = token_client(alice)
+    created = client.post("/api/sessions/", {"agent": "returns"}, format="json")
+    assert created.status_code == 201 and created.json()["state"] == "ASKING_ORDER"
+    session_id = created.json()["id"]
+
+    say(client, session_id, "I want to return something")
+    say(client, session_id, f"Order {order_id}")
+    say(client, session_id, "It leaks")
+    last = say(client, session_id, "Yes please")
+
+    session = ChatSession.objects.get(pk=session_id)
+    assert session.state == "DONE" and session.data["order_id"] == order_id and session.data[outcome_slot]
+    if outcome_slot == "refund_reference":
+        assert session.data["refund_reference"].startswith("R-")
+    else:
+        assert "approved by a person" in session.data["refund_refused"]
+    assert last["reply"] == "Done: here is what happened."
+    runs = list(ToolInvocation.objects.filter(session=session).order_by("pk").values_list("name", "ok"))
+    assert runs == [("order_status", True), ("refund_request", True)]
+    # Every decision was asked for with the schema generated from the declaration, and nothing is left over.
+    schemas = {r.schema.__name__ for r in model.requests if r.schema is not None}
+    assert schemas == {"ReturnsDecision"} and model.remaining == 0
+
+
+@pytest.mark.django_db
+def test_a_value_the_slots_refuse_is_dropped_and_said(alice: Any, returns_agent: Agent, use_provider: Any) -> None:
+    model = ScriptedProvider([decision("ASKING_REASON", order_id="12"), "Which order?"])
+    use_provider(model)
+    client = token_client(alice)
+    session_id = client.post("/api/sessions/", {"agent": "returns"}, format="json").json()["id"]
+    say(client, session_id, "order 12")
+    session = ChatSession.objects.get(pk=session_id)
+    assert session.state == "ASKING_ORDER" and "order_id" not in session.data
+    reply_prompt = model.requests[-1].messages[0]["content"]
+    refused = reply_prompt.split("NOT ACCEPTED", 1)[1]  # the reply is told what was dropped, and why
+    assert "order id: String should match pattern" in refused

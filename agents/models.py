@@ -8,7 +8,8 @@ from django.db import models
 from agents.llm.providers import DEMO_PROFILE
 from agents.llm.sections import DEFAULT_SHARES
 from agents.tools.registry import tool_names
-from agents.workflows import workflow_choices
+from agents.workflows import code_workflow_names, workflow_choices
+from agents.workflows.spec import NAME_PATTERN, WorkflowSpecError, workflow_from_spec
 
 
 def default_section_budgets() -> dict[str, float]:
@@ -89,7 +90,8 @@ class Agent(models.Model):
         a typo here would otherwise fail every session of the agent, or every page that lists it."""
         errors: dict[str, str] = {}
         workflows = [name for name, _title in workflow_choices()]
-        if self.workflow not in workflows:
+        unchanged = self.pk is not None and Agent.objects.filter(pk=self.pk, workflow=self.workflow).exists()
+        if self.workflow not in workflows and not unchanged:
             errors["workflow"] = f"Unknown workflow {self.workflow!r}; known: {', '.join(workflows)}."
         profiles = sorted(getattr(settings, "LLM_PROFILES", {}) or {})
         if self.endpoint and self.endpoint != DEMO_PROFILE and self.endpoint not in profiles:
@@ -206,3 +208,64 @@ class Booking(models.Model):
 
     def __str__(self) -> str:
         return f"{self.reference} {self.origin}→{self.destination} {self.depart_date}"
+
+
+class WorkflowDefinition(models.Model):
+    """A workflow an operator declares in the admin, as JSON (docs/extending.md, "Workflows as data").
+
+    Saving a changed declaration makes a new ``WorkflowVersion`` (``agents.workflow_store``): new sessions
+    start on the latest, a running session keeps the version it started on."""
+
+    name = models.CharField(
+        max_length=60,
+        unique=True,
+        help_text="What agents refer to; a letter, then letters, digits or '_'. Cannot be a workflow of the code's.",
+    )
+    spec = models.JSONField(default=dict, help_text="The declaration: title, slots, states, transitions, actions.")
+    version = models.PositiveIntegerField(default=0, editable=False, help_text="The latest version's number.")
+    is_active = models.BooleanField(default=True, help_text="Off: no new agent may choose it; running sessions go on.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} (v{self.version})"
+
+    def clean(self) -> None:
+        """Checked when an operator saves it (the admin's form calls this): the name, and the declaration."""
+        errors: dict[str, list[str]] = {}
+        if self.name in code_workflow_names():
+            errors["name"] = [f"{self.name!r} is a workflow of the code's; choose another name."]
+        if not NAME_PATTERN.fullmatch(self.name or ""):
+            errors["name"] = ["A letter, then letters, digits or '_' (at most 48)."]
+        if not isinstance(self.spec, dict):
+            errors["spec"] = ["A JSON object: title, initial_state, slots, states, transitions, actions."]
+        else:
+            try:
+                workflow_from_spec(self.name, self.spec, tools=tool_names())
+            except WorkflowSpecError as exc:
+                spec_problems = [problem for problem in exc.problems if not problem.startswith("name ")]
+                if spec_problems:
+                    errors["spec"] = spec_problems
+        if errors:
+            raise ValidationError(errors)
+
+
+class WorkflowVersion(models.Model):
+    """One saved declaration of a ``WorkflowDefinition``; never changed once written."""
+
+    definition = models.ForeignKey(WorkflowDefinition, on_delete=models.CASCADE, related_name="versions")
+    version = models.PositiveIntegerField()
+    spec = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["definition", "-version"]
+        constraints = [
+            models.UniqueConstraint(fields=["definition", "version"], name="workflow_version_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.definition.name} v{self.version}"

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from agents.models import Agent
+from agents.workflows import workflow_choices
 
 ASSISTANT_PROMPT = (
     "You are a helpful, concise assistant. Use what you remember about the user when it helps, "
@@ -36,7 +37,10 @@ DEFAULT_AGENTS: list[dict[str, object]] = [
 def default_agents_ensure() -> list[Agent]:
     """Create the shipped agents if they are missing; never overwrite what operators changed."""
     agents = []
+    workflows = {name for name, _title in workflow_choices()}
     for spec in DEFAULT_AGENTS:
+        if spec["workflow"] not in workflows:
+            continue  # its example is not plugged in (AGENT_WORKFLOWS): no agent that could not answer
         fields = {k: v for k, v in spec.items() if k != "slug"}
         agent, _ = Agent.objects.get_or_create(slug=str(spec["slug"]), defaults=fields)
         agents.append(agent)

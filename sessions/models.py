@@ -28,6 +28,9 @@ class ChatSession(models.Model):
     agent = models.ForeignKey("agents.Agent", on_delete=models.PROTECT, related_name="sessions")
     title = models.CharField(max_length=200, blank=True)
     workflow = models.CharField(max_length=80)
+    # The version of a workflow declared in the admin that this session started on (None: a workflow of the
+    # code's): an edit of the declaration never changes a running conversation.
+    workflow_version = models.PositiveIntegerField(null=True, blank=True)
     state = models.CharField(max_length=60)
     data = models.JSONField(default=dict, blank=True, help_text="Slots collected so far.")
     retry_count = models.PositiveIntegerField(default=0)

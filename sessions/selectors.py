@@ -28,7 +28,7 @@ def session_checkpoints(*, session: ChatSession) -> QuerySet[Checkpoint]:
 
 def last_good_checkpoint(*, session: ChatSession) -> Checkpoint | None:
     """The newest checkpoint whose state is not the workflow's failed state (where "resume" goes back to)."""
-    failed = get_workflow(session.workflow).failed_state
+    failed = get_workflow(session.workflow, session.workflow_version).failed_state
     qs = Checkpoint.objects.filter(session=session).order_by("-seq")
     if failed:
         qs = qs.exclude(state=failed)
@@ -81,7 +81,7 @@ def prune_candidates(*, session_id: Any, keep_last: int) -> QuerySet[Checkpoint]
 
 def session_failure_message(*, session: ChatSession) -> str:
     """The clear message for a session in the failed state: what is kept, and the two ways forward."""
-    workflow = get_workflow(session.workflow)
+    workflow = get_workflow(session.workflow, session.workflow_version)
     known = ", ".join(f"{k}={v}" for k, v in (session.data or {}).items() if v not in (None, ""))
     resume_at = session.last_good_state or workflow.initial_state
     kept = f" I still have what you told me: {known}." if known else ""

@@ -104,7 +104,7 @@ class SessionStateSerializer(serializers.ModelSerializer[ChatSession]):
 
     def _workflow(self, session: ChatSession) -> Any:
         try:
-            return get_workflow(session.workflow)
+            return get_workflow(session.workflow, session.workflow_version)
         except (ImportError, LookupError, KeyError, ValueError):
             # A workflow removed from the code since the session began: show the state without the map.
             return None

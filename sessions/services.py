@@ -117,6 +117,7 @@ def session_create(*, user: Any, agent: Any, title: str = "") -> ChatSession:
         agent=agent,
         title=title[:200],
         workflow=workflow.name,
+        workflow_version=workflow.version,  # a workflow declared as data: this session stays on this version
         state=workflow.initial_state,
         last_good_state=workflow.initial_state,
         data={},
@@ -202,7 +203,7 @@ def transition_apply(
     retry counter. Every applied decision writes a ``transition`` checkpoint in the same transaction.
     Raises ``StaleSessionError`` when the session changed since ``session`` was read.
     """
-    workflow = get_workflow(session.workflow)
+    workflow = get_workflow(session.workflow, session.workflow_version)
     from_state = session.state
     try:
         parsed = _as_decision(workflow, decision)
@@ -255,7 +256,7 @@ def turn_failure_record(*, session: ChatSession, turn: Turn | None, reason: str)
     In the failed state the agent apologizes and offers to resume from the last good state (the data is
     kept) or to start over. Workflows without a failed state (free chat) only count.
     """
-    workflow = get_workflow(session.workflow)
+    workflow = get_workflow(session.workflow, session.workflow_version)
     retries = session.retry_count + 1
     fields: dict[str, Any] = {"retry_count": retries}
     to_failed = bool(workflow.failed_state) and retries > MAX_RETRIES and session.state != workflow.failed_state
@@ -289,7 +290,7 @@ def turn_failure_record(*, session: ChatSession, turn: Turn | None, reason: str)
 # --- operator and user actions ---------------------------------------------------------------------------
 def session_reset(*, session: ChatSession, actor: Any = None) -> ChatSession:
     """Start over: the initial state, no data, no retries. The old data stays in the checkpoint log."""
-    workflow = get_workflow(session.workflow)
+    workflow = get_workflow(session.workflow, session.workflow_version)
     from_state = session.state
     status = ChatSession.Status.ACTIVE if session.status != ChatSession.Status.CLOSED else ChatSession.Status.CLOSED
     with transaction.atomic():
@@ -324,7 +325,7 @@ def session_resume_from(
     """
     if checkpoint.session_id != session.pk:
         raise ValueError("that checkpoint belongs to another session")
-    workflow = get_workflow(session.workflow)
+    workflow = get_workflow(session.workflow, session.workflow_version)
     if checkpoint.state not in workflow.specs:
         raise ValueError(f"checkpoint state {checkpoint.state!r} is not a state of {workflow.name}")
     from_state = session.state

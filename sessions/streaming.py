@@ -16,6 +16,7 @@ from typing import Any
 from django.http import StreamingHttpResponse
 
 from agents.runtime import turn_stream
+from agents.turn.context import TurnEvent
 from sessions.models import ChatSession
 from sessions.rendering import markdown_to_safe_html
 
@@ -41,14 +42,14 @@ def idempotency_key_from(headers: Mapping[str, str]) -> str | None:
     return key
 
 
-def sse_encode(event: dict[str, Any]) -> bytes:
+def sse_encode(event: Mapping[str, Any]) -> bytes:
     """One SSE message. JSON never contains a raw newline, so one ``data:`` line is enough."""
     kind = str(event.get("type", "message")).replace("\n", " ")
     payload = json.dumps(event, default=str, ensure_ascii=False)
     return f"event: {kind}\ndata: {payload}\n\n".encode()
 
 
-def _with_html(event: dict[str, Any]) -> dict[str, Any]:
+def _with_html(event: Mapping[str, Any]) -> Mapping[str, Any]:
     """A reply's event with its sanitized HTML; without it (the page shows the text) if rendering fails, so
     that one reply's markup cannot stop the stream, and the turn after it, on the way."""
     if event.get("type") in ("done", "recovered"):
@@ -59,7 +60,7 @@ def _with_html(event: dict[str, Any]) -> dict[str, Any]:
     return event
 
 
-def _encoded(events: Iterator[dict[str, Any]]) -> Generator[bytes, None, None]:
+def _encoded(events: Iterator[TurnEvent]) -> Generator[bytes, None, None]:
     try:
         # A comment line first: some proxies hold a response back until the first bytes arrive.
         yield b": stream open\n\n"
@@ -82,7 +83,7 @@ class _EventStream:
     back, as the endpoint that does not stream does. (Left running instead, the turn was finished by the
     next message or the sweep, which asked the model again from the checkpoint and paid for it twice.)"""
 
-    def __init__(self, events: Iterator[dict[str, Any]]) -> None:
+    def __init__(self, events: Iterator[TurnEvent]) -> None:
         self._events = events
         self._bytes = _encoded(events)
 

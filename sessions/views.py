@@ -45,7 +45,7 @@ def _workflow_panel(session: ChatSession) -> dict[str, Any]:
     title = session.workflow
     terminal: set[str] = set()
     try:
-        workflow = get_workflow(session.workflow)
+        workflow = get_workflow(session.workflow, session.workflow_version)
         states = list(workflow.states)
         title = str(getattr(workflow, "title", "") or session.workflow)
         terminal = set(workflow.terminal_states)

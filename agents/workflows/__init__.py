@@ -3,12 +3,15 @@
 ``get_workflow("free_chat")`` returns the default one-state chat. The registry is built on first use from
 ``settings.AGENT_WORKFLOWS`` (dotted paths to a ``Workflow``; ``AGENT_EXTRA_WORKFLOWS`` adds more) and
 the entry-point group ``agents_runtime.workflows``; ``register`` adds one from code (docs/extending.md).
+A name none of those has is asked of the installed source: the agents app installs the workflows
+operators declare in the admin, by version (``agents.workflow_store``).
 """
 
 from __future__ import annotations
 
 import threading
 from importlib.metadata import entry_points
+from typing import Protocol
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -30,6 +33,24 @@ WORKFLOWS_ENTRY_POINT_GROUP = "agents_runtime.workflows"
 _REGISTRY: dict[str, Workflow] = {}
 _loaded = False
 _lock = threading.RLock()
+
+
+class WorkflowSource(Protocol):
+    """Where workflows that are data come from (``agents.workflow_store.StoredWorkflows``)."""
+
+    def workflow(self, name: str, version: int | None) -> Workflow | None: ...
+
+    def choices(self) -> list[tuple[str, str]]: ...
+
+
+_source: WorkflowSource | None = None
+
+
+def set_workflow_source(source: WorkflowSource | None) -> WorkflowSource | None:
+    """Install where names the code does not register are looked up; returns the previous source."""
+    global _source
+    previous, _source = _source, source
+    return previous
 
 
 def register(workflow: Workflow) -> Workflow:
@@ -89,23 +110,42 @@ def registry_reset() -> None:
         _loaded = False
 
 
-def get_workflow(name: str) -> Workflow:
-    """The workflow registered as ``name``; ``UnknownWorkflowError`` names the known ones otherwise."""
+def get_workflow(name: str, version: int | None = None) -> Workflow:
+    """The workflow registered as ``name``, else version ``version`` (None: the latest) of the one declared
+    as data; ``UnknownWorkflowError`` names the known ones otherwise."""
     registry = _registry()
-    try:
-        return registry[name]
-    except KeyError:
-        raise UnknownWorkflowError(f"unknown workflow {name!r}; known: {', '.join(sorted(registry))}") from None
+    # A session on a version of a workflow declared as data stays on it, whatever the code registers later.
+    found = _source.workflow(name, version) if version is not None and _source is not None else None
+    if found is None:
+        found = registry.get(name)
+    if found is None and _source is not None and version is None:
+        found = _source.workflow(name, None)
+    if found is None:
+        known = sorted({*registry, *(n for n, _title in _stored_choices())})
+        raise UnknownWorkflowError(f"unknown workflow {name!r}; known: {', '.join(known)}")
+    return found
+
+
+def code_workflow_names() -> list[str]:
+    """The names of the workflows of the code, the settings and the installed packages (not the data)."""
+    return sorted(_registry())
 
 
 def registered_workflows() -> list[Workflow]:
-    """Every registered workflow."""
+    """Every workflow of the code, the settings and the installed packages (not those declared as data)."""
     return list(_registry().values())
 
 
 def workflow_choices() -> list[tuple[str, str]]:
-    """(name, title) pairs for form fields, sorted by title."""
-    return sorted(((w.name, w.title) for w in _registry().values()), key=lambda pair: pair[1])
+    """(name, title) pairs for form fields, sorted by title: the registered workflows and the active ones
+    declared as data."""
+    pairs = [(w.name, w.title) for w in _registry().values()]
+    pairs += [pair for pair in _stored_choices() if pair[0] not in _REGISTRY]
+    return sorted(pairs, key=lambda pair: pair[1])
+
+
+def _stored_choices() -> list[tuple[str, str]]:
+    return _source.choices() if _source is not None else []
 
 
 __all__ = [
@@ -116,10 +156,13 @@ __all__ = [
     "UnknownWorkflowError",
     "Workflow",
     "WorkflowDecision",
+    "WorkflowSource",
+    "code_workflow_names",
     "configured_workflows",
     "get_workflow",
     "register",
     "registered_workflows",
     "registry_reset",
+    "set_workflow_source",
     "workflow_choices",
 ]

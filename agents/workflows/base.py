@@ -116,6 +116,8 @@ class Workflow:
     ) -> None:
         self.name = name
         self.title = title
+        # The version of a workflow declared as data (``agents.workflow_store``); None for one in code.
+        self.version: int | None = None
         self.initial_state = initial_state
         self.specs: dict[str, StateSpec] = {spec.name: spec for spec in specs}
         self.states: tuple[str, ...] = tuple(spec.name for spec in specs)
@@ -398,14 +400,29 @@ class Workflow:
         """The slots a successful action sets, from its structured output (``on_action_result``, or the
         output's keys that are slots of this workflow)."""
         if self.on_action_result is not None:
-            return {k: v for k, v in self.on_action_result(data).items() if v is not None}
-        return {k: v for k, v in data.items() if k in self.slot_names and v is not None}
+            slots = dict(self.on_action_result(data))
+        else:
+            slots = {k: v for k, v in data.items() if k in self.slot_names}
+        # As JSON would carry them (a date as its ISO text): the slots' own checks take it from there.
+        return {k: json.loads(json.dumps(v, default=str)) for k, v in slots.items() if v is not None}
 
     def decision(self, *, next_state: str, slots: Mapping[str, Any] | None = None, reasoning: str = "") -> Any:
         """A decision built by code (the runtime applying a tool outcome), validated like a model's."""
         return self.decision_schema.model_validate(
             {"next_state": next_state, "slots": dict(slots or {}), "confidence": 1.0, "reasoning": reasoning}
         )
+
+
+def demo_decision(messages: Sequence[Mapping[str, Any]]) -> WorkflowDecision | None:
+    """The offline demo model's decision for a workflow it has no script for: stay in ``CURRENT_STATE``,
+    read no slots (the demo model is not a language model); a workflow's own script takes precedence."""
+    system = next((str(m.get("content") or "") for m in messages if m.get("role") == "system"), "")
+    current = re.search(r"^CURRENT_STATE: (\S+)$", system, re.MULTILINE)
+    if current is None:
+        return None
+    return WorkflowDecision(
+        next_state=current.group(1), slots=BaseModel(), reasoning="demo model: it stays and reads no slots"
+    )
 
 
 def decision_schema_for(name: str, states: Sequence[str], slots_model: type[BaseModel]) -> type[WorkflowDecision]:
@@ -443,8 +460,11 @@ def _loose(annotation: Any) -> Any:
             base = options[0] if len(options) == 1 else str
         else:
             break
-    loose: Any = base if base in (bool, int, float) else (list[Any] if get_origin(base) is list else str)
-    return Optional[loose]  # noqa: UP045 - a type built at run time, not an annotation
+    if get_origin(base) is list or base is list:
+        return Optional[list[Any]]  # noqa: UP045 - a type built at run time, not an annotation
+    # Any JSON scalar: a number where a string was meant (or the reverse) is the slot's check to refuse,
+    # value by value, not a reason to void the whole decision.
+    return Optional[Union[str, int, float, bool]]  # noqa: UP007, UP045 - built at run time
 
 
 class _Defaulting(dict[str, Any]):

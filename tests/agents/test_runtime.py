@@ -448,7 +448,7 @@ def _lock_held_elsewhere(session_id: Any) -> Iterator[None]:
 @pytest.mark.django_db(transaction=True)
 def test_a_lost_turn_lock_is_retaken_or_the_turn_stops_without_writing(alice: Any, chat_agent: Agent) -> None:
     """Django reconnects silently after a lost connection; the advisory lock dies with the old one."""
-    from agents.runtime import _complete_turn
+    from agents.turn.finish import complete_turn
 
     session = session_create(user=alice, agent=chat_agent)
     lock = SessionTurnLock(session.pk)
@@ -465,7 +465,7 @@ def test_a_lost_turn_lock_is_retaken_or_the_turn_stops_without_writing(alice: An
         cursor.execute("SELECT pg_advisory_unlock_all()")
     with _lock_held_elsewhere(session.pk):
         with pytest.raises(TurnLockLost):
-            _complete_turn(
+            complete_turn(
                 session, turn, reply="dup", steps=1, composition={}, retrieval={}, prompt_tokens=0, is_demo=True
             )
         rest = list(events)
@@ -582,7 +582,7 @@ def test_a_turn_finished_elsewhere_while_its_runner_lost_the_connection_is_answe
     recovery = ScriptedProvider(default="Reply of the recovery.")
     use_provider(lambda _agent, _cheap: first if threading.current_thread().name == "runner-A" else recovery)
     enqueued: list[int] = []
-    monkeypatch.setattr("agents.runtime.memory_writes_enqueue", lambda *, turn: enqueued.append(turn.pk))
+    monkeypatch.setattr("agents.turn.finish.memory_writes_enqueue", lambda *, turn: enqueued.append(turn.pk))
     session = session_create(user=alice, agent=chat_agent)
     outcome: dict[str, Any] = {}
 

@@ -29,6 +29,7 @@ def decide(next_state: str, **slots: Any) -> Any:
     return WF.decision_schema.model_validate({"next_state": next_state, "slots": slots, "confidence": 0.9})
 
 
+@pytest.mark.django_db  # the choices include the workflows declared in the admin
 def test_registry_knows_the_shipped_workflows() -> None:
     assert get_workflow("flight_booking") is FLIGHT_BOOKING
     assert get_workflow("free_chat") is FREE_CHAT

@@ -1,0 +1,135 @@
+"""What the steps of a turn share (``TurnContext``), the events a turn yields, and the turn row's fence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
+
+from agents.llm.base import CallContext, Purpose
+from sessions.locks import TurnLockLost
+from sessions.models import ChatSession, Turn
+from sessions.services import checkpoint_before_call
+
+if TYPE_CHECKING:
+    from agents.models import Agent
+    from agents.workflows import Workflow
+    from sessions.context import TurnHistory
+
+AGENT_SWITCHED_OFF = "This chat's agent has been switched off by an operator."
+HANDOFF_NOTICE = "I've passed this conversation to a person on our team; they will reply here."
+UNFINISHED = (Turn.Status.RUNNING, Turn.Status.PENDING)
+FINISHED = (Turn.Status.COMPLETED, Turn.Status.FAILED)
+
+
+class TurnEvent(TypedDict, total=False):
+    """One event of a turn, as the doors stream it (``type`` says which keys it has; docs/web-and-api.md)."""
+
+    type: Literal["turn", "delta", "state", "tool", "recovered", "done", "error"]
+    turn_id: int
+    seq: int
+    text: str
+    state: str
+    data: dict[str, Any]
+    status: str
+    error: str
+    rejected: list[str]
+    name: str
+    ok: bool
+    error_kind: str
+    reply: str
+    turn_status: str
+    is_demo: bool
+    replayed: bool
+    resumed: bool
+    code: str
+    message: str
+
+
+@dataclass
+class TurnContext:
+    """One turn being answered: what every step reads, and what the steps before it found.
+
+    ``done`` ends the pipeline (the turn was refused, handed off or answered); ``checkpoint_fresh`` says the
+    turn's opening checkpoint still stands, so the first model call needs no other."""
+
+    session: ChatSession
+    turn: Turn
+    agent: Agent
+    provider: Any
+    workflow: Workflow
+    counter: Any
+    checkpoint_fresh: bool = False
+    history: TurnHistory | None = None
+    retrieved: Any = None
+    retrieval_report: dict[str, Any] = field(default_factory=dict)
+    refused: list[str] = field(default_factory=list)
+    tool_names: list[str] = field(default_factory=list)
+    composition_extra: dict[str, Any] = field(default_factory=dict)
+    done: bool = False
+
+    @property
+    def message(self) -> str:
+        return self.turn.user_message
+
+    def call(self, purpose: Purpose, **extra: Any) -> CallContext:
+        """The ``CallContext`` of a model call of this turn."""
+        return CallContext(
+            purpose=purpose, agent_id=self.agent.pk, session_id=self.session.pk, turn_id=self.turn.pk, **extra
+        )
+
+    def before_call(self) -> None:
+        """Checkpoint the state before a model call (unless the turn's opening checkpoint still stands)."""
+        if self.checkpoint_fresh:
+            self.checkpoint_fresh = False
+            return
+        checkpoint_before_call(session=self.session, turn=self.turn)
+
+    def reload(self) -> None:
+        reload_session(self.session)
+
+    def state_event(self) -> TurnEvent:
+        return state_event(self.session)
+
+
+def reload_session(session: ChatSession) -> None:
+    """Read the session again, with its agent and user (one query; a plain refresh drops them)."""
+    session.refresh_from_db(from_queryset=ChatSession.objects.select_related("agent", "user"))
+
+
+def state_event(session: ChatSession) -> TurnEvent:
+    return {"type": "state", "state": session.state, "data": session.data, "status": session.status}
+
+
+def error_event(code: str, message: str, turn: Turn) -> TurnEvent:
+    return {"type": "error", "code": code, "message": message, "turn_id": turn.pk}
+
+
+def done_event(turn: Turn, session: ChatSession, *, replayed: bool = False) -> TurnEvent:
+    return {
+        "type": "done",
+        "turn_id": turn.pk,
+        "seq": turn.seq,
+        "reply": turn.assistant_message,
+        "state": session.state,
+        "data": session.data,
+        "status": session.status,
+        "turn_status": turn.status,
+        "is_demo": turn.is_demo,
+        "replayed": replayed,
+    }
+
+
+def write_unfinished(turn: Turn, **fields: Any) -> bool:
+    """Write ``fields`` to the turn only while it is unfinished: the fence against a second runner. False when
+    it is finished (or gone) already, and nothing was written.
+
+    A runner whose connection was cut during the model call lost its lock with it; the next message or
+    the sweep may have finished the turn meanwhile. The lock check before the write cannot see that (the
+    lock is free again), the turn's status can: a finished turn is never written twice."""
+    return bool(Turn.objects.filter(pk=turn.pk, status__in=UNFINISHED).update(**fields))
+
+
+def finish_turn_row(turn: Turn, **fields: Any) -> None:
+    """Write a turn's outcome through the fence (``write_unfinished``); ``TurnLockLost`` when it was shut."""
+    if not write_unfinished(turn, **fields):
+        raise TurnLockLost("This turn was finished by another request while this one waited; nothing was written.")

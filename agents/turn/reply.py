@@ -1,0 +1,180 @@
+"""The reply: the prompt from budgeted sections, streamed, with the tools it asks for, under the step limit.
+
+In a workflow's action state the state's tool is offered too, and its outcome moves the workflow
+(``Workflow.action_outcomes``; the slots it sets come from the tool's structured output, never its text).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from agents.llm.base import Message
+from agents.tools import TOOL_ERROR_POLICY, ToolContext, run_tool_call, tool_specs
+from agents.turn.context import TurnContext, TurnEvent, done_event, error_event, write_unfinished
+from agents.turn.finish import complete_turn, fail_turn
+from agents.turn.steps import handoff
+from observability.tracing import span
+from sessions.context import ContextBudget, MemoryItem, PromptInputs, build_prompt
+from sessions.services import transition_apply, turn_failure_record
+
+
+def reply(ctx: TurnContext) -> Iterator[TurnEvent]:
+    session, turn, agent, workflow = ctx.session, ctx.turn, ctx.agent, ctx.workflow
+    budget = ContextBudget.from_agent(agent)
+    action_tool = workflow.action_states.get(session.state)
+    names = list(dict.fromkeys([*ctx.tool_names, *([action_tool] if action_tool else [])]))
+    specs = tool_specs(names) if names else []
+    tool_messages: list[Message] = []
+    context = ToolContext(user=session.user, session=session, turn=turn, agent=agent)
+    reply_parts: list[str] = []
+    built = None
+    steps = 0
+    text = ""
+    while True:
+        if steps >= agent.step_limit:
+            yield from _at_step_limit(ctx, reply_parts)
+            return
+        steps += 1
+        with span("context.build"):
+            built = build_prompt(inputs=_prompt_inputs(ctx, specs, tool_messages), budget=budget, counter=ctx.counter)
+        ctx.before_call()
+        step_text: list[str] = []
+        with span("llm.call", purpose="reply", step=steps):
+            stream = ctx.provider.stream(
+                built.messages,
+                ctx=ctx.call("reply", prompt_sections=dict(built.sections)),
+                temperature=agent.temperature,
+                max_tokens=agent.max_tokens,
+                tools=specs or None,
+            )
+            for delta in stream:
+                if delta:
+                    step_text.append(delta)
+                    yield {"type": "delta", "text": delta}
+        completion = stream.completion
+        text = "".join(step_text) if step_text else (completion.text if completion else "")
+        calls = list(completion.tool_calls) if completion else []
+        if not calls:
+            break
+        if text:
+            reply_parts.append(text)
+        tool_messages.append(
+            {
+                "role": "assistant",
+                "content": text or None,
+                "tool_calls": [
+                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in calls
+                ],
+            }
+        )
+        for call in calls:
+            with span("tool", name=call.name):
+                result = run_tool_call(call=call, context=context, enabled=names)
+            tool_messages.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
+            yield {"type": "tool", "name": call.name, "ok": result.ok, "error_kind": result.error_kind}
+            if action_tool and call.name == action_tool and session.state in workflow.action_outcomes:
+                if _apply_action(ctx, result):
+                    yield ctx.state_event()
+
+    composition = dict(built.composition) if built is not None else {}
+    composition.update(ctx.composition_extra)
+    composition["steps"] = steps
+    complete_turn(
+        session,
+        turn,
+        reply=text if not reply_parts else "\n\n".join([*reply_parts, text]).strip(),
+        steps=steps,
+        composition=composition,
+        retrieval=ctx.retrieval_report,
+        prompt_tokens=built.total_tokens if built is not None else 0,
+        is_demo=ctx.provider.is_demo,
+        history=ctx.history,
+        resets_failures=workflow.is_free_chat,
+    )
+    ctx.done = True
+    yield ctx.state_event()
+    yield done_event(turn, session)
+
+
+def _prompt_inputs(ctx: TurnContext, specs: list[Any], tool_messages: list[Message]) -> PromptInputs:
+    # The window plus any turns that left it but are not in the summary yet: the builder keeps those
+    # when they fit and degrades them (visibly) when they do not.
+    session, retrieved = ctx.session, ctx.retrieved
+    memories = []
+    procedural: list[str] = []
+    if retrieved is not None:
+        memories = [
+            MemoryItem(id=item.memory.pk, text=item.text, score=float(item.score), kind=item.memory.kind)
+            for item in retrieved.items
+        ]
+        procedural = [m.text for m in retrieved.procedural]
+    return PromptInputs(
+        system_prompt=ctx.agent.system_prompt,
+        fixed_instructions=TOOL_ERROR_POLICY if specs else "",
+        workflow_text=ctx.workflow.resume_instruction(session.state, session.data, refused=ctx.refused),
+        procedural=procedural,
+        memories=memories,
+        summary=session.summary,
+        recent_turns=ctx.history.for_prompt if ctx.history is not None else [],
+        summary_through_seq=session.summary_through_seq,
+        message=ctx.turn.user_message,
+        tool_messages=list(tool_messages),
+        tools=[spec.as_openai() for spec in specs],
+    )
+
+
+def _apply_action(ctx: TurnContext, result: Any) -> bool:
+    """Move the workflow by the outcome of its action state's tool; True when a transition was applied.
+
+    Success: the decision for the success state, with the slots the tool's structured output sets. Failure:
+    counted as a failed attempt (after the retry limit the session moves to its failed state)."""
+    session, workflow = ctx.session, ctx.workflow
+    success_state, _failure_state = workflow.action_outcomes[session.state]
+    if not result.ok:
+        turn_failure_record(session=session, turn=None, reason=f"{result.name} failed ({result.error_kind or 'error'})")
+        ctx.reload()
+        return False
+    decision = workflow.decision(
+        next_state=success_state, slots=workflow.action_slots(result.data), reasoning=f"{result.name} succeeded"
+    )
+    transition_apply(session=session, turn=ctx.turn, decision=decision)
+    ctx.reload()
+    return True
+
+
+def _at_step_limit(ctx: TurnContext, reply_parts: list[str]) -> Iterator[TurnEvent]:
+    session, turn, agent = ctx.session, ctx.turn, ctx.agent
+    behaviour = agent.step_limit_behaviour
+    note = f"I stopped after {agent.step_limit} steps without finishing."
+    write_unfinished(turn, step_limit_hit=True, steps=agent.step_limit)
+    ctx.done = True
+    if behaviour == "handoff":
+        yield from handoff(ctx, reason=f"step limit {agent.step_limit} reached")
+        return
+    if behaviour == "partial":
+        partial = "\n\n".join(reply_parts).strip()
+        text = (
+            f"{partial}\n\n({note} This is a partial answer.)"
+            if partial
+            else f"{note} Here is what I have: nothing conclusive yet."
+        )
+        complete_turn(
+            session,
+            turn,
+            reply=text,
+            steps=agent.step_limit,
+            composition={"step_limit_hit": True},
+            retrieval={},
+            prompt_tokens=0,
+            is_demo=False,
+            resets_failures=ctx.workflow.is_free_chat,
+        )
+        yield {"type": "delta", "text": f"\n\n({note})"}
+        yield done_event(turn, session)
+        return
+    message = f"{note} Please rephrase or try again."
+    fail_turn(session, turn, reason=f"step limit {agent.step_limit} reached", reply=message)
+    ctx.reload()
+    yield error_event("step_limit", message, turn)

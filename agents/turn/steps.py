@@ -1,0 +1,195 @@
+"""The steps of a turn before its reply: each reads and extends the ``TurnContext`` and yields events;
+a step that ends the turn sets ``ctx.done``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from agents.llm.base import LLMError, StructuredOutputError
+from agents.routing import route_message
+from agents.turn.context import (
+    AGENT_SWITCHED_OFF,
+    HANDOFF_NOTICE,
+    TurnContext,
+    TurnEvent,
+    done_event,
+    error_event,
+    finish_turn_row,
+    reload_session,
+    state_event,
+)
+from memory.selectors import RecentWindow, memories_for_prompt, retrieval_query
+from observability.tracing import span
+from sessions.context import ContextOverflowError, turn_history
+from sessions.models import ChatSession, Checkpoint, Turn
+from sessions.services import checkpoint_record, transition_apply, turn_failure_record
+
+logger = logging.getLogger("agents.runtime")
+
+
+def refuse_if_switched_off(ctx: TurnContext) -> Iterator[TurnEvent]:
+    """An agent switched off after this message was saved (a turn the sweep or a retry resumes): not answered."""
+    if ctx.agent.is_active:
+        return
+    note = AGENT_SWITCHED_OFF + " This message was saved but will not be answered."
+    finish_turn_row(
+        ctx.turn,
+        status=Turn.Status.FAILED,
+        error="agent switched off",
+        assistant_message=note,
+        completed_at=timezone.now(),
+        state_after=ctx.session.state,
+    )
+    ctx.turn.refresh_from_db()
+    ctx.done = True
+    yield error_event("agent_unavailable", note, ctx.turn)
+
+
+def stop_if_handed_off(ctx: TurnContext) -> Iterator[TurnEvent]:
+    """A session handed to a person: the message is kept for them, the agent does not answer."""
+    if ctx.session.status != ChatSession.Status.NEEDS_HUMAN:
+        return
+    finish_turn_row(ctx.turn, status=Turn.Status.COMPLETED, completed_at=timezone.now(), state_after=ctx.session.state)
+    ctx.turn.refresh_from_db()
+    ctx.done = True
+    yield ctx.state_event()
+    yield done_event(ctx.turn, ctx.session)
+
+
+def retrieve(ctx: TurnContext) -> Iterator[TurnEvent]:
+    """Memories. The turns the prompt will show are read once, here: retrieval searches with the user's
+    earlier messages and leaves out the episodes of turns the prompt shows anyway. Memory is an aid: its
+    failure is reported, never fails the turn."""
+    ctx.history = history = turn_history(session=ctx.session, before_seq=ctx.turn.seq)
+    with span("retrieval"):
+        try:
+            query = retrieval_query(message=ctx.message, earlier=[t.user for t in history.newest], agent=ctx.agent)
+            retrieved = memories_for_prompt(
+                user=ctx.session.user,
+                query=query.text,
+                agent=ctx.agent,
+                workflow=ctx.workflow.name,
+                budget_tokens=ctx.agent.memory_budget_tokens,
+                relevance_threshold=ctx.agent.relevance_threshold,
+                touch=False,  # counted by the turn's memory-write task, off the request path
+                window=RecentWindow(session_id=ctx.session.pk, after_seq=history.floor),
+            )
+            retrieved.query_source = query.source
+            ctx.retrieved, ctx.retrieval_report = retrieved, retrieved.as_report()
+        except Exception as exc:
+            logger.exception("memory retrieval failed; answering without memories")
+            # Shown to the user (memory panel, composition API): the kind of failure, not its text (in the log).
+            ctx.retrieved = None
+            ctx.retrieval_report = {"error": f"retrieval failed ({type(exc).__name__})", "items": [], "candidates": []}
+    return
+    yield  # a generator: this step yields no event
+
+
+def decide(ctx: TurnContext) -> Iterator[TurnEvent]:
+    """The workflow's decision for this message (structured output only), applied or refused; the slot
+    values it refused are kept for the reply to explain."""
+    session, workflow = ctx.session, ctx.workflow
+    if workflow.is_free_chat or not workflow.decides_in(session.state):
+        return
+    if session.checkpoints.filter(turn=ctx.turn, reason=Checkpoint.Reason.TRANSITION).exists():
+        return  # decided before this turn was cut off and resumed
+    recent = [
+        (t.user_message, t.assistant_message)
+        for t in session.turns.filter(status=Turn.Status.COMPLETED).order_by("-seq")[:3]
+    ][::-1]
+    messages = workflow.decision_messages(
+        state=session.state, data=session.data, user_message=ctx.message, recent_turns=recent
+    )
+    ctx.before_call()
+    try:
+        with span("llm.call", purpose="slots"):
+            decision = ctx.provider.structured(messages, schema=workflow.decision_schema, ctx=ctx.call("slots"))
+    except (StructuredOutputError, LLMError) as exc:
+        # No valid decision: nothing changes, the failure is counted, and the reply asks again.
+        logger.warning("turn %s: no valid workflow decision: %s", ctx.turn.pk, exc)
+        turn_failure_record(session=session, turn=ctx.turn, reason=f"no valid workflow decision ({error_code(exc)})")
+        ctx.reload()
+        event = ctx.state_event()
+        # The user sees this (and the checkpoint log, through the API): the exception's text (addresses,
+        # upstream messages) is in the log only.
+        event["error"] = f"No valid decision from the model ({error_code(exc)}); nothing was changed."
+        yield event
+        return
+    threshold = ctx.agent.routing_confidence_threshold
+    if getattr(decision, "confidence", 1.0) < threshold:
+        # Below the threshold the safe default is to stay where we are (and keep what we have).
+        checkpoint_record(
+            session=session,
+            reason=Checkpoint.Reason.INVALID_TRANSITION,
+            turn=ctx.turn,
+            detail=f"decision confidence {decision.confidence:.2f} below {threshold:.2f}: not applied",
+        )
+        ctx.reload()
+        yield ctx.state_event()
+        return
+    outcome = transition_apply(session=session, turn=ctx.turn, decision=decision)
+    ctx.reload()
+    event = ctx.state_event()
+    if not outcome.applied:
+        event["rejected"] = list(outcome.errors)
+    yield event
+    ctx.refused = list(outcome.slot_errors)
+
+
+def route(ctx: TurnContext) -> Iterator[TurnEvent]:
+    """Which tools the reply may use. An agent with tools and no workflow decision to make is routed by a
+    structured call (use tools, answer, or hand off); a workflow's action states offer their own tool."""
+    ctx.tool_names = [t for t in (ctx.agent.tools or []) if isinstance(t, str)]
+    if not ctx.tool_names or not ctx.workflow.is_free_chat:
+        return
+    ctx.before_call()
+    outcome = route_message(
+        provider=ctx.provider,
+        message=ctx.message,
+        tool_names=ctx.tool_names,
+        ctx=ctx.call("route"),
+        confidence_threshold=ctx.agent.routing_confidence_threshold,
+    )
+    ctx.composition_extra["route"] = outcome.as_dict()
+    if outcome.action == "handoff":
+        yield from handoff(ctx, reason=f"routing: {outcome.reasoning or 'handoff'}")
+    elif outcome.action == "answer":
+        ctx.tool_names = []
+
+
+def handoff(ctx: TurnContext, *, reason: str) -> Iterator[TurnEvent]:
+    """Hand the session to a person: the turn is answered with a notice, and the agent stops answering."""
+    session, turn = ctx.session, ctx.turn
+    with transaction.atomic():
+        # The turn first: a runner that lost the turn to another changes nothing (finish_turn_row).
+        finish_turn_row(
+            turn, status=Turn.Status.COMPLETED, assistant_message=HANDOFF_NOTICE, completed_at=timezone.now()
+        )
+        ChatSession.objects.filter(pk=session.pk).update(
+            status=ChatSession.Status.NEEDS_HUMAN, version=F("version") + 1, updated_at=timezone.now()
+        )
+        reload_session(session)
+        checkpoint_record(session=session, reason=Checkpoint.Reason.HANDOFF, turn=turn, detail=reason[:500])
+        Turn.objects.filter(pk=turn.pk).update(state_after=session.state)
+    turn.refresh_from_db()
+    ctx.done = True
+    yield {"type": "delta", "text": HANDOFF_NOTICE}
+    yield state_event(session)
+    yield done_event(turn, session)
+
+
+def error_code(exc: Exception) -> str:
+    if isinstance(exc, LLMError):
+        return f"llm_{exc.outcome}"
+    return "context_overflow" if isinstance(exc, ContextOverflowError) else "turn_failed"
+
+
+def describe(exc: Any) -> str:
+    """``error_code`` with the exception's class, for the checkpoint log (its text stays in the log)."""
+    return f"{getattr(exc, 'code', None) or error_code(exc)} ({type(exc).__name__})"

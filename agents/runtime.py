@@ -56,9 +56,11 @@ from agents.turn.context import (
 from agents.turn.finish import fail_turn
 from agents.turn.reply import reply
 from agents.turn.steps import (
+    act,
     decide,
     describe,
     error_code,
+    hand_off_if_the_workflow_says,
     refuse_if_switched_off,
     retrieve,
     route,
@@ -103,6 +105,8 @@ PIPELINE: tuple[Callable[[TurnContext], Iterator[TurnEvent]], ...] = (
     stop_if_handed_off,
     retrieve,
     decide,
+    act,
+    hand_off_if_the_workflow_says,
     route,
     reply,
 )

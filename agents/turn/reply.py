@@ -22,7 +22,7 @@ from sessions.services import transition_apply, turn_failure_record
 def reply(ctx: TurnContext) -> Iterator[TurnEvent]:
     session, turn, agent, workflow = ctx.session, ctx.turn, ctx.agent, ctx.workflow
     budget = ContextBudget.from_agent(agent)
-    action_tool = workflow.action_states.get(session.state)
+    action_tool = workflow.action_tool(session.state)
     names = list(dict.fromkeys([*ctx.tool_names, *([action_tool] if action_tool else [])]))
     specs = tool_specs(names) if names else []
     tool_messages: list[Message] = []

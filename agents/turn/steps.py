@@ -24,6 +24,7 @@ from agents.turn.context import (
     reload_session,
     state_event,
 )
+from agents.workflows.base import ActionContext, ActionFailed
 from memory.selectors import RecentWindow, memories_for_prompt, retrieval_query
 from observability.tracing import span
 from sessions.context import ContextOverflowError, turn_history
@@ -140,6 +141,41 @@ def decide(ctx: TurnContext) -> Iterator[TurnEvent]:
         event["rejected"] = list(outcome.errors)
     yield event
     ctx.refused = list(outcome.slot_errors)
+
+
+def act(ctx: TurnContext) -> Iterator[TurnEvent]:
+    """A state whose action is a Python function runs it on entering (no model call): its structured output
+    sets slots and moves to the success outcome; ``ActionFailed`` (or any error, logged) to the failure one."""
+    session, workflow = ctx.session, ctx.workflow
+    action = workflow.python_action(session.state)
+    if action is None:
+        return
+    success, failure = workflow.action_outcomes[session.state]
+    name = getattr(action, "__name__", "action")
+    context = ActionContext(user=session.user, agent=ctx.agent, session_id=session.pk, data=dict(session.data))
+    with span("action", name=name):
+        try:
+            target, slots, why = success, workflow.action_slots(action(context) or {}), f"{name} succeeded"
+        except ActionFailed as exc:
+            target, slots, why = failure, {}, f"{name}: {exc}"
+        except Exception:
+            logger.exception("turn %s: action %s failed", ctx.turn.pk, name)
+            target, slots, why = failure, {}, f"{name} failed (see the log)"
+    decision = workflow.decision(next_state=target, slots=slots, reasoning=why[:1000])
+    outcome = transition_apply(session=session, turn=ctx.turn, decision=decision)
+    ctx.reload()
+    event = ctx.state_event()
+    if not outcome.applied:
+        event["rejected"] = list(outcome.errors)
+    yield event
+
+
+def hand_off_if_the_workflow_says(ctx: TurnContext) -> Iterator[TurnEvent]:
+    """A workflow's handoff state, entered in this turn (by the decision or an action), hands the session
+    to a person. (A session given back in that state is not handed off again until it leaves and returns.)"""
+    state = ctx.session.state
+    if state in ctx.workflow.handoff_states and state != ctx.turn.state_before:
+        yield from handoff(ctx, reason=f"the workflow reached {state}")
 
 
 def route(ctx: TurnContext) -> Iterator[TurnEvent]:

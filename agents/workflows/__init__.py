@@ -19,6 +19,8 @@ from django.utils.module_loading import import_string
 
 from agents.workflows.base import (
     MAX_RETRIES,
+    ActionContext,
+    ActionFailed,
     StateSpec,
     StepResult,
     UnknownWorkflowError,
@@ -150,6 +152,8 @@ def _stored_choices() -> list[tuple[str, str]]:
 
 __all__ = [
     "FREE_CHAT",
+    "ActionContext",
+    "ActionFailed",
     "MAX_RETRIES",
     "StateSpec",
     "StepResult",

@@ -48,6 +48,26 @@ class WorkflowDecision(BaseModel):
         return {} if value is None else value
 
 
+@dataclass(frozen=True)
+class ActionContext:
+    """What a Python action reads: who it runs for and the slots collected so far."""
+
+    user: Any
+    agent: Any
+    session_id: Any
+    data: Mapping[str, Any]
+
+
+# A Python action: returns the structured output whose slots the workflow keeps (``on_action_result``), and
+# moves to the state's success outcome; raising ``ActionFailed`` moves to its failure outcome.
+PythonAction = Callable[[ActionContext], Mapping[str, Any] | None]
+
+
+class ActionFailed(Exception):
+    """Raised by a Python action: the workflow moves to the action's failure state; the message says why (the
+    reply is told it)."""
+
+
 class UnknownWorkflowError(KeyError, Refusal):
     """An agent refers to a workflow name that no module registered (saved around the admin's checks,
     ``Agent.clean``, or a workflow module since removed): its chats refuse new messages."""
@@ -108,8 +128,9 @@ class Workflow:
         slots_model: type[BaseModel],
         decision_schema: type[WorkflowDecision] | None = None,
         complete_state: str | None = None,
-        action_states: Mapping[str, str] | None = None,
+        action_states: Mapping[str, str | PythonAction] | None = None,
         action_outcomes: Mapping[str, tuple[str, str]] | None = None,
+        handoff_states: frozenset[str] = frozenset(),
         slot_labels: Mapping[str, str] | None = None,
         describe: Callable[[Mapping[str, Any]], dict[str, str]] | None = None,
         on_action_result: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
@@ -133,7 +154,11 @@ class Workflow:
         self.decision_schema = decision_schema or decision_schema_for(name, self.states, slots_model)
         # Where the flow goes once every gathering state is done (the confirmation step).
         self.complete_state = complete_state
-        self.action_states: Mapping[str, str] = action_states or {}
+        # What an action state runs: a tool's name (offered to the model in that state), or a Python function
+        # the turn runs itself on entering the state (``PythonAction``).
+        self.action_states: Mapping[str, str | PythonAction] = action_states or {}
+        # Entering one of these hands the session to a person (the agent stops answering it).
+        self.handoff_states = frozenset(handoff_states)
         self.action_outcomes: Mapping[str, tuple[str, str]] = action_outcomes or {}
         self.slot_labels: Mapping[str, str] = slot_labels or {}
         # Extra fields the instructions may use, computed from the data (a one-line trip summary).
@@ -150,6 +175,8 @@ class Workflow:
         # A typo in a transition table would otherwise surface as a mysteriously rejected turn.
         known = set(self.states)
         problems = [s for s in (self.initial_state, self.failed_state, self.complete_state) if s and s not in known]
+        problems += [s for s in (*self.action_states, *self.action_outcomes, *self.handoff_states) if s not in known]
+        problems += [f"outcomes of {s}" for s in self.action_states if s not in self.action_outcomes]
         for source, targets in self.transitions.items():
             problems += [s for s in {source, *targets} if s not in known]
         for spec in self.specs.values():
@@ -395,6 +422,16 @@ class Workflow:
                 messages.append({"role": "assistant", "content": assistant_text})
         messages.append({"role": "user", "content": user_message})
         return messages
+
+    def action_tool(self, state: str) -> str | None:
+        """The tool an action state offers the model (None: no action, or a Python one)."""
+        action = self.action_states.get(state)
+        return action if isinstance(action, str) else None
+
+    def python_action(self, state: str) -> PythonAction | None:
+        """The Python function an action state runs on entering it (None: no action, or a tool)."""
+        action = self.action_states.get(state)
+        return action if action is not None and not isinstance(action, str) else None
 
     def action_slots(self, data: Mapping[str, Any]) -> dict[str, Any]:
         """The slots a successful action sets, from its structured output (``on_action_result``, or the

@@ -103,6 +103,7 @@ class WorkflowDecl(BaseModel):
     states: list[StateDecl] = Field(min_length=1)
     transitions: dict[str, list[str]] = {}
     terminal_states: list[str] = []
+    handoff_states: list[str] = []
     failed_state: str | None = None
     complete_state: str | None = None
     actions: dict[str, ActionDecl] = {}
@@ -138,6 +139,7 @@ def workflow_from_spec(name: str, spec: Mapping[str, Any], *, tools: Iterable[st
             ],
             transitions={s.name: frozenset(decl.transitions.get(s.name, [])) for s in decl.states},
             terminal_states=frozenset(decl.terminal_states),
+            handoff_states=frozenset(decl.handoff_states),
             failed_state=decl.failed_state,
             slots_model=_slots_model(name, decl.slots),
             complete_state=decl.complete_state,
@@ -169,6 +171,8 @@ def _problems(name: str, decl: WorkflowDecl, tools: Iterable[str] | None) -> lis
     check_state("complete_state", decl.complete_state)
     for state in decl.terminal_states:
         check_state("terminal_states", state)
+    for state in decl.handoff_states:
+        check_state("handoff_states", state)
     for source, targets in decl.transitions.items():
         check_state("transitions", source)
         for target in targets:

@@ -1,7 +1,8 @@
-"""The returns agent's tools, each a plain function made a tool by ``@tool``.
+"""The returns agent's tools, each a plain function made a tool by ``@tool``, and its eligibility rule.
 
 The order book is a stand-in for your shop's API: three fixed orders, dated relative to today, so the
-example (and its tests) can be run any day. The refund rule is plain Python (``refund_decision``).
+example (and its tests) can be run any day. The refund rule is plain Python (``refund_decision``), run by
+the workflow's CHECKING state (``check_eligibility``) before the model is offered ``refund_request``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from django.utils import timezone
 from pydantic import Field
 
 from agents.tools import ToolContext, ToolInputError, ToolOutput, tool
+from agents.workflows import ActionContext, ActionFailed
 
 RETURN_WINDOW_DAYS = 30
 # Refunds above this are for a person to approve: the tool refuses them and says so.
@@ -62,6 +64,17 @@ def order_status(order_id: OrderId) -> str:
     return f"Order {order.order_id}: {order.item}, EUR {order.amount_eur:.2f}, delivered {order.delivered.isoformat()}."
 
 
+def check_eligibility(context: ActionContext) -> dict[str, str]:
+    """The workflow's Python action: a refund the rule allows goes on to REFUNDING; one it does not (too old,
+    or over the automatic limit) raises ``ActionFailed``, and the workflow hands the chat to a person."""
+    today = timezone.localdate()
+    order = find_order(str(context.data.get("order_id", "")), today=today)
+    refusal = refund_decision(order, today=today)
+    if refusal:
+        raise ActionFailed(f"order {order.order_id}: {refusal}")
+    return {}
+
+
 @tool
 def refund_request(
     order_id: OrderId,
@@ -72,7 +85,7 @@ def refund_request(
     """Refund an order the user returns. Only for an order the user has confirmed."""
     today = timezone.localdate()
     order = find_order(order_id, today=today)
-    refusal = refund_decision(order, today=today)
+    refusal = refund_decision(order, today=today)  # checked again: the model may call it in another state
     if refusal:
         return ToolOutput(
             text=f"Order {order.order_id} cannot be refunded automatically: {refusal}.",

@@ -1,4 +1,5 @@
-"""The returns workflow, declared once: its states, slots, questions, transitions and action.
+"""The returns workflow, declared once: its states, slots, questions, transitions and actions (a Python
+eligibility rule, then the refund tool), and the state in which a person takes over.
 
 The model's decision each turn (``next_state`` and the slots it read) is generated from this declaration;
 ``Workflow`` checks every transition and slot value before anything is saved.
@@ -11,6 +12,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.workflows import StateSpec, Workflow
+from examples.returns.tools import check_eligibility
 
 
 class ReturnSlots(BaseModel):
@@ -61,6 +63,15 @@ RETURNS = Workflow(
             question="Shall I request the refund?",
         ),
         StateSpec(
+            name="CHECKING",
+            instruction="Checking whether order {order_id} can be refunded.",
+            requires=("order_id", "reason"),
+        ),
+        StateSpec(
+            name="NEEDS_PERSON",
+            instruction="A person on the team reviews this return; tell the user they will hear from us.",
+        ),
+        StateSpec(
             name="REFUNDING",
             instruction="Request the refund now with the refund_request tool (order {order_id}).",
             requires=("order_id", "reason"),
@@ -70,7 +81,9 @@ RETURNS = Workflow(
     transitions={
         "ASKING_ORDER": frozenset({"ASKING_REASON"}),
         "ASKING_REASON": frozenset({"ASKING_ORDER", "CONFIRMING"}),
-        "CONFIRMING": frozenset({"ASKING_ORDER", "ASKING_REASON", "REFUNDING"}),
+        "CONFIRMING": frozenset({"ASKING_ORDER", "ASKING_REASON", "CHECKING"}),
+        "CHECKING": frozenset(),
+        "NEEDS_PERSON": frozenset({"ASKING_ORDER"}),
         "REFUNDING": frozenset(),
         "DONE": frozenset({"ASKING_ORDER"}),
     },
@@ -78,7 +91,9 @@ RETURNS = Workflow(
     failed_state=None,
     slots_model=ReturnSlots,
     complete_state="CONFIRMING",
-    action_states={"REFUNDING": "refund_request"},
-    action_outcomes={"REFUNDING": ("DONE", "DONE")},
+    # CHECKING runs the refund rule in Python on entering it; REFUNDING offers the model the refund tool.
+    action_states={"CHECKING": check_eligibility, "REFUNDING": "refund_request"},
+    action_outcomes={"CHECKING": ("REFUNDING", "NEEDS_PERSON"), "REFUNDING": ("DONE", "DONE")},
+    handoff_states=frozenset({"NEEDS_PERSON"}),
     describe=_outcome,
 )

@@ -26,7 +26,7 @@ def test_the_decision_schema_is_generated_from_the_declaration(plug_in: Any) -> 
     schema = get_workflow("returns").decision_schema
     assert schema.__name__ == "ReturnsDecision"
     states = schema.model_json_schema()["properties"]["next_state"]["enum"]
-    assert states == ["ASKING_ORDER", "ASKING_REASON", "CONFIRMING", "REFUNDING", "DONE"]
+    assert states == ["ASKING_ORDER", "ASKING_REASON", "CONFIRMING", "CHECKING", "NEEDS_PERSON", "REFUNDING", "DONE"]
     decision = schema.model_validate({"next_state": "ASKING_REASON", "slots": {"order_id": "A1001"}})
     assert decision.slots.order_id == "A1001"
     with pytest.raises(ValueError):

@@ -11,7 +11,9 @@ from rest_framework.test import APIClient
 from agents.llm.base import ToolCallRequest
 from agents.llm.scripted import ScriptedProvider, ScriptedReply
 from agents.models import Agent, ToolInvocation
-from sessions.models import ChatSession
+from agents.runtime import handoff_resume
+from agents.turn.context import HANDOFF_NOTICE
+from sessions.models import ChatSession, Checkpoint
 from tests.api.conftest import token_client
 from tests.extending.conftest import RETURNS_TOOLS, RETURNS_WORKFLOW
 
@@ -48,13 +50,11 @@ def say(client: APIClient, session_id: str, message: str) -> dict[str, Any]:
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize(
-    ("order_id", "outcome_slot"),
-    [("A1001", "refund_reference"), ("A1002", "refund_refused")],  # a jacket; a bike over the automatic limit
-)
-def test_a_return_is_walked_to_its_refund_through_the_api(
-    alice: Any, returns_agent: Agent, use_provider: Any, order_id: str, outcome_slot: str
+@pytest.mark.parametrize("order_id", ["A1001", "A1002", "A1003"])  # a jacket; a bike over the limit; a tent too old
+def test_a_return_is_walked_to_its_refund_or_to_a_person_through_the_api(
+    alice: Any, returns_agent: Agent, use_provider: Any, order_id: str
 ) -> None:
+    eligible = order_id == "A1001"
     model = ScriptedProvider(
         [
             decision("ASKING_ORDER"),
@@ -64,9 +64,12 @@ def test_a_return_is_walked_to_its_refund_through_the_api(
             "Found it. Why are you returning it?",
             decision("CONFIRMING", reason="it leaks"),
             "Shall I request the refund?",
-            decision("REFUNDING"),
-            call("refund_request", order_id=order_id, reason="it leaks"),
-            "Done: here is what happened.",
+            decision("CHECKING"),  # the user confirms; the rule runs in Python, no model call
+            *(
+                [call("refund_request", order_id=order_id, reason="it leaks"), "Done: the refund is on its way."]
+                if eligible
+                else []
+            ),
         ]
     )
     use_provider(model)
@@ -81,14 +84,24 @@ def test_a_return_is_walked_to_its_refund_through_the_api(
     last = say(client, session_id, "Yes please")
 
     session = ChatSession.objects.get(pk=session_id)
-    assert session.state == "DONE" and session.data["order_id"] == order_id and session.data[outcome_slot]
-    if outcome_slot == "refund_reference":
-        assert session.data["refund_reference"].startswith("R-")
-    else:
-        assert "approved by a person" in session.data["refund_refused"]
-    assert last["reply"] == "Done: here is what happened."
     runs = list(ToolInvocation.objects.filter(session=session).order_by("pk").values_list("name", "ok"))
-    assert runs == [("order_status", True), ("refund_request", True)]
+    if eligible:
+        assert session.state == "DONE" and session.data["refund_reference"].startswith("R-")
+        assert last["reply"] == "Done: the refund is on its way."
+        assert runs == [("order_status", True), ("refund_request", True)]
+    else:
+        # The rule refused: the chat is a person's now, and the model was not asked to reply.
+        assert session.state == "NEEDS_PERSON" and session.status == ChatSession.Status.NEEDS_HUMAN
+        assert last["reply"] == HANDOFF_NOTICE and "refund_reference" not in session.data
+        assert runs == [("order_status", True)]
+        detail = session.checkpoints.filter(reason=Checkpoint.Reason.HANDOFF).values_list("detail", flat=True).get()
+        assert "NEEDS_PERSON" in detail
+        # Given back to the agent in that state, the next message is answered, not handed off again.
+        handoff_resume(session=session, actor="staff")
+        model.add(decision("NEEDS_PERSON"), "A colleague is looking at it.")
+        again = say(client, session_id, "Any news?")
+        session.refresh_from_db()
+        assert again["reply"] == "A colleague is looking at it." and session.status == ChatSession.Status.ACTIVE
     # Every decision was asked for with the schema generated from the declaration, and nothing is left over.
     schemas = {r.schema.__name__ for r in model.requests if r.schema is not None}
     assert schemas == {"ReturnsDecision"} and model.remaining == 0
@@ -106,3 +119,25 @@ def test_a_value_the_slots_refuse_is_dropped_and_said(alice: Any, returns_agent:
     reply_prompt = model.requests[-1].messages[0]["content"]
     refused = reply_prompt.split("NOT ACCEPTED", 1)[1]  # the reply is told what was dropped, and why
     assert "order id: String should match pattern" in refused
+
+
+@pytest.mark.django_db
+def test_a_python_action_that_breaks_goes_to_its_failure_state_and_the_turn_goes_on(
+    alice: Any, returns_agent: Agent, use_provider: Any, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    from agents.workflows import get_workflow
+
+    def broken(context: Any) -> dict[str, Any]:
+        raise RuntimeError("the order service is down")
+
+    monkeypatch.setitem(get_workflow("returns").action_states, "CHECKING", broken)  # type: ignore[index]
+    use_provider(ScriptedProvider([decision("CHECKING")]))
+    client = token_client(alice)
+    session_id = client.post("/api/sessions/", {"agent": "returns"}, format="json").json()["id"]
+    ChatSession.objects.filter(pk=session_id).update(
+        state="CONFIRMING", data={"order_id": "A1001", "reason": "it leaks"}
+    )
+    body = say(client, session_id, "yes")
+    session = ChatSession.objects.get(pk=session_id)
+    assert session.state == "NEEDS_PERSON" and body["reply"] == HANDOFF_NOTICE
+    assert "action broken failed" in caplog.text and "the order service is down" in caplog.text

@@ -32,6 +32,7 @@ from django.db.models.functions import Concat
 from django.utils import timezone
 
 from agents.llm.base import LLMError, TruncatedOutputError
+from agents.llm.prompt import ContextOverflowError
 from agents.llm.providers import get_provider
 from agents.llm.tokens import counter_for
 from agents.turn.begin import (
@@ -71,7 +72,6 @@ from config.queue import enqueue
 from config.services import requeue_each
 from observability.logging import log_context
 from observability.tracing import span
-from sessions.context import ContextOverflowError
 from sessions.locks import SessionTurnLock, TurnLockLost
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import checkpoint_record, stuck_turns_find

@@ -4,7 +4,7 @@
 (some with a tool call and its output), retrieved memories, the workflow step with its collected
 data, and the running summary kept up to date by ``sessions.summaries.summarize_session_through``
 (optionally ``summary_lag`` turns late, as when the worker is slow). Every prompt is built by
-``sessions.context.build_prompt`` and sent to the model; the naive prompt (everything appended,
+``agents.llm.prompt.build_prompt`` and sent to the model; the naive prompt (everything appended,
 as in the seed article's section 2.1) is counted beside it.
 
 ``python -m bench context [-- --turns N]`` runs it in a throwaway database, prints the prompt-token
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from agents.llm.base import CallContext, LLMError, TruncatedOutputError
+from agents.llm.prompt import ContextBudget, MemoryItem, PromptInputs, TurnText, build_prompt
 from agents.llm.tokens import counter_for
-from sessions.context import ContextBudget, MemoryItem, PromptInputs, TurnText, build_prompt
 from sessions.summaries import summarize_session_through, summary_due
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -26,11 +26,12 @@ from django.db.models import F
 from django.utils import timezone
 
 from agents.llm.base import CallContext, LLMError
+from agents.llm.prompt import ContextBudget, TurnText, cut_to_budget, window_size
 from agents.llm.providers import get_provider
 from agents.llm.tokens import TokenCounter, counter_for
 from config.queue import enqueue
 from config.services import requeue_each
-from sessions.context import ContextBudget, TurnHistory, TurnText, cut_to_budget, turn_history, window_size
+from sessions.context import TurnHistory, turn_history
 from sessions.models import ChatSession, Turn
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ def summary_due(*, turns: Sequence[TurnText], budget: ContextBudget, counter: To
     """The seq a summary should now reach, or 0 when none is due.
 
     ``turns`` are the newest completed turns, oldest first (``window_turns + SUMMARY_LEAD_TURNS + 1``
-    of them suffice). The window is ``sessions.context.window_size``. Due: turns that left the
+    of them suffice). The window is ``agents.llm.prompt.window_size``. Due: turns that left the
     window, or will within ``SUMMARY_LEAD_TURNS`` turns, are not in the summary, and either
     ``SUMMARY_BATCH_TURNS`` of them have gathered or some have already left.
     """

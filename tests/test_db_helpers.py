@@ -88,7 +88,7 @@ class TestRefreshFrom:
 
 
 def test_storable_text_replaces_what_postgres_refuses() -> None:
-    from config.db import storable_text
+    from config.text import storable_text
 
     assert storable_text("plain é ✓") == "plain é ✓"
     assert storable_text("a\x00b") == "a\ufffdb"
@@ -100,7 +100,7 @@ def test_storable_text_replaces_what_postgres_refuses() -> None:
 
 
 def test_hold_high_surrogate_keeps_a_first_half_for_the_next_piece() -> None:
-    from config.db import hold_high_surrogate
+    from config.text import hold_high_surrogate
 
     assert hold_high_surrogate("smile \ud83d") == ("smile ", "\ud83d")
     assert hold_high_surrogate("smile 🙂") == ("smile 🙂", "")

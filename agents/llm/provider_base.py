@@ -32,7 +32,7 @@ from agents.llm.base import (
 from agents.llm.recording import llm_call_record
 from agents.llm.redaction import redact
 from agents.llm.tokens import TokenCounter, counter_for
-from config.db import hold_high_surrogate, storable_text
+from config.text import hold_high_surrogate, storable_text
 
 logger = logging.getLogger(__name__)
 

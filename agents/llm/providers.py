@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from django.conf import settings
 
@@ -14,8 +14,14 @@ from agents.llm.demo import DEMO_LABEL, DemoModel
 from agents.llm.openai_compat import OpenAICompatibleProvider
 from agents.llm.profiles import EndpointProfile
 
-if TYPE_CHECKING:
-    from agents.models import Agent
+
+class Agent(Protocol):
+    """What choosing a provider reads of an agent (``agents.models.Agent`` has it; the library has no ORM)."""
+
+    slug: str
+    endpoint: str
+    model: str
+
 
 __all__ = [
     "DEMO_LABEL",
@@ -35,7 +41,7 @@ _demo = DemoModel()
 
 # What answers every call while ``provider_override`` is in force (a test's scripted model): one provider,
 # or a function of (agent, cheap). Process-wide, not per thread: a turn's calls run on other threads too.
-ProviderChoice = Callable[["Agent | None", bool], LLMProvider]
+ProviderChoice = Callable[[Agent | None, bool], LLMProvider]
 _override: ProviderChoice | None = None
 _override_lock = threading.Lock()
 

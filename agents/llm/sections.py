@@ -1,5 +1,5 @@
 """The prompt's sections and the share of the prompt each may take by default (an agent's
-``section_budgets`` overrides any of them; ``sessions.context.ContextBudget`` applies them)."""
+``section_budgets`` overrides any of them; ``agents.llm.prompt.ContextBudget`` applies them)."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ from agents.tools.errors import (
     ToolTimeout,
 )
 from agents.tools.faults import apply_fault
-from config.db import storable_json, storable_text
+from config.text import storable_json, storable_text
 
 if TYPE_CHECKING:
     from agents.models import Agent

@@ -9,10 +9,10 @@ from django.db import transaction
 from django.db.models import Case, F, PositiveIntegerField, When
 from django.utils import timezone
 
+from agents.llm.prompt import TurnText
 from agents.turn.context import UNFINISHED, write_unfinished
 from config.db import refresh_from, update_returning
 from memory.services import memory_writes_enqueue
-from sessions.context import TurnText
 from sessions.locks import SessionTurnLock, TurnLockLost
 from sessions.models import ChatSession, Turn
 from sessions.services import turn_failure_record

@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from agents.llm.base import Message
+from agents.llm.prompt import ContextBudget, MemoryItem, PromptInputs, build_prompt
 from agents.tools import TOOL_ERROR_POLICY, ToolContext, run_tool_call, tool_specs
 from agents.turn.context import TurnContext, TurnEvent, done_event, error_event, write_unfinished
 from agents.turn.finish import complete_turn, fail_turn
 from agents.turn.steps import handoff
 from observability.tracing import span
-from sessions.context import ContextBudget, MemoryItem, PromptInputs, build_prompt
 from sessions.services import transition_apply, turn_failure_record
 
 

@@ -12,6 +12,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from agents.llm.base import LLMError, StructuredOutputError
+from agents.llm.prompt import ContextOverflowError
 from agents.routing import route_message
 from agents.turn.context import (
     AGENT_SWITCHED_OFF,
@@ -27,7 +28,7 @@ from agents.turn.context import (
 from agents.workflows.base import ActionContext, ActionFailed
 from memory.selectors import RecentWindow, memories_for_prompt, retrieval_query
 from observability.tracing import span
-from sessions.context import ContextOverflowError, turn_history
+from sessions.context import turn_history
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import checkpoint_record, transition_apply, turn_failure_record
 

@@ -25,7 +25,7 @@ from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 from django.utils.functional import cached_property
 
-from agents.workflows import registered_workflows
+from agents.workflows import get_workflow, workflow_choices
 
 # Below this many rows an exact count is cheap enough (a few milliseconds), and exact.
 ESTIMATE_COUNT_ABOVE = 100_000
@@ -85,5 +85,6 @@ def known_values_filter(field: str, title: str, values: Callable[[], Iterable[st
 
 
 def workflow_states() -> list[str]:
-    """Every state of every registered workflow."""
-    return [state for workflow in registered_workflows() for state in workflow.states]
+    """Every state of every workflow agents may follow: the code's, and the latest version of each one
+    declared in the admin (a filter of checkpoints or sessions by state offers them all)."""
+    return [state for name, _title in workflow_choices() for state in get_workflow(name).states]

@@ -23,6 +23,7 @@ from agents.models import Agent, WorkflowDefinition, WorkflowVersion
 from agents.tools.registry import tool_names
 from agents.workflows import get_workflow, workflow_choices
 from agents.workflows.spec import WorkflowSpecError, workflow_from_spec
+from config.admin_lists import workflow_states
 from sessions.models import ChatSession
 from tests.api.conftest import token_client
 
@@ -110,6 +111,7 @@ def test_an_admin_defined_workflow_runs_and_an_edit_leaves_running_sessions_on_t
     assert _admin_post(staff_client, add, name="callback", spec=declaration()).status_code == 302
     definition = WorkflowDefinition.objects.get(name="callback")
     assert definition.version == 1 and ("callback", "Callback request") in workflow_choices()
+    assert "ASKING_PHONE" in workflow_states()  # the admin's filters by state offer its states
     agent = Agent(name="Callbacks", slug="callbacks", system_prompt="You arrange callbacks.", workflow="callback")
     agent.full_clean()
     agent.save()

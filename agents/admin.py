@@ -241,6 +241,8 @@ class WorkflowDefinitionForm(forms.ModelForm):
     class Meta:
         model = WorkflowDefinition
         fields = ["name", "is_active", "spec"]
+        # Room for a declaration, in a fixed-width font (the default textarea is 10 rows of prose).
+        widgets = {"spec": forms.Textarea(attrs={"rows": 24, "cols": 100, "style": "font-family: monospace"})}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -277,8 +279,9 @@ class WorkflowDefinitionAdmin(admin.ModelAdmin):
                 "description": (
                     "JSON: title, initial_state, slots (type string, integer, number, boolean or date; pattern, "
                     "min_length, max_length, minimum, maximum, choices, description), states (name, instruction, "
-                    "collects, requires, accepts, question), transitions, terminal_states, failed_state, "
-                    "complete_state, actions ({state: {tool, success, failure}}). Unknown or unreachable states, "
+                    "collects, requires, accepts, question), transitions, terminal_states, handoff_states, "
+                    "failed_state, complete_state, actions ({state: {tool, success, failure}}). Unknown or "
+                    "unreachable states, "
                     "unknown slots and unknown tools are refused. Saving a change makes a new version: new "
                     "sessions start on it, running ones keep theirs."
                 ),

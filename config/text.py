@@ -3,6 +3,7 @@ what comes from outside (model output, tool results). Pure functions: no ORM."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -42,3 +43,9 @@ def storable_json(value: Any) -> Any:
     if isinstance(value, list):
         return [storable_json(v) for v in value]
     return value
+
+
+def camel_case(name: str, *, default: str = "Model") -> str:
+    """``name`` ("flight_booking", "look-up") as a class name ("FlightBooking", "LookUp"): the generated
+    pydantic models of tools and workflows are named this way."""
+    return "".join(part[:1].upper() + part[1:] for part in re.split(r"[^A-Za-z0-9]+", name) if part) or default

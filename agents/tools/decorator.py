@@ -25,6 +25,7 @@ from typing import Any, overload
 from pydantic import BaseModel, ConfigDict, create_model
 
 from agents.tools.registry import Tool, ToolContext
+from config.text import camel_case
 
 # What OpenAI-compatible endpoints accept as a function name.
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -109,7 +110,7 @@ def tool_from_function(
 
     else:
         args_model = create_model(
-            _camel(tool_name) + "Args",
+            camel_case(tool_name, default="Tool") + "Args",
             __config__=ConfigDict(extra="forbid", str_strip_whitespace=True),
             **fields,
         )
@@ -136,7 +137,3 @@ def _single_model(fields: dict[str, Any]) -> type[BaseModel] | None:
         return None
     ((annotation, _default),) = fields.values()
     return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-
-
-def _camel(name: str) -> str:
-    return "".join(part[:1].upper() + part[1:] for part in re.split(r"[_-]+", name) if part) or "Tool"

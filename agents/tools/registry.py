@@ -22,14 +22,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 import httpx
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
-from django.utils.module_loading import import_string
 from pydantic import BaseModel, ValidationError
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
@@ -43,6 +41,7 @@ from agents.tools.errors import (
     ToolTimeout,
 )
 from agents.tools.faults import apply_fault
+from config.plugins import load_plugins
 from config.text import storable_json, storable_text
 
 if TYPE_CHECKING:
@@ -181,21 +180,7 @@ def default_registry_reset() -> None:
 
 def configured_tools() -> list[Tool]:
     """Every tool the settings and the installed packages name, in that order (see ``default_registry``)."""
-    found: list[Tool] = []
-    for path in getattr(settings, "AGENT_TOOLS", []):
-        try:
-            value = import_string(path)
-        except ImportError as exc:
-            raise ImproperlyConfigured(f"AGENT_TOOLS: cannot import {path!r} ({exc})") from exc
-        found.extend(_as_tools(value, f"AGENT_TOOLS entry {path!r}"))
-    for entry in entry_points(group=TOOLS_ENTRY_POINT_GROUP):
-        try:
-            value = entry.load()
-        except Exception as exc:  # a broken package must say which one it is
-            raise ImproperlyConfigured(
-                f"tool entry point {entry.name!r} ({entry.value}) cannot be loaded: {exc}"
-            ) from exc
-        found.extend(_as_tools(value, f"tool entry point {entry.name!r} ({entry.value})"))
+    found = load_plugins("AGENT_TOOLS", getattr(settings, "AGENT_TOOLS", []), TOOLS_ENTRY_POINT_GROUP, _as_tools)
     names = [tool.name for tool in found]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:

@@ -10,12 +10,10 @@ operators declare in the admin, by version (``agents.workflow_store``).
 from __future__ import annotations
 
 import threading
-from importlib.metadata import entry_points
 from typing import Protocol
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.utils.module_loading import import_string
 
 from agents.workflows.base import (
     MAX_RETRIES,
@@ -28,6 +26,7 @@ from agents.workflows.base import (
     WorkflowDecision,
 )
 from agents.workflows.free_chat import FREE_CHAT
+from config.plugins import load_plugins
 
 # Installable packages offer workflows under this entry-point group: each entry names a Workflow.
 WORKFLOWS_ENTRY_POINT_GROUP = "agents_runtime.workflows"
@@ -80,28 +79,14 @@ def _registry() -> dict[str, Workflow]:
 def configured_workflows() -> list[Workflow]:
     """The free chat, then every workflow the settings and the installed packages name, in that order.
     ``ImproperlyConfigured`` names an entry that cannot be imported or is not a ``Workflow``."""
-    found: list[Workflow] = [FREE_CHAT]
-    for path in getattr(settings, "AGENT_WORKFLOWS", []):
-        try:
-            value = import_string(path)
-        except ImportError as exc:
-            raise ImproperlyConfigured(f"AGENT_WORKFLOWS: cannot import {path!r} ({exc})") from exc
-        found.append(_as_workflow(value, f"AGENT_WORKFLOWS entry {path!r}"))
-    for entry in entry_points(group=WORKFLOWS_ENTRY_POINT_GROUP):
-        try:
-            value = entry.load()
-        except Exception as exc:  # a broken package must say which one it is
-            raise ImproperlyConfigured(
-                f"workflow entry point {entry.name!r} ({entry.value}) cannot be loaded: {exc}"
-            ) from exc
-        found.append(_as_workflow(value, f"workflow entry point {entry.name!r} ({entry.value})"))
-    return found
+    paths = getattr(settings, "AGENT_WORKFLOWS", [])
+    return [FREE_CHAT, *load_plugins("AGENT_WORKFLOWS", paths, WORKFLOWS_ENTRY_POINT_GROUP, _as_workflow)]
 
 
-def _as_workflow(value: object, source: str) -> Workflow:
+def _as_workflow(value: object, source: str) -> list[Workflow]:
     if not isinstance(value, Workflow):
         raise ImproperlyConfigured(f"{source} is {type(value).__name__}, not a Workflow")
-    return value
+    return [value]
 
 
 def registry_reset() -> None:

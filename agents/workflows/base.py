@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origi
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from config.errors import Refusal
+from config.text import camel_case
 
 # The retry counter may reach this many failed turns; one more and the session moves to the failed state.
 MAX_RETRIES = 3
@@ -467,7 +468,7 @@ def decision_schema_for(name: str, states: Sequence[str], slots_model: type[Base
     ``slots`` an update in which every slot is optional and loosely typed (a number stays a number, a date or
     a constrained string is a string): the slots' own types and checks run when the update is merged
     (``Workflow.merge_slots``), so that one bad value is reported and dropped instead of voiding the rest."""
-    camel = "".join(part[:1].upper() + part[1:] for part in re.split(r"[^A-Za-z0-9]+", name) if part) or "Workflow"
+    camel = camel_case(name, default="Workflow")
     update_fields: dict[str, Any] = {
         slot: (_loose(field.annotation), Field(default=None, description=field.description))
         for slot, field in slots_model.model_fields.items()

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import SchemaError
 
 from agents.workflows.base import StateSpec, Workflow
+from config.text import camel_case
 
 
 class WorkflowSpecError(ValueError):
@@ -253,7 +254,7 @@ def _slots_model(name: str, slots: Mapping[str, SlotSpec]) -> type[BaseModel]:
         }
         typed: Any = Annotated[base, Field(**limits)] if limits else base
         fields[slot] = (typed | None, Field(default=None, description=spec.description or None))
-    camel = "".join(part[:1].upper() + part[1:] for part in name.split("_") if part)
+    camel = camel_case(name, default="Workflow")
     # Patterns in Python's syntax, as the declaration's check reads them (pydantic's default is Rust's).
     config = ConfigDict(extra="forbid", regex_engine="python-re")
     model: type[BaseModel] = create_model(f"{camel}Slots", __config__=config, **fields)

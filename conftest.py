@@ -174,7 +174,10 @@ def _fresh_cache() -> Iterator[None]:
     """One test's counters and claims must not throttle, lock out or hold back the next test's."""
     from django.core.cache import cache
 
+    from agents.llm.capabilities import forget_all
+
     cache.clear()
+    forget_all()  # what an endpoint took for structured outputs (a fake server's port is reused)
     yield
     cache.clear()
 

@@ -10,7 +10,7 @@ from django.http import HttpRequest
 from agents.llm.base import Outcome, Purpose
 from agents.llm.demo import DemoModel
 from agents.llm.openai_compat import OpenAICompatibleProvider
-from agents.models import Agent, LLMCall, ToolInvocation, WorkflowDefinition, WorkflowVersion
+from agents.models import Agent, EndpointCapability, LLMCall, ToolInvocation, WorkflowDefinition, WorkflowVersion
 from agents.tools import tool_names
 from agents.tools.errors import ErrorKind
 from agents.workflow_store import workflow_definition_save
@@ -143,6 +143,25 @@ class LLMCallAdmin(LogAdmin):
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: LLMCall | None = None) -> bool:
+        return False
+
+
+@admin.register(EndpointCapability)
+class EndpointCapabilityAdmin(admin.ModelAdmin):
+    """What each model endpoint was found to take for structured outputs. Learned by the calls themselves;
+    delete a row to have it learned again (after a server upgrade, say)."""
+
+    list_display = ["profile", "model", "base_url", "structured_mode", "learned_at"]
+    list_filter = ["structured_mode", "profile"]
+    search_fields = ["profile", "model", "base_url"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: EndpointCapability | None = None) -> list[str]:
+        return [f.name for f in EndpointCapability._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: EndpointCapability | None = None) -> bool:
         return False
 
 

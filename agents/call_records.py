@@ -1,5 +1,6 @@
 """The records the agents app installs as callbacks: an ``LLMCall`` row per model call (in the ``llm``
-library), a ``ToolInvocation`` row per tool call of a session (in the tool registry)."""
+library), a ``ToolInvocation`` row per tool call of a session (in the tool registry), an
+``EndpointCapability`` row per endpoint for the structured-output format it takes."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import contextlib
 from django.db import Error as DatabaseError
 from django.db import transaction
 
+from agents.llm.capabilities import EndpointKey, LearnedMode
 from agents.llm.recording import CallRecord
-from agents.models import LLMCall, ToolInvocation
+from agents.models import EndpointCapability, LLMCall, ToolInvocation
 from agents.tools.registry import ToolContext, ToolResult
 from config.db import reconnect_if_broken
 
@@ -70,3 +72,24 @@ def tool_invocation_save(result: ToolResult, context: ToolContext) -> ToolInvoca
             attempts=result.attempts,
             latency_ms=result.latency_ms,
         )
+
+
+def capability_load(key: EndpointKey) -> LearnedMode | None:
+    row = EndpointCapability.objects.filter(
+        profile=key.profile[:80], base_url=key.base_url[:500], model=key.model[:200]
+    ).first()
+    if row is None:
+        return None
+    return LearnedMode(mode=row.structured_mode, detail=row.detail)  # type: ignore[arg-type]
+
+
+def capability_save(key: EndpointKey, learned: LearnedMode) -> EndpointCapability:
+    # A savepoint: a structured call may run inside a caller's transaction.
+    with transaction.atomic():
+        row, _ = EndpointCapability.objects.update_or_create(
+            profile=key.profile[:80],
+            base_url=key.base_url[:500],
+            model=key.model[:200],
+            defaults={"structured_mode": learned.mode, "detail": learned.detail[:_MAX_ERROR]},
+        )
+    return row

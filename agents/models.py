@@ -41,7 +41,16 @@ class Agent(models.Model):
     endpoint = models.CharField(max_length=80, blank=True, default="")
     model = models.CharField(max_length=200, blank=True, default="", help_text="Blank: the endpoint's default model.")
     temperature = models.FloatField(default=0.3, validators=[MinValueValidator(0.0), MaxValueValidator(2.0)])
-    max_tokens = models.PositiveIntegerField(default=512, help_text="Largest reply, in tokens.")
+    max_tokens = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        default=None,
+        validators=[MinValueValidator(16)],
+        help_text=(
+            "Largest reply, in tokens. Blank (recommended): an eighth of the context window, at least 1,024. "
+            "A prose reply cut off at this limit is continued, up to three times."
+        ),
+    )
     context_window = models.PositiveIntegerField(default=8192, help_text="The model's context window, in tokens.")
     response_reserve = models.PositiveIntegerField(default=768, help_text="Tokens kept free for the reply.")
     safety_margin = models.FloatField(
@@ -269,3 +278,30 @@ class WorkflowVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.definition.name} v{self.version}"
+
+
+class EndpointCapability(models.Model):
+    """What an endpoint was found to take for structured outputs (``agents.llm.capabilities``), learned by
+    trying: one row per profile, base URL and model. Written by the calls themselves; shown in the admin
+    and on /ops/. Delete a row to have it learned again."""
+
+    class Mode(models.TextChoices):
+        JSON_SCHEMA = "json_schema", "JSON schema (response_format json_schema)"
+        JSON_OBJECT_SCHEMA = "json_object_schema", "JSON object constrained by a schema (llama.cpp)"
+        JSON_OBJECT = "json_object", "JSON mode, schema in the prompt"
+
+    profile = models.CharField(max_length=80)
+    base_url = models.CharField(max_length=500)
+    model = models.CharField(max_length=200)
+    structured_mode = models.CharField(max_length=20, choices=Mode.choices)
+    detail = models.TextField(blank=True, help_text="Why the formats before this one were given up.")
+    learned_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["profile", "base_url", "model"], name="endpoint_capability_unique"),
+        ]
+        ordering = ["profile", "model"]
+
+    def __str__(self) -> str:
+        return f"{self.profile} · {self.model}: {self.structured_mode}"

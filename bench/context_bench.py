@@ -327,7 +327,7 @@ def simulate(
         built = build_prompt(inputs=inputs, budget=budget, counter=counter)
         ctx = CallContext(purpose="reply", agent_id=agent.pk, session_id=session.pk, prompt_sections=built.sections)
         try:
-            reply = provider.complete(built.messages, ctx=ctx, max_tokens=agent.max_tokens).text
+            reply = provider.complete(built.messages, ctx=ctx, max_tokens=budget.reply_tokens).text
         except TruncatedOutputError as exc:
             reply = exc.partial_text
         except LLMError:

@@ -306,6 +306,14 @@ LLM_RETRY_BASE_DELAY = env_float("LLM_RETRY_BASE_DELAY", 0.5, minimum=0.0)
 LLM_RETRY_MAX_DELAY = env_float("LLM_RETRY_MAX_DELAY", 8.0, minimum=0.0)
 LLM_MAX_RETRY_AFTER = env_float("LLM_MAX_RETRY_AFTER", 30.0, minimum=0.0)
 LLM_SUPPORTS_JSON_SCHEMA = env_bool("LLM_SUPPORTS_JSON_SCHEMA", True)
+# How structured outputs are asked for: "auto" (try json_schema, then llama.cpp's json_object with a schema,
+# then plain JSON mode, and remember what the endpoint took), or one of those pinned (docs/models.md).
+LLM_STRUCTURED_OUTPUT = env_str("LLM_STRUCTURED_OUTPUT", "auto") or "auto"
+if LLM_STRUCTURED_OUTPUT not in ("auto", "json_schema", "json_object_schema", "json_object"):
+    raise ImproperlyConfigured(
+        "LLM_STRUCTURED_OUTPUT must be auto, json_schema, json_object_schema or json_object "
+        f"(got {LLM_STRUCTURED_OUTPUT!r})"
+    )
 # The default endpoint's context window, when known: a ceiling on every agent's own context_window.
 LLM_CONTEXT_WINDOW = env_int("LLM_CONTEXT_WINDOW", 0, minimum=0) or None
 if LLM_CONTEXT_WINDOW is not None and LLM_CONTEXT_WINDOW < 512:
@@ -326,6 +334,7 @@ if LLM_BASE_URL or LLM_MODEL:
         "read_timeout": LLM_READ_TIMEOUT,
         "max_retries": LLM_MAX_RETRIES,
         "supports_json_schema": LLM_SUPPORTS_JSON_SCHEMA,
+        "structured_output": LLM_STRUCTURED_OUTPUT,
         "context_window": LLM_CONTEXT_WINDOW,
         "cheap_model": LLM_CHEAP_MODEL,
     }

@@ -13,7 +13,7 @@ from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from agents.models import Agent
+from agents.models import Agent, EndpointCapability
 from observability import selectors
 from observability.charts import line_chart
 from observability.metrics import metrics_access_allowed, metrics_exposition
@@ -111,6 +111,8 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "open_alerts": selectors.alerts_open(),
         "recent_alerts": selectors.alerts_recent(limit=15),
         "at_risk": selectors.sessions_at_risk(start=start, end=end),
+        # What each model endpoint takes for structured outputs, as learned (agents.llm.capabilities).
+        "endpoints": list(EndpointCapability.objects.all()[:50]),
     }
     return render(request, "observability/dashboard.html", context)
 

@@ -169,6 +169,7 @@ class SessionMessageApi(generics.GenericAPIView[Turn]):
             "reply": result.reply,
             "reply_html": markdown_to_safe_html(result.reply),
             "replayed": result.replayed,
+            "truncated": result.turn.truncated,
             "is_demo": result.is_demo,
             "model_label": DEMO_LABEL if result.is_demo else session.agent.model,
             "session": session,

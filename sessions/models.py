@@ -82,6 +82,9 @@ class Turn(models.Model):
     state_after = models.CharField(max_length=60, blank=True)
     steps = models.PositiveIntegerField(default=0)
     step_limit_hit = models.BooleanField(default=False)
+    truncated = models.BooleanField(
+        default=False, help_text="The reply was still cut off by the token limit after its continuations: kept as is."
+    )
     is_demo = models.BooleanField(default=False, help_text="Answered by the offline demo model, not an LLM.")
     # The context inspector: sections and their tokens, included/dropped turns and memories, degradations.
     composition = models.JSONField(default=dict, blank=True)

@@ -153,6 +153,7 @@ class TurnOutputSerializer(serializers.ModelSerializer[Turn]):
             "state_after",
             "steps",
             "step_limit_hit",
+            "truncated",
             "is_demo",
             "prompt_tokens",
             "created_at",
@@ -206,6 +207,10 @@ class MessageOutputSerializer(serializers.Serializer[Any]):
     reply = serializers.CharField()
     reply_html = serializers.CharField(help_text="The reply as sanitized HTML (markdown rendered).")
     replayed = serializers.BooleanField(help_text="True when an earlier request with this Idempotency-Key answered.")
+    truncated = serializers.BooleanField(
+        help_text="True when the reply was still cut off by the token limit after its continuations: it is kept as "
+        "far as it got; send a message asking to continue."
+    )
     is_demo = serializers.BooleanField()
     model_label = serializers.CharField()
     session = SessionOutputSerializer()

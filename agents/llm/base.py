@@ -149,6 +149,8 @@ class LLMError(Exception):
     retries: int = 0
     # Seconds the server asked us to wait (Retry-After), when it said so.
     retry_after: float | None = None
+    # The HTTP status the endpoint answered with, when it answered.
+    status: int | None = None
 
 
 class LLMTimeout(LLMError):

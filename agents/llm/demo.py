@@ -29,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from agents.llm.base import Message, ToolCallRequest, ToolSpec
+from agents.llm.continuation import continued_partial
 from agents.llm.provider_base import BaseProvider, OpenedStream, RawCompletion, StreamChunk, ToolCallDelta
 from agents.llm.tokens import counter_for
 
@@ -104,11 +105,22 @@ class DemoModel(BaseProvider):
             texts = [_text_of(m) for m in messages if m.get("role") != "system"]
             summary = extractive_summary(texts, max_tokens=max_tokens or 256)
             return RawCompletion(text=summary, finish_reason="stop", model=self.model)
-        reply = demo_reply(messages, tools)
+        partial = continued_partial(messages)
+        if partial is not None:
+            # Asked to go on after a cut-off reply: the rest of the reply it would have given (a real model
+            # continues its own words; the demo's are deterministic, so the rest is known).
+            whole = self._request(
+                messages[:-2], temperature=temperature, max_tokens=None, tools=tools, schema=None, purpose=purpose
+            ).text
+            rest = whole[len(partial) :] if whole.startswith(partial) else ""
+            reply = DemoReply(text=rest)
+        else:
+            reply = demo_reply(messages, tools)
         text, finish = reply.text, "tool_calls" if reply.tool_calls else "stop"
         # The demo honours the token limit like a model would, so truncation handling is exercised too.
         if max_tokens is not None and counter_for(self.model).count(text) > max_tokens:
-            text, finish = counter_for(self.model).truncate(text, max_tokens), "length"
+            # Cut where a model's stream would: on a whole character (a token can hold half of one).
+            text, finish = counter_for(self.model).truncate(text, max_tokens).rstrip("\ufffd"), "length"
         return RawCompletion(text=text, finish_reason=finish, model=self.model, tool_calls=reply.tool_calls)
 
     def _open_stream(

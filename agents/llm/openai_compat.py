@@ -32,6 +32,17 @@ from agents.llm.base import (
     ToolCallRequest,
     ToolSpec,
 )
+from agents.llm.capabilities import (
+    MODES,
+    EndpointKey,
+    LearnedMode,
+    StructuredMode,
+    is_format_refusal,
+    known_mode,
+    modes_to_try,
+    remember,
+    response_format,
+)
 from agents.llm.profiles import EndpointProfile
 from agents.llm.provider_base import (
     BaseProvider,
@@ -168,7 +179,16 @@ class OpenAICompatibleProvider(BaseProvider):
             error = LLMConnectionError(self._scrub(f"cannot reach {self.profile.base_url}: {exc}"))
         elif isinstance(exc, openai.APIStatusError):
             status = exc.status_code
-            message = self._scrub(f"HTTP {status}: {exc.message}")
+            message = f"HTTP {status}: {exc.message}"
+            try:
+                body = exc.response.text[:800]
+            except Exception:  # noqa: BLE001 - a streamed body that cannot be read: the status says enough
+                body = ""
+            if body and body not in message:
+                # The SDK's message leaves out bodies of other shapes (FastAPI's {"detail": [...]}, plain text),
+                # where a server says what it refused (which response_format, which parameter).
+                message += f" ({body})"
+            message = self._scrub(message)
             if status == 429:
                 error = LLMRateLimited(message)
             elif status >= 500:
@@ -177,6 +197,7 @@ class OpenAICompatibleProvider(BaseProvider):
                 # 400, 401, 403, 404, 408, 409, 422…: the request itself is wrong; retrying repeats it.
                 error = LLMClientError(message)
             error.retry_after = parse_retry_after(exc.response.headers)
+            error.status = status
         else:
             error = LLMError(self._scrub(f"{type(exc).__name__}: {exc}"))
         return error
@@ -192,6 +213,7 @@ class OpenAICompatibleProvider(BaseProvider):
         max_tokens: int | None,
         tools: list[ToolSpec] | None,
         schema: type[BaseModel] | None,
+        mode: StructuredMode | None = None,
     ) -> dict[str, Any]:
         params: dict[str, Any] = {"model": self.model, "messages": messages}
         if temperature is not None:
@@ -201,15 +223,11 @@ class OpenAICompatibleProvider(BaseProvider):
         if tools:
             params["tools"] = [tool.as_openai() for tool in tools]
         if schema is not None:
+            # The schema is in the prompt whatever the format: plain JSON mode has nothing else to go by.
             params["messages"] = _with_instruction(messages, schema_instruction(schema))
-            if self.profile.supports_json_schema:
-                params["response_format"] = {
-                    "type": "json_schema",
-                    # Not "strict": pydantic schemas with defaults do not meet strict mode's rules; we validate.
-                    "json_schema": {"name": schema.__name__, "schema": schema.model_json_schema(), "strict": False},
-                }
-            else:
-                params["response_format"] = {"type": "json_object"}
+            params["response_format"] = response_format(
+                mode or "json_schema", name=schema.__name__, schema=schema.model_json_schema()
+            )
         return params
 
     def _request(
@@ -222,8 +240,13 @@ class OpenAICompatibleProvider(BaseProvider):
         schema: type[BaseModel] | None,
         purpose: str,
     ) -> RawCompletion:
-        params = self._params(messages, temperature=temperature, max_tokens=max_tokens, tools=tools, schema=schema)
-        response, retries = self._with_retries(lambda: self._client.chat.completions.create(**params))
+        if schema is not None:
+            response, retries = self._structured_request(
+                messages, temperature=temperature, max_tokens=max_tokens, schema=schema
+            )
+        else:
+            params = self._params(messages, temperature=temperature, max_tokens=max_tokens, tools=tools, schema=None)
+            response, retries = self._with_retries(lambda: self._client.chat.completions.create(**params))
         if not response.choices:
             error = LLMError("the endpoint answered with no choices")
             error.retries = retries
@@ -244,6 +267,36 @@ class OpenAICompatibleProvider(BaseProvider):
             completion_tokens=usage.completion_tokens if usage else None,
             retries=retries,
         )
+
+    def _structured_request(
+        self, messages: list[Message], *, temperature: float | None, max_tokens: int | None, schema: type[BaseModel]
+    ) -> tuple[Any, int]:
+        """Ask in the format this endpoint is known to take; on a refusal of the format, the next one
+        (``agents.llm.capabilities``). What worked is remembered for the endpoint."""
+        key = EndpointKey(profile=self.profile.name, base_url=self.profile.base_url, model=self.model)
+        learned = known_mode(key)
+        modes = modes_to_try(
+            pinned=self.profile.structured_output,
+            supports_json_schema=self.profile.supports_json_schema,
+            learned=learned,
+        )
+        refusals: list[str] = []
+        for index, mode in enumerate(modes):
+            params = self._params(
+                messages, temperature=temperature, max_tokens=max_tokens, tools=None, schema=schema, mode=mode
+            )
+            try:
+                response, retries = self._with_retries(lambda p=params: self._client.chat.completions.create(**p))  # type: ignore[misc]
+            except LLMClientError as exc:
+                if index + 1 < len(modes) and is_format_refusal(exc.status, str(exc)):
+                    logger.info("endpoint %s refused response_format %s: %s", self.profile.name, mode, exc)
+                    refusals.append(f"{mode}: {str(exc)[:300]}")
+                    continue
+                raise
+            if self.profile.structured_output not in MODES and (learned is None or learned.mode != mode):
+                remember(key, LearnedMode(mode=mode, detail=self._scrub("; ".join(refusals))))
+            return response, retries
+        raise AssertionError("unreachable: the last mode's refusal is raised")
 
     def _open_stream(
         self,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from agents.llm.base import LLMConfigurationError
+from agents.llm.capabilities import AUTO, MODES
 
 # Defaults for keys a profile may leave out (LLM_PROFILES_JSON entries are often minimal).
 _DEFAULTS: dict[str, object] = {
@@ -22,6 +23,7 @@ _DEFAULTS: dict[str, object] = {
     "read_timeout": 60.0,
     "max_retries": 3,
     "supports_json_schema": True,
+    "structured_output": AUTO,
     "context_window": None,  # unknown unless configured; then a ceiling for every agent on the endpoint
     "cheap_model": "",
     # Backoff: base * 2**attempt seconds, capped, with jitter; a Retry-After above the cap is not waited for.
@@ -41,7 +43,10 @@ class EndpointProfile:
     connect_timeout: float
     read_timeout: float
     max_retries: int
+    # False: the learning of structured_output "auto" starts after json_schema.
     supports_json_schema: bool
+    # "auto" (learned by trying, agents.llm.capabilities) or a mode pinned: json_schema, json_object_schema, json_object.
+    structured_output: str
     # The model's context window as the operator knows it, if given: agents' budgets never exceed it.
     context_window: int | None
     cheap_model: str
@@ -65,6 +70,7 @@ class EndpointProfile:
                 read_timeout=_number(merged["read_timeout"]),
                 max_retries=int(_number(merged["max_retries"])),
                 supports_json_schema=_flag(merged["supports_json_schema"]),
+                structured_output=str(merged["structured_output"] or AUTO),
                 # 0 or blank: not known (as when unset).
                 context_window=int(_number(merged["context_window"])) or None
                 if merged["context_window"] not in (None, "")
@@ -77,6 +83,10 @@ class EndpointProfile:
             )
         except (TypeError, ValueError) as exc:
             raise LLMConfigurationError(f"LLM profile {name!r} has an invalid value: {exc}") from exc
+        if profile.structured_output not in (AUTO, *MODES):
+            raise LLMConfigurationError(
+                f"LLM profile {name!r}: structured_output must be {AUTO} or one of {', '.join(MODES)}"
+            )
         if not profile.base_url:
             raise LLMConfigurationError(f"LLM profile {name!r} has no base_url (set LLM_BASE_URL)")
         if not profile.model:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agents.llm.base import LLMConfigurationError
+from agents.llm.continuation import default_reply_tokens
 from agents.llm.providers import endpoint_window
 from agents.llm.sections import DEFAULT_SHARES
 from agents.llm.tokens import REPLY_PRIMING, TOKENS_PER_MESSAGE, TokenCounter
@@ -85,6 +86,8 @@ class ContextBudget:
     window_turns: int
     min_turns: int = MIN_TURNS
     memory_budget_tokens: int = 2000
+    # The largest reply, in tokens (the agent's ``max_tokens``, or ``default_reply_tokens`` of the window).
+    reply_tokens: int = 1024
 
     def __post_init__(self) -> None:
         if not 0 <= self.safety_margin < 1:
@@ -107,7 +110,8 @@ class ContextBudget:
                 shares[name] = float(share)
         ceiling = endpoint_window(agent)
         window = min(agent.context_window, ceiling) if ceiling else agent.context_window
-        reserve = max(agent.response_reserve, agent.max_tokens)
+        reply_tokens = agent.max_tokens or default_reply_tokens(window)
+        reserve = max(agent.response_reserve, reply_tokens)
         if (
             ceiling
             and window < agent.context_window
@@ -126,6 +130,7 @@ class ContextBudget:
             window_turns=max(agent.window_turns, MIN_TURNS),
             min_turns=MIN_TURNS,
             memory_budget_tokens=agent.memory_budget_tokens,
+            reply_tokens=reply_tokens,
         )
 
     @property

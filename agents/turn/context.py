@@ -115,6 +115,7 @@ def done_event(turn: Turn, session: ChatSession, *, replayed: bool = False) -> T
         "status": session.status,
         "turn_status": turn.status,
         "is_demo": turn.is_demo,
+        "truncated": turn.truncated,
         "replayed": replayed,
     }
 

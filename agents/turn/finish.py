@@ -36,6 +36,7 @@ def complete_turn(
     is_demo: bool,
     history: TurnHistory | None = None,
     resets_failures: bool = False,
+    truncated: bool = False,
 ) -> None:
     """Save the reply in one transaction; after the commit, enqueue the turn's background work. ``history``
     is what the turn's prompt was built from, if it was. ``resets_failures``: a workflow with nothing to
@@ -71,6 +72,8 @@ def complete_turn(
             fields["composition"] = composition
         if is_demo:
             fields["is_demo"] = True
+        if truncated:
+            fields["truncated"] = True
         saved = update_returning(Turn.objects.filter(pk=turn.pk, status__in=UNFINISHED), **fields)
         if not saved:
             # Rolls the session's write back with it (see finish_turn_row).

@@ -6,17 +6,22 @@ In a workflow's action state the state's tool is offered too, and its outcome mo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
-from agents.llm.base import Message
-from agents.llm.prompt import ContextBudget, MemoryItem, PromptInputs, build_prompt
+from agents.llm.base import LLMError, Message, ToolCallRequest, ToolSpec, TruncatedOutputError
+from agents.llm.continuation import CONTINUE_INSTRUCTION, MAX_CONTINUATIONS, continuation_messages
+from agents.llm.prompt import BuiltPrompt, ContextBudget, MemoryItem, PromptInputs, build_prompt
 from agents.tools import TOOL_ERROR_POLICY, ToolContext, run_tool_call, tool_specs
 from agents.turn.context import TurnContext, TurnEvent, done_event, error_event, write_unfinished
 from agents.turn.finish import complete_turn, fail_turn
 from agents.turn.steps import handoff
 from observability.tracing import span
 from sessions.services import transition_apply, turn_failure_record
+
+logger = logging.getLogger("agents.runtime")
 
 
 def reply(ctx: TurnContext) -> Iterator[TurnEvent]:
@@ -31,6 +36,8 @@ def reply(ctx: TurnContext) -> Iterator[TurnEvent]:
     built = None
     steps = 0
     text = ""
+    continuations = 0
+    truncated = False
     while True:
         if steps >= agent.step_limit:
             yield from _at_step_limit(ctx, reply_parts)
@@ -38,23 +45,10 @@ def reply(ctx: TurnContext) -> Iterator[TurnEvent]:
         steps += 1
         with span("context.build"):
             built = build_prompt(inputs=_prompt_inputs(ctx, specs, tool_messages), budget=budget, counter=ctx.counter)
-        ctx.before_call()
-        step_text: list[str] = []
-        with span("llm.call", purpose="reply", step=steps):
-            stream = ctx.provider.stream(
-                built.messages,
-                ctx=ctx.call("reply", prompt_sections=dict(built.sections)),
-                temperature=agent.temperature,
-                max_tokens=agent.max_tokens,
-                tools=specs or None,
-            )
-            for delta in stream:
-                if delta:
-                    step_text.append(delta)
-                    yield {"type": "delta", "text": delta}
-        completion = stream.completion
-        text = "".join(step_text) if step_text else (completion.text if completion else "")
-        calls = list(completion.tool_calls) if completion else []
+        streamed = yield from _streamed_step(ctx, built, budget, specs, step=steps)
+        text, calls = streamed.text, streamed.calls
+        continuations += streamed.continuations
+        truncated = streamed.truncated
         if not calls:
             break
         if text:
@@ -81,6 +75,10 @@ def reply(ctx: TurnContext) -> Iterator[TurnEvent]:
     composition = dict(built.composition) if built is not None else {}
     composition.update(ctx.composition_extra)
     composition["steps"] = steps
+    if continuations:
+        composition["continuations"] = continuations
+    if truncated:
+        composition["truncated"] = True
     complete_turn(
         session,
         turn,
@@ -92,10 +90,83 @@ def reply(ctx: TurnContext) -> Iterator[TurnEvent]:
         is_demo=ctx.provider.is_demo,
         history=ctx.history,
         resets_failures=workflow.is_free_chat,
+        truncated=truncated,
     )
     ctx.done = True
     yield ctx.state_event()
     yield done_event(turn, session)
+
+
+@dataclass
+class StreamedStep:
+    """One step's reply as streamed: its text (continuations joined), the tool calls it asked for, and whether
+    it is still cut off after the continuations it was allowed."""
+
+    text: str
+    calls: list[ToolCallRequest] = field(default_factory=list)
+    continuations: int = 0
+    truncated: bool = False
+
+
+def _streamed_step(
+    ctx: TurnContext, built: BuiltPrompt, budget: ContextBudget, specs: list[ToolSpec], *, step: int
+) -> Generator[TurnEvent, None, StreamedStep]:
+    """Stream one model reply; a prose reply cut off by the token limit is continued (``agents.llm.continuation``)
+    while the grown prompt fits, ``MAX_CONTINUATIONS`` times at most, each call checkpointed first. A reply cut
+    off in a tool call, or by anything but the length limit (a closed connection, a content filter), fails as
+    before: it is not whole, and there is nothing safe to continue."""
+    agent = ctx.agent
+    parts: list[str] = []
+    messages = built.messages
+    sections = dict(built.sections)
+    continuations = 0
+    while True:
+        ctx.before_call()
+        step_text: list[str] = []
+        with span("llm.call", purpose="reply", step=step, continuation=continuations):
+            stream = ctx.provider.stream(
+                messages,
+                ctx=ctx.call("reply", prompt_sections=sections),
+                temperature=agent.temperature,
+                max_tokens=budget.reply_tokens,
+                tools=specs or None,
+            )
+            try:
+                for delta in stream:
+                    if delta:
+                        step_text.append(delta)
+                        yield {"type": "delta", "text": delta}
+            except LLMError as exc:
+                if not isinstance(exc, TruncatedOutputError):
+                    if not continuations:
+                        raise
+                    # A continuation failed (the endpoint went away, a timeout): what was said stands, marked.
+                    logger.warning("turn %s: continuation %s failed: %s", ctx.turn.pk, continuations, exc)
+                    parts.append("".join(step_text))
+                    return StreamedStep(text="".join(parts), continuations=continuations, truncated=True)
+                completion = stream.completion
+                text = "".join(step_text) or exc.partial_text
+                if completion is None or completion.finish_reason != "length" or completion.tool_calls or not text:
+                    raise
+                parts.append(text)
+                so_far = "".join(parts)
+                grown = {"continuation": ctx.counter.count(so_far) + ctx.counter.count(CONTINUE_INSTRUCTION) + 8}
+                if (
+                    continuations >= MAX_CONTINUATIONS
+                    or built.total_tokens + grown["continuation"] > budget.prompt_limit
+                ):
+                    return StreamedStep(text=so_far, continuations=continuations, truncated=True)
+                continuations += 1
+                messages = continuation_messages(built.messages, so_far)
+                sections = {**dict(built.sections), **grown}
+                continue
+        completion = stream.completion
+        parts.append("".join(step_text) if step_text else (completion.text if completion else ""))
+        return StreamedStep(
+            text="".join(parts),
+            calls=list(completion.tool_calls) if completion else [],
+            continuations=continuations,
+        )
 
 
 def _prompt_inputs(ctx: TurnContext, specs: list[Any], tool_messages: list[Message]) -> PromptInputs:

@@ -40,6 +40,29 @@
     if (response.ok) panels.innerHTML = await response.text();
   }
 
+  // A reply still cut off at the length limit after its continuations: say so, and offer to go on (a new
+  // message asking for the rest; the model sees the cut reply in the conversation).
+  const CONTINUE_MESSAGE = "Please continue where you stopped.";
+  function cutNote(reply) {
+    document.querySelectorAll("button.continue-reply").forEach(function (old) { old.remove(); });
+    const note = document.createElement("p");
+    note.className = "cut-note";
+    note.textContent = "This reply was cut off at the length limit. ";
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "link continue-reply";
+    button.textContent = "Continue";
+    note.appendChild(button);
+    reply.appendChild(note);
+  }
+  turns.addEventListener("click", function (e) {
+    const target = e.target;
+    if (!(target instanceof HTMLElement) || !target.classList.contains("continue-reply") || send.disabled) return;
+    target.remove();
+    input.value = CONTINUE_MESSAGE;
+    form.requestSubmit();
+  });
+
   const HANDED_OVER = "No automatic reply: this chat is with a person now, who will answer here.";
 
   // A reply as the server rendered it (markdown, sanitized with nh3), or as text when it could not.
@@ -77,6 +100,7 @@
         body.textContent = HANDED_OVER;
       }
       if (data.turn_status === "failed") reply.classList.add("failed");
+      if (data.truncated) cutNote(reply);
       if (data.is_demo) {
         const badge = document.createElement("span");
         badge.className = "badge demo small";

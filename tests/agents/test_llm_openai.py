@@ -223,15 +223,117 @@ def test_structured_uses_json_schema_and_temperature_zero(fake_openai: FakeOpenA
     assert only_call().outcome == "ok"
 
 
-def test_structured_falls_back_to_json_mode(fake_openai: FakeOpenAIServer) -> None:
+def test_structured_in_plain_json_mode_puts_the_schema_in_the_prompt(fake_openai: FakeOpenAIServer) -> None:
     fake_openai.enqueue(fake.json_reply({"intent": "chat", "confidence": 0.1}))
-    provider = make_provider(fake_openai, supports_json_schema=False)
+    provider = make_provider(fake_openai, structured_output="json_object")
     assert provider.structured(MESSAGES, schema=Route, ctx=CTX).intent == "chat"
     body = fake_openai.chat_requests()[0].body
     assert body["response_format"] == {"type": "json_object"}
     # JSON mode needs the schema in the prompt: it goes into the first system message.
     assert body["messages"][0]["role"] == "system" and '"intent"' in body["messages"][0]["content"]
     assert body["messages"][1:] == MESSAGES[1:]
+
+
+# llama.cpp's server (llama-cpp-python 0.3.36) refuses json_schema like this.
+LLAMA_CPP_REFUSAL = (
+    '{"detail": [{"type": "literal_error", "loc": ["body", "response_format", "type"], '
+    "\"msg\": \"Input should be 'text' or 'json_object'\"}]}"
+)
+
+
+def _refusal(status: int = 422, text: str = LLAMA_CPP_REFUSAL) -> fake.FakeResponse:
+    return fake.FakeResponse(status=status, body=text)
+
+
+def test_a_refused_json_schema_falls_back_to_a_json_object_with_the_schema_and_is_remembered(
+    fake_openai: FakeOpenAIServer,
+) -> None:
+    from agents.models import EndpointCapability
+
+    fake_openai.enqueue(_refusal(), fake.json_reply({"intent": "book", "confidence": 0.9}))
+    provider = make_provider(fake_openai, max_retries=0)
+    assert provider.structured(MESSAGES, schema=Route, ctx=CTX).intent == "book"
+    first, second = (r.body["response_format"] for r in fake_openai.chat_requests())
+    assert first["type"] == "json_schema"
+    assert second == {"type": "json_object", "schema": Route.model_json_schema()}
+    row = EndpointCapability.objects.get()
+    assert (row.profile, row.base_url, row.model, row.structured_mode) == (
+        "test",
+        fake_openai.base_url,
+        "fake-model",
+        "json_object_schema",
+    )
+    assert "response_format" in row.detail
+
+    # The next structured call (a new provider, as each turn makes) asks in the learned format at once.
+    fake_openai.enqueue(fake.json_reply({"intent": "chat", "confidence": 0.5}))
+    assert make_provider(fake_openai).structured(MESSAGES, schema=Route, ctx=CTX).intent == "chat"
+    assert fake_openai.chat_requests()[2].body["response_format"]["type"] == "json_object"
+    assert len(fake_openai.chat_requests()) == 3
+
+
+def test_the_learned_format_is_read_from_the_database_by_a_fresh_process(fake_openai: FakeOpenAIServer) -> None:
+    from agents.llm.capabilities import forget_all
+    from agents.models import EndpointCapability
+
+    EndpointCapability.objects.create(
+        profile="test", base_url=fake_openai.base_url, model="fake-model", structured_mode="json_object"
+    )
+    forget_all()  # as a new process starts
+    fake_openai.enqueue(fake.json_reply({"intent": "chat", "confidence": 0.5}))
+    make_provider(fake_openai).structured(MESSAGES, schema=Route, ctx=CTX)
+    assert fake_openai.chat_requests()[0].body["response_format"] == {"type": "json_object"}
+
+
+def test_each_refused_format_gives_way_to_the_next_down_to_plain_json_mode(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.enqueue(
+        _refusal(),
+        _refusal(400, '{"error": {"message": "Unrecognized request argument: response_format.schema"}}'),
+        fake.json_reply({"intent": "book", "confidence": 1}),
+    )
+    assert make_provider(fake_openai, max_retries=0).structured(MESSAGES, schema=Route, ctx=CTX).intent == "book"
+    formats = [r.body["response_format"] for r in fake_openai.chat_requests()]
+    assert [f["type"] for f in formats] == ["json_schema", "json_object", "json_object"]
+    assert "schema" in formats[1] and formats[2] == {"type": "json_object"}
+
+
+def test_a_client_error_about_something_else_is_not_taken_for_a_format_refusal(
+    fake_openai: FakeOpenAIServer,
+) -> None:
+    from agents.models import EndpointCapability
+
+    fake_openai.enqueue(fake.error(400, "model 'fake-model' not found"), fake.json_reply({"intent": "book"}))
+    with pytest.raises(LLMClientError):
+        make_provider(fake_openai, max_retries=0).structured(MESSAGES, schema=Route, ctx=CTX)
+    assert len(fake_openai.chat_requests()) == 1
+    assert not EndpointCapability.objects.exists()
+
+
+def test_a_pinned_format_is_the_only_one_tried(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.enqueue(_refusal(), fake.json_reply({"intent": "book", "confidence": 1}))
+    with pytest.raises(LLMClientError):
+        make_provider(fake_openai, max_retries=0, structured_output="json_schema").structured(
+            MESSAGES, schema=Route, ctx=CTX
+        )
+    assert len(fake_openai.chat_requests()) == 1
+
+
+def test_without_json_schema_support_learning_starts_at_the_json_object_with_a_schema(
+    fake_openai: FakeOpenAIServer,
+) -> None:
+    fake_openai.enqueue(fake.json_reply({"intent": "chat", "confidence": 0.1}))
+    make_provider(fake_openai, supports_json_schema=False).structured(MESSAGES, schema=Route, ctx=CTX)
+    assert fake_openai.chat_requests()[0].body["response_format"] == {
+        "type": "json_object",
+        "schema": Route.model_json_schema(),
+    }
+
+
+def test_an_unknown_structured_output_setting_is_a_configuration_error(fake_openai: FakeOpenAIServer) -> None:
+    from agents.llm.base import LLMConfigurationError
+
+    with pytest.raises(LLMConfigurationError, match="structured_output"):
+        make_provider(fake_openai, structured_output="xml")
 
 
 def test_invalid_structured_output_is_repaired_once(fake_openai: FakeOpenAIServer) -> None:

@@ -90,11 +90,11 @@ def test_a_client_error_is_not_retried(alice: Any, chat_agent: Agent, remote_mod
 @pytest.mark.parametrize(
     "cut",
     [
-        stream("This answer goes on and on", finish_reason="length"),  # the token limit
         stream("This answer never", finish_reason=None),  # [DONE] without a finish reason
         stream("This answer is dropped mid way through", cut_after=4),  # the connection dies
     ],
-    ids=["finish-length", "no-finish-reason", "connection-dropped"],
+    # (A reply cut by the token limit is continued instead: tests/agents/test_long_replies.py.)
+    ids=["no-finish-reason", "connection-dropped"],
 )
 def test_a_reply_cut_off_is_not_used_and_the_next_turn_succeeds(
     cut: Any, alice: Any, chat_agent: Agent, remote_model: Any

@@ -1,0 +1,126 @@
+"""How each endpoint takes a request for structured output, learned by trying and remembered.
+
+Servers differ in what ``response_format`` they accept:
+
+- ``json_schema``: ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`` (OpenAI, vLLM,
+  Ollama ≥ 0.5, LM Studio);
+- ``json_object_schema``: ``{"type": "json_object", "schema": {...}}`` (llama.cpp's servers: the schema
+  becomes a grammar that constrains the output);
+- ``json_object``: plain JSON mode, the schema only in the prompt (older servers and gateways).
+
+A structured call tries them in that order and moves on only when the endpoint refuses the request with a
+client error that names ``response_format`` (or the format); what worked is remembered per endpoint
+(profile, base URL and model) in this process and, through a store the agents app installs, in the
+database, where the admin and ``/ops/`` show it. A profile can pin a mode (``structured_output``) instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+logger = logging.getLogger(__name__)
+
+StructuredMode = Literal["json_schema", "json_object_schema", "json_object"]
+MODES: tuple[StructuredMode, ...] = ("json_schema", "json_object_schema", "json_object")
+AUTO = "auto"
+
+MODE_LABELS: dict[str, str] = {
+    "json_schema": "JSON schema (response_format json_schema)",
+    "json_object_schema": "JSON object constrained by a schema (llama.cpp)",
+    "json_object": "JSON mode, schema in the prompt",
+}
+
+# A client error that is about the response format, not about the rest of the request.
+_FORMAT_REFUSAL = re.compile(r"response_format|json_schema|json_object|structured output|\bschema\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class EndpointKey:
+    profile: str
+    base_url: str
+    model: str
+
+
+@dataclass(frozen=True)
+class LearnedMode:
+    mode: StructuredMode
+    # Why the modes before it were given up (the endpoint's refusals, scrubbed of secrets by the caller).
+    detail: str = ""
+
+
+Loader = Callable[[EndpointKey], LearnedMode | None]
+Saver = Callable[[EndpointKey, LearnedMode], object]
+
+_known: dict[EndpointKey, LearnedMode] = {}
+_lock = threading.Lock()
+_loader: Loader | None = None
+_saver: Saver | None = None
+
+
+def install_store(*, load: Loader | None, save: Saver | None) -> None:
+    """Where learned modes persist (the agents app installs a table); ``None`` keeps them in this process."""
+    global _loader, _saver
+    _loader, _saver = load, save
+
+
+def forget_all() -> None:
+    """Forget what this process learned (tests; a changed endpoint is re-learned on its first refusal anyway)."""
+    with _lock:
+        _known.clear()
+
+
+def known_mode(key: EndpointKey) -> LearnedMode | None:
+    with _lock:
+        learned = _known.get(key)
+    if learned is not None or _loader is None:
+        return learned
+    try:
+        learned = _loader(key)
+    except Exception:
+        logger.exception("could not read the learned structured-output mode of %s", key)
+        return None
+    if learned is not None:
+        with _lock:
+            _known[key] = learned
+    return learned
+
+
+def remember(key: EndpointKey, learned: LearnedMode) -> None:
+    with _lock:
+        if _known.get(key) == learned:
+            return
+        _known[key] = learned
+    logger.info("endpoint %s (%s) takes structured output as %s", key.profile, key.model, learned.mode)
+    if _saver is not None:
+        try:
+            _saver(key, learned)
+        except Exception:  # remembering is an optimisation: the call it came from has its answer
+            logger.exception("could not store the structured-output mode of %s", key)
+
+
+def modes_to_try(*, pinned: str, supports_json_schema: bool, learned: LearnedMode | None) -> tuple[StructuredMode, ...]:
+    """The formats to try, in order: the pinned one alone; else from the learned one (or the first) onwards."""
+    if pinned in MODES:
+        return (pinned,)  # type: ignore[return-value]
+    start = MODES.index(learned.mode) if learned is not None else (0 if supports_json_schema else 1)
+    return MODES[start:]
+
+
+def is_format_refusal(status: int | None, message: str) -> bool:
+    """A 400 or 422 whose text names the response format: the endpoint does not take this format."""
+    return status in (400, 415, 422) and bool(_FORMAT_REFUSAL.search(message))
+
+
+def response_format(mode: StructuredMode, *, name: str, schema: dict[str, object]) -> dict[str, object]:
+    """The ``response_format`` request field for ``mode``."""
+    if mode == "json_schema":
+        # Not "strict": pydantic schemas with defaults do not meet strict mode's rules; we validate.
+        return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": False}}
+    if mode == "json_object_schema":
+        return {"type": "json_object", "schema": schema}
+    return {"type": "json_object"}

@@ -1,0 +1,156 @@
+"""Long answers survive: a prose reply cut off by the token limit is continued over real HTTP (the fake
+OpenAI server), and kept and marked as cut off when the continuations cannot finish it. The reply budget
+follows the model's window unless an agent sets one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from agents.llm.continuation import CONTINUE_INSTRUCTION, MAX_CONTINUATIONS, default_reply_tokens
+from agents.llm.prompt import ContextBudget
+from agents.models import Agent, LLMCall
+from agents.runtime import turn_run, turn_stream
+from sessions.models import Turn
+from sessions.services import session_create
+from tests.fakes.openai_server import error, stream, tool_call
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def chat_agent(db: Any) -> Agent:
+    return Agent.objects.create(name="Chat", slug="chat", system_prompt="Be thorough.", workflow="free_chat", tools=[])
+
+
+@pytest.fixture
+def remote_model(settings: Any, fake_openai: Any) -> Any:
+    settings.LLM_PROFILES = {"default": fake_openai.profile(read_timeout=2.0, max_retries=0)}
+    return fake_openai
+
+
+def test_a_reply_cut_by_the_token_limit_arrives_whole_after_continuation(
+    alice: Any, chat_agent: Agent, remote_model: Any
+) -> None:
+    remote_model.enqueue(
+        stream("Step one: pack the bags. Step two:", finish_reason="length"),
+        stream(" book the train. Step three:", finish_reason="length"),
+        stream(" enjoy the trip."),
+    )
+    session = session_create(user=alice, agent=chat_agent)
+    events = list(turn_stream(session=session, message="Write me a long plan."))
+    turn = Turn.objects.get(session=session)
+    whole = "Step one: pack the bags. Step two: book the train. Step three: enjoy the trip."
+    assert turn.status == Turn.Status.COMPLETED, turn.error
+    assert turn.assistant_message == whole
+    assert not turn.truncated
+    assert turn.composition["continuations"] == 2
+    # The user saw every piece as it came, in order, and nothing twice.
+    assert "".join(e["text"] for e in events if e["type"] == "delta") == whole
+    done = next(e for e in events if e["type"] == "done")
+    assert done["truncated"] is False and done["reply"] == whole
+
+    requests = remote_model.chat_requests()
+    assert len(requests) == 3
+    # Each continuation sends the partial back as the assistant's words, then asks to go on.
+    second = requests[1].messages
+    assert second[-2] == {"role": "assistant", "content": "Step one: pack the bags. Step two:"}
+    assert second[-1] == {"role": "user", "content": CONTINUE_INSTRUCTION}
+    assert requests[2].messages[-2]["content"] == "Step one: pack the bags. Step two: book the train. Step three:"
+    assert requests[0].messages == second[:-2]  # the original prompt, unchanged
+    outcomes = list(LLMCall.objects.filter(turn=turn, purpose="reply").order_by("pk").values_list("outcome", flat=True))
+    assert outcomes == ["truncated", "truncated", "ok"]
+
+
+def test_a_reply_still_cut_after_its_continuations_is_kept_and_marked(
+    alice: Any, chat_agent: Agent, remote_model: Any
+) -> None:
+    pieces = [f"Part {n} of a very long essay." for n in range(MAX_CONTINUATIONS + 1)]
+    remote_model.enqueue(*(stream(p + " ", finish_reason="length") for p in pieces))
+    session = session_create(user=alice, agent=chat_agent)
+    result = turn_run(session=session, message="Write an essay that never ends.")
+    turn = result.turn
+    assert turn.status == Turn.Status.COMPLETED, turn.error
+    assert turn.truncated is True
+    whole = "".join(p + " " for p in pieces)
+    assert turn.assistant_message == whole  # nothing lost
+    assert len(remote_model.chat_requests()) == MAX_CONTINUATIONS + 1
+    assert remote_model.pending() == 0
+
+    client = APIClient()
+    client.force_authenticate(alice)
+    body = client.get(f"/api/sessions/{session.pk}/messages/").json()
+    rows = body["results"] if isinstance(body, dict) else body
+    assert rows[0]["truncated"] is True and rows[0]["assistant_message"] == whole
+
+
+def test_a_continuation_that_fails_keeps_what_was_said_marked(alice: Any, chat_agent: Agent, remote_model: Any) -> None:
+    remote_model.enqueue(stream("The first half of the answer", finish_reason="length"), error(500), stream("unused"))
+    session = session_create(user=alice, agent=chat_agent)
+    turn = turn_run(session=session, message="Explain at length.").turn
+    assert turn.status == Turn.Status.COMPLETED, turn.error
+    assert turn.truncated and turn.assistant_message == "The first half of the answer"
+
+
+def test_continuations_stop_when_the_grown_prompt_would_not_fit(
+    alice: Any, chat_agent: Agent, remote_model: Any
+) -> None:
+    chat_agent.context_window = 2048
+    chat_agent.max_tokens = 64
+    chat_agent.save()
+    budget = ContextBudget.from_agent(chat_agent)
+    # A partial that alone takes most of the prompt's room: sending it back would overflow the window.
+    long_partial = "word " * budget.prompt_limit
+    remote_model.enqueue(stream(long_partial, finish_reason="length"), stream("never asked for"))
+    session = session_create(user=alice, agent=chat_agent)
+    turn = turn_run(session=session, message="Go on and on.").turn
+    assert turn.status == Turn.Status.COMPLETED and turn.truncated
+    assert len(remote_model.chat_requests()) == 1
+    assert remote_model.pending() == 1
+
+
+def test_a_tool_call_cut_off_is_not_continued(alice: Any, chat_agent: Agent, remote_model: Any) -> None:
+    remote_model.enqueue(
+        stream("", tool_calls=[tool_call("search_memory", {"query": "x"})], finish_reason="length"),
+        stream("never asked for"),
+    )
+    session = session_create(user=alice, agent=chat_agent)
+    turn = turn_run(session=session, message="Look it up.").turn
+    assert turn.status == Turn.Status.FAILED
+    assert len(remote_model.chat_requests()) == 1
+
+
+def test_the_reply_budget_follows_the_window_unless_the_agent_sets_one(chat_agent: Agent) -> None:
+    assert chat_agent.max_tokens is None
+    assert ContextBudget.from_agent(chat_agent).reply_tokens == max(1024, chat_agent.context_window // 8)
+    chat_agent.context_window = 32768
+    assert ContextBudget.from_agent(chat_agent).reply_tokens == 4096
+    chat_agent.context_window = 1024
+    assert ContextBudget.from_agent(chat_agent).reply_tokens == 512  # never more than half the window
+    chat_agent.max_tokens = 300
+    assert ContextBudget.from_agent(chat_agent).reply_tokens == 300
+    assert default_reply_tokens(8192) == 1024
+
+
+def test_the_reply_call_asks_for_the_window_based_budget(alice: Any, chat_agent: Agent, remote_model: Any) -> None:
+    remote_model.enqueue(stream("Short."))
+    turn_run(session=session_create(user=alice, agent=chat_agent), message="Hi")
+    assert remote_model.chat_requests()[0].body["max_tokens"] == 1024
+
+
+@pytest.mark.parametrize("message", ["漢字かな交じり文。" * 112, "🙂" * 500], ids=["1000-cjk", "500-emoji"])
+def test_a_long_message_in_any_script_is_answered_by_the_demo_model(
+    alice: Any, chat_agent: Agent, message: str
+) -> None:
+    chat_agent.endpoint = "demo"
+    chat_agent.save()
+    session = session_create(user=alice, agent=chat_agent)
+    turn = turn_run(session=session, message=message).turn
+    assert turn.status == Turn.Status.COMPLETED, turn.error
+    assert not turn.truncated
+    # The demo quotes the message (as the prompt holds it: cut in the middle to its budget) and ends with its
+    # closing sentence: the reply arrived whole.
+    assert message[:100] in turn.assistant_message
+    assert turn.assistant_message.endswith("to talk to a real model.")

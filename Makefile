@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PY := $(BIN)/python
 
-.PHONY: run test test-slow test-reliability lint typecheck bench install install-dev clean-data
+.PHONY: run test test-slow test-llm test-reliability lint typecheck bench install install-dev clean-data
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -27,10 +27,28 @@ run: install
 
 ## Second command: install test tools and run the test suite (not the slow marks).
 test: install-dev
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not llm" $(PYTEST_ARGS)
 
 test-slow: install-dev
-	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+	$(PY) -m pytest -m "slow and not llm" $(PYTEST_ARGS)
+
+# A real model server (llama-cpp-python with Gemma 3 270M) in .venv-llm, apart from the app's environment.
+# The first install compiles llama.cpp (about 5 minutes on 2 cores; longer on slower machines), for a portable
+# x86-64 CPU: its AVX-512 and AMX kernels crash on some virtual machines. --no-cache-dir: pip's cache could
+# hand back a wheel compiled with other flags.
+LLM := .venv-llm
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+	-DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_OPENMP=OFF
+$(LLM)/.installed: requirements-llm.txt
+	$(PYTHON) -m venv $(LLM)
+	$(LLM)/bin/python -m pip install --progress-bar on --upgrade pip
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(LLM)/bin/python -m pip install --progress-bar on --no-cache-dir \
+		-r requirements-llm.txt
+	touch $@
+
+## The app against a real local model server (not part of make test).
+test-llm: install-dev $(LLM)/.installed
+	LLAMA_SERVER_PYTHON=$(LLM)/bin/python $(PY) -m pytest -m llm tests/llm $(PYTEST_ARGS)
 
 ## The whole fault-injection and security suite, slow parts included (the default run has a subset).
 test-reliability: install-dev

@@ -55,6 +55,8 @@ class ToolSpec:
     name: str
     description: str
     parameters: dict[str, Any]
+    # The model must call this tool now (``tool_choice``): a workflow's action state, whose step is the call.
+    forced: bool = False
 
     def as_openai(self) -> dict[str, Any]:
         return {

@@ -112,8 +112,9 @@ def modes_to_try(*, pinned: str, supports_json_schema: bool, learned: LearnedMod
 
 
 def is_format_refusal(status: int | None, message: str) -> bool:
-    """A 400 or 422 whose text names the response format: the endpoint does not take this format."""
-    return status in (400, 415, 422) and bool(_FORMAT_REFUSAL.search(message))
+    """A client error (a 4xx, or a 5xx that reports a request validation error) whose text names the response
+    format: the endpoint does not take this format."""
+    return status is not None and status != 429 and bool(_FORMAT_REFUSAL.search(message))
 
 
 def response_format(mode: StructuredMode, *, name: str, schema: dict[str, object]) -> dict[str, object]:

@@ -12,6 +12,7 @@ import email.utils
 import hashlib
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -59,6 +60,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _clients: dict[tuple[str, ...], openai.OpenAI] = {}
+# A 5xx whose body is a request validation error (FastAPI/pydantic wording).
+_REQUEST_VALIDATION = re.compile(r"validation error|literal_error|Input should be", re.IGNORECASE)
 _clients_lock = threading.Lock()
 # Endpoints that need no key (Ollama, llama.cpp) still need a non-empty one for the SDK.
 _NO_KEY = "not-needed"
@@ -191,6 +194,10 @@ class OpenAICompatibleProvider(BaseProvider):
             message = self._scrub(message)
             if status == 429:
                 error = LLMRateLimited(message)
+            elif status >= 500 and _REQUEST_VALIDATION.search(message):
+                # A server that reports a request it could not validate as a 5xx (llama-cpp-python 0.3's
+                # server does, for a response_format it does not know): the request is wrong, not the server.
+                error = LLMClientError(message)
             elif status >= 500:
                 error = LLMServerError(message)
             else:
@@ -222,6 +229,9 @@ class OpenAICompatibleProvider(BaseProvider):
             params["max_tokens"] = max_tokens
         if tools:
             params["tools"] = [tool.as_openai() for tool in tools]
+            forced = next((tool.name for tool in tools if tool.forced), None)
+            if forced is not None:
+                params["tool_choice"] = {"type": "function", "function": {"name": forced}}
         if schema is not None:
             # The schema is in the prompt whatever the format: plain JSON mode has nothing else to go by.
             params["messages"] = _with_instruction(messages, schema_instruction(schema))

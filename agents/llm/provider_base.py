@@ -449,7 +449,8 @@ class RecordedStream:
                     slot = calls.setdefault(delta.index, {"id": None, "name": "", "arguments": []})
                     if delta.id:
                         slot["id"] = delta.id
-                    if delta.name:
+                    if delta.name and delta.name != slot["name"]:
+                        # OpenAI sends the name once; some servers (llama-cpp-python) repeat it in every delta.
                         slot["name"] += delta.name
                     slot["arguments"].append(delta.arguments)  # made storable whole (_partial)
                 if chunk.text:

@@ -6,6 +6,7 @@ In a workflow's action state the state's tool is offered too, and its outcome mo
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
@@ -30,6 +31,9 @@ def reply(ctx: TurnContext) -> Iterator[TurnEvent]:
     action_tool = workflow.action_tool(session.state)
     names = list(dict.fromkeys([*ctx.tool_names, *([action_tool] if action_tool else [])]))
     specs = tool_specs(names) if names else []
+    if action_tool:
+        # An action state's step is the call of its tool: the model is told to make it (tool_choice), once.
+        specs = [dataclasses.replace(spec, forced=spec.name == action_tool) for spec in specs]
     tool_messages: list[Message] = []
     context = ToolContext(user=session.user, session=session, turn=turn, agent=agent)
     reply_parts: list[str] = []
@@ -56,7 +60,8 @@ def reply(ctx: TurnContext) -> Iterator[TurnEvent]:
         tool_messages.append(
             {
                 "role": "assistant",
-                "content": text or None,
+                # "" rather than null: OpenAI takes either, llama-cpp-python's server only a string.
+                "content": text,
                 "tool_calls": [
                     {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                     for c in calls
@@ -68,6 +73,8 @@ def reply(ctx: TurnContext) -> Iterator[TurnEvent]:
                 result = run_tool_call(call=call, context=context, enabled=names)
             tool_messages.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
             yield {"type": "tool", "name": call.name, "ok": result.ok, "error_kind": result.error_kind}
+            if call.name == action_tool:
+                specs = [dataclasses.replace(spec, forced=False) for spec in specs]
             if action_tool and call.name == action_tool and session.state in workflow.action_outcomes:
                 if _apply_action(ctx, result):
                     yield ctx.state_event()

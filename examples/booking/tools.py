@@ -37,11 +37,13 @@ def _iso_date(value: object) -> date:
     raise ValueError("must be a date string YYYY-MM-DD")
 
 
-# A calendar date the model sends as "YYYY-MM-DD"; nothing else (no timestamps, no "next Friday").
+# A calendar date the model sends as "YYYY-MM-DD"; nothing else (no timestamps, no "next Friday"). The schema
+# says so with the standard "format": "date" (which llama.cpp turns into a date grammar), not a regex "pattern":
+# llama-cpp-python 0.3.36 mistranslates "\d{4}" into a grammar that crashes its server.
 IsoDate = Annotated[
     date,
     BeforeValidator(_iso_date),
-    WithJsonSchema({"type": "string", "format": "date", "pattern": r"^\d{4}-\d{2}-\d{2}$"}),
+    WithJsonSchema({"type": "string", "format": "date", "description": "YYYY-MM-DD"}),
 ]
 City = Annotated[str, Field(min_length=2, max_length=80)]
 

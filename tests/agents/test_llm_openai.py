@@ -459,3 +459,66 @@ def test_a_json_nul_escape_in_structured_output_is_made_storable() -> None:
     assert parse_structured('{"text": "x\\U0000y"}', Note).text == "x\ufffdy"
     # An escaped backslash before "u0000" is the text "\u0000", not a NUL: left alone.
     assert parse_structured('{"text": "x\\\\u0000y"}', Note).text == "x\\u0000y"
+
+
+def test_a_server_that_reports_a_refused_format_as_a_500_is_not_retried_and_falls_back(
+    fake_openai: FakeOpenAIServer,
+) -> None:
+    # llama-cpp-python 0.3.36's server answers an unknown response_format with a 500 and pydantic's words.
+    body = {
+        "error": {
+            "message": "1 validation error: {'type': 'literal_error', 'loc': ('body', 'response_format', "
+            "'type'), 'msg': \"Input should be 'text' or 'json_object'\"}",
+            "type": "internal_server_error",
+        }
+    }
+    fake_openai.enqueue(fake.FakeResponse(status=500, body=body), fake.json_reply({"intent": "book", "confidence": 1}))
+    assert make_provider(fake_openai, max_retries=2).structured(MESSAGES, schema=Route, ctx=CTX).intent == "book"
+    assert [r.body["response_format"]["type"] for r in fake_openai.chat_requests()] == ["json_schema", "json_object"]
+
+
+def test_a_forced_tool_is_sent_as_tool_choice(fake_openai: FakeOpenAIServer) -> None:
+    spec = ToolSpec(name="lookup", description="Look up.", parameters={"type": "object", "properties": {}})
+    forced = ToolSpec(name="book", description="Book.", parameters={"type": "object", "properties": {}}, forced=True)
+    fake_openai.enqueue(fake.reply("ok"), fake.reply("ok"))
+    make_provider(fake_openai).complete(MESSAGES, ctx=CTX, tools=[spec, forced])
+    make_provider(fake_openai).complete(MESSAGES, ctx=CTX, tools=[spec])
+    first, second = (r.body for r in fake_openai.chat_requests())
+    assert first["tool_choice"] == {"type": "function", "function": {"name": "book"}}
+    assert "forced" not in json.dumps(first["tools"])
+    assert "tool_choice" not in second
+
+
+def test_a_tool_name_repeated_in_every_streamed_delta_is_taken_once(fake_openai: FakeOpenAIServer) -> None:
+    # llama-cpp-python's server repeats id and name in each tool-call delta; OpenAI sends them once.
+    base = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+    pieces = ['{"code"', ': "LH1', '00"}']
+    chunks = [
+        {
+            **base,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": "call_x",
+                                "type": "function",
+                                "function": {"name": "lookup", "arguments": piece},
+                            }
+                        ]
+                    },
+                }
+            ],
+        }
+        for piece in pieces
+    ]
+    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    fake_openai.enqueue(fake.FakeResponse(stream=chunks))
+    stream = make_provider(fake_openai).stream(MESSAGES, ctx=CTX)
+    list(stream)
+    assert stream.completion is not None
+    assert [(c.id, c.name, json.loads(c.arguments)) for c in stream.completion.tool_calls] == [
+        ("call_x", "lookup", {"code": "LH100"})
+    ]

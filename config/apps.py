@@ -9,3 +9,7 @@ class CoreConfig(AppConfig):
     name = "config"
     label = "core"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # The process's start time, taken now (at start-up), not on the first health request.
+        from config import process  # noqa: F401

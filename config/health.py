@@ -1,7 +1,10 @@
-"""/healthz: is the database (with pgvector), the broker and a worker alive?
+"""/healthz: is the database (with pgvector), the broker and a worker alive? /readyz: can this process
+serve a chat or memory request now (embedder and tokenizer loaded, database answering, a worker seen since
+this process started)?
 
 Open to anyone (load balancers, uptime checks): a failure is named, its exception text (hosts, addresses,
-user names) goes to the log only.
+user names) goes to the log only. A worker heartbeat older than this process's start counts for neither: it
+may be the previous run's, from a worker that is gone.
 """
 
 from __future__ import annotations
@@ -16,8 +19,12 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from agents.llm.tokens import tokenizer_ready
+from config import process
 from config.celery import app
 from config.models import WorkerHeartbeat
+from config.warmup import warm_up_in_background
+from memory.embedding import embedder_ready
 
 logger = logging.getLogger(__name__)
 WORKER_FRESH_FOR = timedelta(seconds=60)
@@ -54,18 +61,37 @@ def check_broker() -> dict[str, Any]:
 
 
 def check_worker() -> dict[str, Any]:
+    """A heartbeat newer than ``WORKER_FRESH_FOR`` and than this process's start."""
     try:
         beat = WorkerHeartbeat.objects.order_by("-seen_at").first()
     except Exception as exc:  # noqa: BLE001
         return {"ok": False, "error": _failed("the worker heartbeat could not be read", exc)}
     if beat is None:
         return {"ok": False, "error": "no worker heartbeat seen yet"}
-    age = (timezone.now() - beat.seen_at).total_seconds()
-    ok = age <= WORKER_FRESH_FOR.total_seconds()
-    result: dict[str, Any] = {"ok": ok, "hostname": beat.hostname, "last_seen_seconds_ago": round(age, 1)}
-    if not ok:
+    now = timezone.now()
+    age = (now - beat.seen_at).total_seconds()
+    result: dict[str, Any] = {"ok": False, "hostname": beat.hostname, "last_seen_seconds_ago": round(age, 1)}
+    if age > WORKER_FRESH_FOR.total_seconds():
         result["error"] = f"last heartbeat {age:.0f}s ago (more than {WORKER_FRESH_FOR.total_seconds():.0f}s)"
+    elif beat.seen_at < process.STARTED_AT:
+        up = (now - process.STARTED_AT).total_seconds()
+        result["error"] = (
+            f"no heartbeat since this process started {up:.0f}s ago (the last, {age:.0f}s ago, may be the "
+            "previous run's)"
+        )
+    else:
+        result["ok"] = True
     return result
+
+
+def check_models() -> dict[str, Any]:
+    """This process's embedder and tokenizer are loaded (starting their warm-up if nothing has)."""
+    embedder, tokenizer = embedder_ready(), tokenizer_ready()
+    if embedder and tokenizer:
+        return {"ok": True}
+    warm_up_in_background()
+    waiting = [name for name, ready in (("the embedding model", embedder), ("the tokenizer", tokenizer)) if not ready]
+    return {"ok": False, "error": "loading " + " and ".join(waiting)}
 
 
 @never_cache
@@ -76,3 +102,17 @@ def healthz(request: HttpRequest) -> JsonResponse:
     checks["worker"] = check_worker() if database["ok"] else {"ok": False, "error": "database unavailable"}
     ok = all(c["ok"] for c in checks.values())
     return JsonResponse({"status": "ok" if ok else "error", **checks}, status=200 if ok else 503)
+
+
+@never_cache
+@require_GET
+def readyz(request: HttpRequest) -> JsonResponse:
+    """200 when this process can answer a chat or memory request without waiting; 503 (and what it waits for)
+    until then. ``make run`` says "ready" only then; the chat page shows "starting up" meanwhile."""
+    database = check_database()
+    checks = {"models": check_models(), "database": database}
+    checks["worker"] = check_worker() if database["ok"] else {"ok": False, "error": "database unavailable"}
+    ok = all(c["ok"] for c in checks.values())
+    status = "ready" if ok else ("starting" if not checks["models"]["ok"] else "unavailable")
+    started = round((timezone.now() - process.STARTED_AT).total_seconds(), 1)
+    return JsonResponse({"status": status, "up_seconds": started, **checks}, status=200 if ok else 503)

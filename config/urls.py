@@ -7,12 +7,13 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from config.auth import AdminLoginForm, LoginForm
-from config.health import healthz
+from config.health import healthz, readyz
 
 admin.site.login_form = AdminLoginForm  # the same limit on guessing passwords as the chat's login page
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(authentication_form=LoginForm), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),

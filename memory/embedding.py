@@ -107,6 +107,10 @@ class SentenceTransformerEmbedder:
         self._model: object | None = None
         self._lock = threading.Lock()
 
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
     def _load(self) -> object:
         if self._model is None:
             with self._lock:
@@ -224,6 +228,16 @@ def _build(backend: str) -> Embedder:
             timeout=float(settings.EMBEDDING_TIMEOUT),
         )
     raise ImproperlyConfigured(f"EMBEDDING_BACKEND={backend!r}: use sentence-transformers, openai or hashing")
+
+
+def embedder_ready(backend: str | None = None) -> bool:
+    """True when this process can embed without waiting for a model to load (never blocks, never loads):
+    the local model is in memory; the other backends need nothing loaded."""
+    key = backend or settings.EMBEDDING_BACKEND
+    if key != "sentence-transformers":
+        return True
+    embedder = _instances.get(key)
+    return isinstance(embedder, SentenceTransformerEmbedder) and embedder.loaded
 
 
 def get_embedder(backend: str | None = None) -> Embedder:

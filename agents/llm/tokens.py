@@ -120,6 +120,11 @@ def _load(name: str) -> tiktoken.Encoding:
     return tiktoken.get_encoding(name)
 
 
+def tokenizer_ready() -> bool:
+    """True when this process has loaded a tokenizer encoding (never loads one)."""
+    return _load.cache_info().currsize > 0
+
+
 @lru_cache(maxsize=64)
 def counter_for(model: str = "") -> TokenCounter:
     """A shared counter per model name."""

@@ -182,6 +182,22 @@
     }
   });
 
+  // A server still loading its models answers, but slowly: say so until /readyz says it has them.
+  const starting = document.getElementById("starting-up");
+  async function watchStartup() {
+    try {
+      const response = await fetch(starting.dataset.readyUrl, { headers: { Accept: "application/json" }, credentials: "same-origin" });
+      const body = await response.json();
+      if (body.status === "starting") {
+        starting.hidden = false;
+        setTimeout(watchStartup, 2000);
+        return;
+      }
+    } catch (_) { /* the check itself failed: say nothing */ }
+    starting.hidden = true;
+  }
+  if (starting) watchStartup();
+
   input.addEventListener("keydown", function (e) {
     if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); form.requestSubmit(); }
   });

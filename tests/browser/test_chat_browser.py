@@ -243,3 +243,70 @@ def test_the_page_fills_a_recovered_answer_and_says_when_a_person_has_the_chat(
     page.reload()
     assert "this chat is with a person now" in page.locator("li.msg.assistant").last.inner_text()
     context.close()
+
+
+def test_a_reply_still_cut_off_says_so_and_continue_asks_for_the_rest(
+    browser: Any, live_server: Any, alice: Any, settings: Any, fake_openai: Any
+) -> None:
+    from agents.llm.continuation import MAX_CONTINUATIONS
+    from tests.fakes.openai_server import stream
+
+    settings.LLM_PROFILES = {"default": fake_openai.profile(max_retries=0)}
+    Agent.objects.create(name="Essayist", slug="essayist", system_prompt="Write long.", workflow="free_chat")
+    # The reply and each of its continuations stop at the token limit: it is kept, and marked.
+    fake_openai.enqueue(
+        *(stream(f"Part {n} of the essay. ", finish_reason="length") for n in range(MAX_CONTINUATIONS + 1))
+    )
+    context = browser.new_context(viewport={"width": 390, "height": 844})  # a phone
+    page = context.new_page()
+    _sign_in(page, live_server.url, "alice", "alice-pass-123")
+    _start_chat(page, "Essayist")
+
+    reply = _send(page, "Write me an essay.")
+    assert f"Part {MAX_CONTINUATIONS} of the essay." in reply.inner_text()
+    note = reply.locator(".cut-note")
+    assert note.is_visible() and "cut off" in note.inner_text()
+    button = note.locator("button.continue-reply")
+    button.scroll_into_view_if_needed()
+    assert button.is_visible()
+    page.screenshot(path=str(SCREENSHOTS / "cut-off-reply-phone.png"))
+
+    fake_openai.enqueue(stream("And that is the end."))
+    done_before = page.locator("li.msg.assistant[data-done='1']").count()
+    button.click()
+    page.wait_for_function(
+        "n => document.querySelectorAll(\"li.msg.assistant[data-done='1']\").length > n", arg=done_before
+    )
+    last = page.locator("li.msg.assistant[data-done='1']").last
+    assert "And that is the end." in last.inner_text()
+    assert last.locator(".cut-note").count() == 0
+    assert page.locator("button.continue-reply").count() == 0  # offered for the cut reply only, used once
+    assert page.locator("li.msg.user").last.inner_text() == "Please continue where you stopped."
+    # The request for the rest reached the model with the cut reply in the conversation.
+    last_request = fake_openai.chat_requests()[-1].messages
+    assert any("Part 0 of the essay." in str(m.get("content")) for m in last_request if m["role"] == "assistant")
+    context.close()
+
+
+@pytest.mark.real_embedder
+def test_the_chat_says_starting_up_until_the_memory_model_is_loaded(
+    browser: Any, live_server: Any, alice: Any, booking_agent: Agent, settings: Any, monkeypatch: Any
+) -> None:
+    from config import warmup
+    from memory import embedding
+
+    settings.EMBEDDING_BACKEND = "sentence-transformers"
+    monkeypatch.setattr(embedding, "_instances", {})  # as in a process that has not loaded it yet
+    monkeypatch.setattr(warmup, "_thread", None)
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    _sign_in(page, live_server.url, "alice", "alice-pass-123")
+    _start_chat(page, "Flight booker")
+    notice = page.locator("#starting-up")
+    notice.wait_for(state="visible", timeout=10_000)
+    assert "Starting up" in notice.inner_text()
+    page.screenshot(path=str(SCREENSHOTS / "starting-up.png"))
+    # The page asked /readyz, which started loading the model; once it is in, the notice goes.
+    notice.wait_for(state="hidden", timeout=180_000)
+    assert embedding.embedder_ready()
+    context.close()

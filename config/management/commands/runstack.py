@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
@@ -42,6 +43,21 @@ def ensure_first_staff_user(data_dir: Path) -> tuple[str, str | None]:
     path.write_text(f"username: {username}\npassword: {password}\n")
     path.chmod(0o600)
     return username, password
+
+
+def readiness(readyz_url: str) -> tuple[bool, str]:
+    """(ready, what is still awaited) from the web server's /readyz ("" while it does not answer yet)."""
+    try:
+        response = httpx.get(readyz_url, timeout=2)
+        body = response.json()
+    except (httpx.HTTPError, ValueError):
+        return False, "the web server"
+    if response.status_code == 200:
+        return True, ""
+    waiting = [
+        str(check.get("error", name)) for name, check in body.items() if isinstance(check, dict) and not check.get("ok")
+    ]
+    return False, "; ".join(waiting)
 
 
 class Command(BaseCommand):
@@ -130,11 +146,24 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGINT, _stop)
         signal.signal(signal.SIGTERM, _stop)
+        ready = False
+        waiting_since = time.monotonic()
+        last_said = ""
         try:
             while not stopping:
                 if any(p.poll() is not None for p in procs):
                     self.stderr.write("A process exited; stopping the rest.")
                     break
+                if not ready:
+                    # "Ready" only when the web process can answer a chat at once (/readyz): its models loaded,
+                    # the database answering, a worker heard from since the start.
+                    ready, waiting = readiness(f"{url}readyz")
+                    if ready:
+                        took = time.monotonic() - waiting_since
+                        self.stdout.write(self.style.SUCCESS(f"Ready at {url} (after {took:.0f}s)"))
+                    elif waiting and waiting != last_said and time.monotonic() - waiting_since > 2:
+                        self.stdout.write(f"  starting: {waiting}…")
+                        last_said = waiting
                 time.sleep(0.5)
         finally:
             self._shutdown(procs)

@@ -1,0 +1,78 @@
+"""/readyz tells the truth: 503 while this process still loads its embedding model, and a worker heartbeat
+from before this process started (the previous run's) is not taken for a live worker, by /readyz or /healthz."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from agents.llm.tokens import counter_for
+from config import process, warmup
+from config.models import WorkerHeartbeat
+from memory import embedding
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def just_started(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """This process started a moment ago (as after a restart)."""
+    started = timezone.now()
+    monkeypatch.setattr(process, "STARTED_AT", started)
+    return started
+
+
+def test_a_heartbeat_from_before_the_start_is_not_a_live_worker(client: Client, just_started: Any) -> None:
+    counter_for("").count("loaded")  # the tokenizer, as the warm-up loads it
+    WorkerHeartbeat.objects.create(hostname="celery@previous-run", seen_at=just_started - timedelta(seconds=5))
+
+    ready = client.get("/readyz")
+    assert ready.status_code == 503
+    body = ready.json()
+    assert body["status"] == "unavailable" and body["models"]["ok"] and body["database"]["ok"]
+    assert body["worker"]["ok"] is False and "since this process started" in body["worker"]["error"]
+    health = client.get("/healthz")
+    assert health.status_code == 503 and health.json()["worker"]["ok"] is False
+
+    WorkerHeartbeat.objects.create(hostname="celery@this-run", seen_at=timezone.now())
+    ready = client.get("/readyz")
+    assert ready.status_code == 200, ready.json()
+    assert ready.json()["status"] == "ready"
+    assert client.get("/healthz").json()["worker"] == {
+        "ok": True,
+        "hostname": "celery@this-run",
+        "last_seen_seconds_ago": pytest.approx(0, abs=5),
+    }
+
+
+def test_readyz_is_open_to_anyone_and_says_nothing_private(client: Client, just_started: Any) -> None:
+    response = Client().get("/readyz")
+    assert response.status_code in (200, 503)
+    assert set(response.json()) == {"status", "up_seconds", "models", "database", "worker"}
+
+
+@pytest.mark.real_embedder
+def test_readyz_is_503_until_the_embedding_model_is_loaded_then_200(
+    client: Client, just_started: Any, monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    settings.EMBEDDING_BACKEND = "sentence-transformers"
+    # A process that has not loaded the model yet, and has no warm-up running.
+    monkeypatch.setattr(embedding, "_instances", {})
+    monkeypatch.setattr(warmup, "_thread", None)
+    WorkerHeartbeat.objects.create(hostname="celery@this-run", seen_at=timezone.now())
+
+    first = client.get("/readyz")
+    assert first.status_code == 503
+    assert first.json()["status"] == "starting"
+    assert "embedding model" in first.json()["models"]["error"]
+    # /readyz started the warm-up (nothing else had, as under runserver); it finishes in the background.
+    assert warmup._thread is not None
+    warmup._thread.join(timeout=180)
+    assert embedding.embedder_ready()
+    WorkerHeartbeat.objects.filter(hostname="celery@this-run").update(seen_at=timezone.now())
+    last = client.get("/readyz")
+    assert last.status_code == 200, last.json()

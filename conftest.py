@@ -174,10 +174,12 @@ def _fresh_cache() -> Iterator[None]:
     """One test's counters and claims must not throttle, lock out or hold back the next test's."""
     from django.core.cache import cache
 
+    from agents.endpoints import forget_stored_profiles
     from agents.llm.capabilities import forget_all
 
     cache.clear()
     forget_all()  # what an endpoint took for structured outputs (a fake server's port is reused)
+    forget_stored_profiles()
     yield
     cache.clear()
 

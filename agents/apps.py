@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.db.models.signals import post_delete, post_save
 
 
 class AgentsConfig(AppConfig):
@@ -10,9 +11,12 @@ class AgentsConfig(AppConfig):
     def ready(self) -> None:
         # The llm library records each model call through a callback; this one writes an LLMCall row.
         from agents.call_records import capability_load, capability_save, llm_call_save, tool_invocation_save
+        from agents.endpoints import forget_stored_profiles, stored_profile
         from agents.llm.capabilities import install_store
         from agents.llm.demo import register_structured_handler
+        from agents.llm.providers import set_profile_source
         from agents.llm.recording import set_call_recorder
+        from agents.models import ModelEndpoint
         from agents.tools.registry import default_registry, set_invocation_recorder
         from agents.workflow_store import StoredWorkflows
         from agents.workflows import WorkflowDecision, registered_workflows, set_workflow_source
@@ -22,6 +26,10 @@ class AgentsConfig(AppConfig):
         set_invocation_recorder(tool_invocation_save)
         # What each endpoint takes for structured outputs, learned by trying, kept in a table.
         install_store(load=capability_load, save=capability_save)
+        # Endpoints connected in the admin are profiles too (the environment's win over one of the same name).
+        set_profile_source(stored_profile)
+        post_save.connect(lambda **_: forget_stored_profiles(), sender=ModelEndpoint, weak=False)
+        post_delete.connect(lambda **_: forget_stored_profiles(), sender=ModelEndpoint, weak=False)
         # Workflows operators declare in the admin, looked up by name and version.
         set_workflow_source(StoredWorkflows())
         # The offline demo model stays in the current state of a workflow it has no script for.

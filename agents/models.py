@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -305,3 +307,65 @@ class EndpointCapability(models.Model):
 
     def __str__(self) -> str:
         return f"{self.profile} · {self.model}: {self.structured_mode}"
+
+
+def validate_endpoint_url(value: str) -> None:
+    """http(s)://host[:port][/path]: any host name a server can resolve (``ollama`` in a compose file too, which
+    Django's URLValidator refuses for want of a dot)."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ValidationError("Enter the endpoint's base URL, like http://127.0.0.1:11434/v1.")
+    try:
+        parts.port  # noqa: B018 - parsing it is the check
+    except ValueError as exc:
+        raise ValidationError("The port is not a number from 1 to 65535.") from exc
+
+
+class ModelEndpoint(models.Model):
+    """A model endpoint connected from the admin (the first-run form): an endpoint profile kept in the database.
+
+    Profiles from the environment (``LLM_BASE_URL``…, ``LLM_PROFILES_JSON``) win over one of the same name
+    here. The API key is never stored: ``api_key_env`` names the environment variable that holds it."""
+
+    name = models.SlugField(
+        max_length=80,
+        unique=True,
+        default="default",
+        help_text="The profile name agents use (their “endpoint”). “default” answers every agent that names none.",
+    )
+    base_url = models.CharField(
+        max_length=500,
+        validators=[validate_endpoint_url],
+        help_text="The OpenAI-compatible API's base URL, e.g. http://127.0.0.1:11434/v1 (Ollama).",
+    )
+    model = models.CharField(max_length=200, help_text="The model's name at that endpoint.")
+    api_key_env = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text="The name of the environment variable that holds the API key (blank: the endpoint needs none). "
+        "The key itself is never stored.",
+    )
+    context_window = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(512)],
+        help_text="The model's context window in tokens, when known: a ceiling for the agents on this endpoint.",
+    )
+    last_test = models.JSONField(default=dict, blank=True, help_text="What the last Test found.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.model} at {self.base_url}"
+
+    def as_profile(self) -> dict[str, object]:
+        """The endpoint as an ``LLM_PROFILES`` entry."""
+        return {
+            "base_url": self.base_url,
+            "model": self.model,
+            "api_key_env": self.api_key_env,
+            "context_window": self.context_window,
+        }

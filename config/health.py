@@ -115,4 +115,8 @@ def readyz(request: HttpRequest) -> JsonResponse:
     ok = all(c["ok"] for c in checks.values())
     status = "ready" if ok else ("starting" if not checks["models"]["ok"] else "unavailable")
     started = round((timezone.now() - process.STARTED_AT).total_seconds(), 1)
-    return JsonResponse({"status": status, "up_seconds": started, **checks}, status=200 if ok else 503)
+    response = JsonResponse({"status": status, "up_seconds": started, **checks}, status=200 if ok else 503)
+    if status == "starting":
+        # Expected while a process starts (make run asks twice a second): not an error for Django's request log.
+        response._has_been_logged = True  # type: ignore[attr-defined]
+    return response

@@ -318,6 +318,8 @@ if LLM_STRUCTURED_OUTPUT not in ("auto", "json_schema", "json_object_schema", "j
 LLM_CONTEXT_WINDOW = env_int("LLM_CONTEXT_WINDOW", 0, minimum=0) or None
 if LLM_CONTEXT_WINDOW is not None and LLM_CONTEXT_WINDOW < 512:
     raise ImproperlyConfigured(f"LLM_CONTEXT_WINDOW must be at least 512 tokens (got {LLM_CONTEXT_WINDOW})")
+# Where the admin's "Connect a model" form looks for a local Ollama to offer.
+LLM_OLLAMA_URL = env_str("LLM_OLLAMA_URL", "http://127.0.0.1:11434") or "http://127.0.0.1:11434"
 # A cheaper model on the same endpoint for relevance filtering, fact extraction and summaries ("" = LLM_MODEL).
 LLM_CHEAP_MODEL = env_str("LLM_CHEAP_MODEL", "") or ""
 # Named endpoint profiles that agents refer to by name (Agent.endpoint). API keys are never stored in

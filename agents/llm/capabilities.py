@@ -106,7 +106,7 @@ def remember(key: EndpointKey, learned: LearnedMode) -> None:
 def modes_to_try(*, pinned: str, supports_json_schema: bool, learned: LearnedMode | None) -> tuple[StructuredMode, ...]:
     """The formats to try, in order: the pinned one alone; else from the learned one (or the first) onwards."""
     if pinned in MODES:
-        return (pinned,)  # type: ignore[return-value]
+        return (pinned,)
     start = MODES.index(learned.mode) if learned is not None else (0 if supports_json_schema else 1)
     return MODES[start:]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Protocol
 
@@ -31,6 +31,7 @@ __all__ = [
     "endpoint_window",
     "get_provider",
     "provider_override",
+    "set_profile_source",
 ]
 
 DEFAULT_PROFILE = "default"
@@ -68,10 +69,24 @@ def provider_override(provider: LLMProvider | ProviderChoice) -> Iterator[None]:
             _override = previous
 
 
+# Where profiles not in settings come from (the agents app installs the admin's connected endpoints): a
+# function of a name giving an LLM_PROFILES entry, or None.
+ProfileSource = Callable[[str], Mapping[str, object] | None]
+_profile_source: ProfileSource | None = None
+
+
+def set_profile_source(source: ProfileSource | None) -> None:
+    global _profile_source
+    _profile_source = source
+
+
 def endpoint_profile(name: str) -> EndpointProfile | None:
-    """The validated profile called ``name``, or ``None`` when settings do not define it."""
+    """The validated profile called ``name``: from settings (the environment) first, else from the installed
+    source (an endpoint connected in the admin); ``None`` when neither defines it."""
     profiles: dict[str, dict[str, object]] = getattr(settings, "LLM_PROFILES", {}) or {}
-    data = profiles.get(name)
+    data: Mapping[str, object] | None = profiles.get(name)
+    if data is None and _profile_source is not None:
+        data = _profile_source(name)
     if data is None:
         return None
     return EndpointProfile.from_mapping(name, data)

@@ -39,6 +39,7 @@ class TurnEvent(TypedDict, total=False):
     reply: str
     turn_status: str
     is_demo: bool
+    truncated: bool
     replayed: bool
     resumed: bool
     code: str

@@ -74,6 +74,7 @@ def test_unknown_section_and_impossible_budget_are_rejected() -> None:
         budget(window=1000, response_reserve=950)
 
 
+@pytest.mark.django_db  # the endpoint's window is read, and endpoints connected in the admin live in the database
 def test_from_agent_reserves_at_least_the_reply_length() -> None:
     agent = Agent(
         name="a",

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.template.loader import render_to_string
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
@@ -132,6 +133,13 @@ class RequestSizeLimitMiddleware:
             length = int(raw_length)
         except ValueError:
             length = 0
+        if "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower():
+            # Django reads a body by its Content-Length: a chunked one (none given) would be read as empty, and a
+            # message "required" although it was sent. Refused, saying what to do instead.
+            message = "Send the request body with a Content-Length header; chunked transfer encoding is not accepted."
+            if request.path.startswith(API_PREFIX):
+                return error_response(code="length_required", message=message, status_code=411)
+            return HttpResponse(message, status=411, content_type="text/plain; charset=utf-8")
         if limit is not None and length > limit:
             message = f"The request body is {length} bytes; the limit is {limit}."
             if request.path.startswith(API_PREFIX):
@@ -168,3 +176,35 @@ class NulQueryMiddleware:
 
 def _query_text(request: HttpRequest) -> str:
     return "".join(key + "".join(values) for key, values in request.GET.lists())
+
+
+class DatabaseUnavailableMiddleware:
+    """A 503 (never Django's 500 page or traceback) for a page, the chat's stream or ``/metrics`` when the
+    database is unreachable, in the form the client reads: JSON in the one error format for the API and for
+    clients that ask for JSON or an event stream (the chat's script), plain text for ``/metrics``, a page
+    otherwise. With ``Retry-After``. (The API's views answer the same through ``api_exception_handler``.)"""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not isinstance(exception, (OperationalError, InterfaceError)):
+            return None
+        logger.error("database unavailable during %s %s", request.method, request.path, exc_info=exception)
+        message = "The database is unavailable right now; please retry shortly."
+        accept = request.META.get("HTTP_ACCEPT", "")
+        response: HttpResponse
+        if request.path.startswith(API_PREFIX) or "application/json" in accept or "text/event-stream" in accept:
+            response = error_response(code="database_unavailable", message=message, status_code=503)
+        elif request.path.rstrip("/") == "/metrics":
+            response = HttpResponse(message + "\n", status=503, content_type="text/plain; charset=utf-8")
+        else:
+            # A page of its own: the site's layout reads the signed-in user, from the database that is down.
+            response = HttpResponse(
+                render_to_string("503.html", {"retry_after": DATABASE_RETRY_AFTER_SECONDS}), status=503
+            )
+        response["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
+        return response

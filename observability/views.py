@@ -23,15 +23,21 @@ from sessions.models import ChatSession
 ViewFunc = Callable[..., HttpResponse]
 
 
+# What the dashboard shows (sessions, their owners and titles, turns and their figures) is what these let staff
+# read in the admin: being staff alone is not enough.
+OPS_PERMISSIONS = ("chat_sessions.view_chatsession", "chat_sessions.view_turn")
+
+
 def staff_required(view: ViewFunc) -> ViewFunc:
-    """Anonymous visitors go to the login page; signed-in non-staff get 403 (they are who they say)."""
+    """Anonymous visitors go to the login page; signed-in users who are not staff, or staff without the view
+    permissions on sessions and turns, get 403 (they are who they say)."""
 
     @wraps(view)
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if not request.user.is_authenticated:
             return redirect_to_login(request.get_full_path())
-        if not request.user.is_staff:
-            raise PermissionDenied("Staff only")
+        if not request.user.is_staff or not request.user.has_perms(OPS_PERMISSIONS):
+            raise PermissionDenied("Staff with the view permissions on sessions and turns only")
         return view(request, *args, **kwargs)
 
     return wrapper

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.indexes import BrinIndex
@@ -125,6 +126,15 @@ class Turn(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.seq} {self.user_message[:40]}"
+
+    @property
+    def message_cut(self) -> dict[str, Any] | None:
+        """How the user's message was cut to fit its budget in the prompt, if it was (from the composition)."""
+        cuts = self.composition.get("cut_inputs") if isinstance(self.composition, dict) else None
+        for cut in cuts or []:
+            if isinstance(cut, dict) and cut.get("input") == "message":
+                return {key: cut.get(key) for key in ("original_tokens", "kept_tokens", "tokens_cut")}
+        return None
 
 
 class Checkpoint(models.Model):

@@ -8,14 +8,19 @@ sanitized HTML (``sessions.rendering``) or as text set with ``textContent`` in t
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from functools import wraps
 from types import SimpleNamespace
 from typing import Any
+from urllib.parse import urlencode
 from uuid import UUID
 
 from django import forms
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
+from django.db.models import Exists, OuterRef
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
@@ -114,7 +119,13 @@ def home(request: HttpRequest) -> HttpResponse:
     """My sessions, newest first, ``HOME_PAGE_SESSIONS`` a page (``?page=``; a page past the last shows the
     last), and a form to start a new chat with an agent."""
     owner: Any = request.user  # signed in (login_required)
-    sessions = ChatSession.objects.filter(user=owner).select_related("agent").order_by("-updated_at", "pk")
+    # A chat nothing was sent in is not listed (starting one and leaving left "Untitled chat"s piling up).
+    sessions = (
+        ChatSession.objects.filter(user=owner)
+        .filter(Exists(Turn.objects.filter(session=OuterRef("pk"))))
+        .select_related("agent")
+        .order_by("-updated_at", "pk")
+    )
     page = Paginator(sessions, HOME_PAGE_SESSIONS).get_page(request.GET.get("page"))
     agents = list(Agent.objects.filter(is_active=True).order_by("name"))
     # Which agents the demo model answers (no LLM configured): said on the page, as on every chat page.
@@ -184,7 +195,27 @@ def chat(request: HttpRequest, session_id: UUID) -> HttpResponse:
     return render(request, "chat.html", context)
 
 
-@login_required
+def signed_in_or_401(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
+    """For the chat page's own requests (its stream and panels): a signed-out request gets a JSON 401 the
+    script can act on (keep the text, offer to sign in again), not a redirect to the sign-in page, which
+    ``fetch`` follows and whose HTML then landed in the page."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        if not request.user.is_authenticated:
+            chat = request.path.rsplit("/", 2)[0] + "/"
+            return error_response(
+                code="not_authenticated",
+                message="Your sign-in has expired. Sign in again to send this message; it is kept here.",
+                status_code=401,
+                details={"login_url": f"{settings.LOGIN_URL}?{urlencode({'next': chat}, safe='/')}"},
+            )
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+@signed_in_or_401
 @require_GET
 def chat_panels(request: HttpRequest, session_id: UUID) -> HttpResponse:
     """The side panels alone, re-fetched by the page after each reply."""
@@ -201,7 +232,7 @@ def _messages_throttle_wait(request: HttpRequest) -> int | None:
     return max(1, int(throttle.wait() or 1))
 
 
-@login_required
+@signed_in_or_401
 @require_POST
 def chat_stream(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
     """POST a message; the reply comes back as ``text/event-stream``. CSRF token in the X-CSRFToken header."""

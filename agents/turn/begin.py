@@ -137,7 +137,8 @@ def turn_begin(
             )
             checkpoint_before_call(session=session, turn=turn)
             if not session.title:
-                ChatSession.objects.filter(pk=session.pk).update(title=text.strip().splitlines()[0][:80])
+                session.title = text.strip().splitlines()[0][:80]
+                ChatSession.objects.filter(pk=session.pk).update(title=session.title)
         return TurnHandle(session=session, turn=turn, lock=lock, orphans=orphans, checkpoint_fresh=True)
     except IntegrityError as exc:
         lock.release()

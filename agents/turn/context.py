@@ -41,6 +41,8 @@ class TurnEvent(TypedDict, total=False):
     is_demo: bool
     truncated: bool
     replayed: bool
+    title: str
+    message_cut: dict[str, Any] | None
     resumed: bool
     code: str
     message: str
@@ -118,6 +120,9 @@ def done_event(turn: Turn, session: ChatSession, *, replayed: bool = False) -> T
         "is_demo": turn.is_demo,
         "truncated": turn.truncated,
         "replayed": replayed,
+        "title": session.title,
+        # The message was longer than its budget in the prompt: the model saw it cut (the user is told).
+        "message_cut": turn.message_cut,
     }
 
 

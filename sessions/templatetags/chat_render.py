@@ -26,3 +26,22 @@ def pretty_value(value: Any) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{k}: {v}" for k, v in value.items())
     return str(value)
+
+
+@register.filter
+def state_words(state: Any) -> str:
+    """A workflow state as words ("GATHERING_ORIGIN" → "Gathering origin"); staff pages keep the name."""
+    text = str(state or "").replace("_", " ").strip().lower()
+    return text[:1].upper() + text[1:]
+
+
+# Where a memory came from in retrieval, in words a user reads (the tiers of memory.selectors, for staff).
+_TIER_WORDS = {1: "known about you", 2: "matched your message"}
+
+
+@register.filter
+def tier_words(tier: Any) -> str:
+    try:
+        return _TIER_WORDS.get(int(tier), "found")
+    except (TypeError, ValueError):
+        return "found"

@@ -17,6 +17,16 @@
     return Date.now().toString(36) + Math.random().toString(36).slice(2);
   }
 
+  // Scroll so that the end of ``li`` sits just above the composer, which stays stuck to the bottom of the
+  // window (scrollIntoView put it behind the composer).
+  function reveal(li) {
+    if (!li) return;
+    const box = li.getBoundingClientRect();
+    const floor = form.getBoundingClientRect().top - 8;
+    if (box.bottom > floor) window.scrollBy(0, box.bottom - floor);
+    else if (box.top < 0) window.scrollBy(0, box.top - 8);
+  }
+
   function bubble(role, text) {
     const li = document.createElement("li");
     li.className = "msg " + role;
@@ -25,19 +35,52 @@
     div.textContent = text;
     li.appendChild(div);
     turns.appendChild(li);
-    li.scrollIntoView({ block: "end" });
+    reveal(li);
     return li;
   }
 
-  function showError(message) {
+  // From send to the first token: three dots that say a reply is being written.
+  function typing(reply) {
+    const dots = document.createElement("span");
+    dots.className = "typing";
+    dots.setAttribute("role", "status");
+    dots.setAttribute("aria-label", "Writing a reply");
+    for (let i = 0; i < 3; i++) dots.appendChild(document.createElement("span"));
+    reply.querySelector(".bubble").appendChild(dots);
+  }
+
+  function note(li, text) {
+    const p = document.createElement("p");
+    p.className = "cut-note";
+    p.textContent = text;
+    li.appendChild(p);
+  }
+
+  function showError(message, link) {
     errorBox.textContent = message;
+    if (link) {
+      const a = document.createElement("a");
+      a.href = link.href;
+      a.target = "_blank";
+      a.rel = "noopener";
+      a.textContent = link.text;
+      errorBox.append(" ", a);
+    }
     errorBox.hidden = false;
+    reveal(errorBox);
+  }
+
+  const EXPIRED = "Your sign-in has expired. Your message is kept here: sign in again, then send it.";
+  function showExpired(loginUrl) {
+    showError(EXPIRED, { href: loginUrl || "/accounts/login/?next=" + encodeURIComponent(location.pathname), text: "Sign in (opens a new tab)" });
   }
 
   async function refreshPanels() {
     const response = await fetch(form.dataset.panelsUrl, { headers: { Accept: "text/html" }, credentials: "same-origin" });
-    // The fragment is rendered by Django's templates, which escape and sanitize every value.
-    if (response.ok) panels.innerHTML = await response.text();
+    // The fragment is rendered by Django's templates, which escape and sanitize every value. Only the fragment:
+    // never a page a redirect led to (the sign-in page).
+    const type = response.headers.get("content-type") || "";
+    if (response.ok && !response.redirected && type.startsWith("text/html")) panels.innerHTML = await response.text();
   }
 
   // A reply still cut off at the length limit after its continuations: say so, and offer to go on (a new
@@ -76,10 +119,12 @@
     if (event === "turn") {
       reply.dataset.turn = data.turn_id;
     } else if (event === "delta") {
+      const dots = body.querySelector(".typing");
+      if (dots) dots.remove();
       body.textContent += data.text;
       // How many pieces the reply arrived in (shown to nobody; lets tests and curious people check streaming).
       reply.dataset.deltas = String(Number(reply.dataset.deltas || 0) + 1);
-      reply.scrollIntoView({ block: "end" });
+      reveal(reply);
     } else if (event === "tool") {
       const note = document.createElement("span");
       note.className = "tool";
@@ -87,7 +132,13 @@
       reply.appendChild(note);
     } else if (event === "state") {
       const state = document.getElementById("workflow-state");
-      if (state && data.state) { state.textContent = data.state; state.dataset.state = data.state; }
+      if (state && data.state) {
+        // In words ("GATHERING_ORIGIN" → "Gathering origin"); the name stays in the title and data-state.
+        const words = data.state.replace(/_/g, " ").trim().toLowerCase();
+        state.textContent = words.charAt(0).toUpperCase() + words.slice(1);
+        state.dataset.state = data.state;
+        state.title = data.state;
+      }
     } else if (event === "recovered") {
       // An earlier message whose answer was cut off (its server died) is answered first: fill its bubble.
       const earlier = document.querySelector('li.msg.assistant[data-turn="' + Number(data.turn_id) + '"] .bubble');
@@ -101,6 +152,17 @@
       }
       if (data.turn_status === "failed") reply.classList.add("failed");
       if (data.truncated) cutNote(reply);
+      if (data.title) {
+        const title = document.getElementById("chat-title");
+        if (title && title.textContent !== data.title) {
+          title.textContent = data.title;
+          document.title = data.title + " · Agents";
+        }
+      }
+      const mine = reply.previousElementSibling;
+      if (data.message_cut && mine && mine.classList.contains("user") && !mine.querySelector(".cut-note")) {
+        note(mine, "Too long for the model: it read the start and the end, " + data.message_cut.tokens_cut + " tokens in the middle were left out.");
+      }
       if (data.is_demo) {
         const badge = document.createElement("span");
         badge.className = "badge demo small";
@@ -108,7 +170,10 @@
         reply.appendChild(badge);
       }
       reply.dataset.done = "1";
+      reveal(reply);
     } else if (event === "error") {
+      const dots = body.querySelector(".typing");
+      if (dots) dots.remove();
       reply.classList.remove("streaming");
       reply.classList.add("failed");
       showError(data.message || "The reply failed.");
@@ -148,6 +213,8 @@
     const mine = bubble("user", message);
     const reply = bubble("assistant", "");
     reply.classList.add("streaming");
+    typing(reply);
+    reveal(reply);
     try {
       const response = await fetch(form.dataset.streamUrl, {
         method: "POST",
@@ -160,6 +227,29 @@
         },
         body: JSON.stringify({ message: message }),
       });
+      const type = response.headers.get("content-type") || "";
+      if (response.ok && !type.startsWith("text/event-stream")) {
+        // Not the reply stream: a redirect to the sign-in page, which fetch followed. Nothing was saved.
+        mine.remove();
+        reply.remove();
+        showExpired();
+        return;
+      }
+      if (response.status === 401) {
+        let login = "";
+        try { login = (await response.json()).error.details.login_url; } catch (_) { /* not JSON */ }
+        mine.remove();
+        reply.remove();
+        showExpired(login);
+        return;
+      }
+      if (response.status === 403 && !type.startsWith("application/json")) {
+        // Django's CSRF refusal: signed out and in again elsewhere, the page's token is stale. Nothing was saved.
+        mine.remove();
+        reply.remove();
+        showError("This page is out of date (you signed in or out in another tab). Your message is kept here: reload the page, then send it.");
+        return;
+      }
       if (!response.ok) {
         let text = "The message was not accepted (" + response.status + ").";
         try { text = (await response.json()).error.message || text; } catch (_) { /* not JSON */ }
@@ -181,6 +271,9 @@
       input.focus();
     }
   });
+
+  // An existing chat opens at its newest message, the earlier ones above it.
+  reveal(turns.lastElementChild);
 
   // A server still loading its models answers, but slowly: say so until /readyz says it has them.
   const starting = document.getElementById("starting-up");

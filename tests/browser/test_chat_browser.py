@@ -108,7 +108,7 @@ def test_alice_books_a_flight_with_the_demo_model(
     _start_chat(page, "Flight booker")
     assert page.locator("#demo-label").is_visible()
     assert page.locator("#demo-label").inner_text() == DEMO_LABEL
-    assert page.locator("#workflow-state").inner_text() == "IDLE"
+    assert page.locator("#workflow-state").inner_text() == "Idle"  # words; the state's name is for staff views
 
     # Record every text the streaming bubble shows, to see the reply grow rather than appear at once.
     page.evaluate(
@@ -126,7 +126,8 @@ def test_alice_books_a_flight_with_the_demo_model(
         reply = _send(page, message)
         assert int(reply.get_attribute("data-deltas") or 0) > 1, "the reply should arrive in several pieces"
         assert reply.locator(".bubble").inner_text().strip()
-        states.append(page.locator("#workflow-state").inner_text())
+        states.append(page.locator("#workflow-state").get_attribute("data-state"))
+        assert "_" not in page.locator("#workflow-state").inner_text()
         page.screenshot(path=str(SCREENSHOTS / f"02-booking-{i}-{states[-1].lower()}.png"), full_page=True)
 
     partials = page.evaluate("window.__partials")
@@ -137,7 +138,7 @@ def test_alice_books_a_flight_with_the_demo_model(
     for value in ("London", "Paris", "2", "booking_reference"):
         assert value in collected
     assert "Booking reference" in page.locator("li.msg.assistant").last.inner_text()
-    assert page.locator("#workflow-panel .steps li.current").inner_text() == "COMPLETED"
+    assert page.locator("#workflow-panel .steps li.current").inner_text() == "Completed"
     # No context inspector for a non-staff user.
     assert page.locator("#inspector").count() == 0
 
@@ -309,4 +310,146 @@ def test_the_chat_says_starting_up_until_the_memory_model_is_loaded(
     # The page asked /readyz, which started loading the model; once it is in, the notice goes.
     notice.wait_for(state="hidden", timeout=180_000)
     assert embedding.embedder_ready()
+    context.close()
+
+
+def test_every_page_runs_under_a_content_security_policy_without_a_violation(
+    browser: Any, live_server: Any, staff: Any, booking_agent: Agent
+) -> None:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    refused: list[str] = []
+    page.on("console", lambda msg: refused.append(msg.text) if "Content Security Policy" in msg.text else None)
+    _sign_in(page, live_server.url, "staff", "staff-pass-123")
+    _start_chat(page, "Flight booker")
+    header = page.evaluate("async () => (await fetch(location.href)).headers.get('content-security-policy')")
+    assert "script-src 'self'" in header and "unsafe-inline" not in header.split("script-src")[1].split(";")[0]
+    reply = _send(page, "I want to book a flight")
+    assert reply.is_visible()
+    # Deleting asks first (a listener, not an inline handler): dismissed, nothing is deleted.
+    page.once("dialog", lambda dialog: dialog.dismiss())
+    page.click("form.delete-chat button")
+    assert "/chats/" in page.url
+    for path in ("/", "/ops/", "/admin/agents/agent/add/", "/admin/agents/modelendpoint/add/"):
+        page.goto(f"{live_server.url}{path}")
+        page.wait_for_load_state("networkidle")
+    page.goto(f"{live_server.url}/api/docs/")
+    page.locator(".opblock").first.wait_for(state="visible", timeout=20_000)  # Swagger UI ran
+    assert refused == []
+    context.close()
+
+
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+
+
+def _in_view_above_composer(page: Any, item: Any) -> bool:
+    """The element is wholly in the window, above the composer (which stays at the bottom of the window)."""
+    box = item.bounding_box()
+    composer = page.locator("#composer").bounding_box()
+    return bool(box and composer and box["y"] >= 0 and box["y"] + box["height"] <= composer["y"] + 1)
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+def test_a_long_chat_opens_at_its_newest_message_and_a_new_reply_is_fully_visible(
+    browser: Any, live_server: Any, alice: Any, viewport: dict[str, int]
+) -> None:
+    from sessions.models import ChatSession, Turn
+
+    agent = Agent.objects.create(name="Chatter", slug="chatter", system_prompt="Chat.", workflow="free_chat")
+    session = ChatSession.objects.create(user=alice, agent=agent, workflow="free_chat", state="CHATTING", title="Long")
+    for seq in range(1, 31):
+        Turn.objects.create(
+            session=session,
+            seq=seq,
+            user_message=f"Question {seq}: tell me about the weather.",
+            assistant_message=f"Answer {seq}. " + "It was sunny and mild all day. " * 6,
+            status=Turn.Status.COMPLETED,
+        )
+    context = browser.new_context(viewport=viewport)
+    page = context.new_page()
+    _sign_in(page, live_server.url, "alice", "alice-pass-123")
+    page.goto(f"{live_server.url}/chats/{session.pk}/")
+    page.wait_for_load_state("networkidle")
+    newest = page.locator("li.msg.assistant").last
+    assert "Answer 30." in newest.inner_text()
+    assert _in_view_above_composer(page, newest), "the chat should open at its newest message"
+    reply = _send(page, "And tomorrow?")
+    assert _in_view_above_composer(page, reply), "the new reply should be wholly visible, above the composer"
+    page.screenshot(path=str(SCREENSHOTS / f"long-chat-after-send-{viewport['width']}.png"))
+    context.close()
+
+
+def test_a_typing_indicator_shows_from_send_to_the_first_token(
+    browser: Any, live_server: Any, alice: Any, settings: Any, fake_openai: Any
+) -> None:
+    from tests.fakes.openai_server import hang, stream
+
+    settings.LLM_PROFILES = {"default": fake_openai.profile(read_timeout=30.0, max_retries=0)}
+    Agent.objects.create(name="Slow", slug="slow", system_prompt="Think.", workflow="free_chat")
+    fake_openai.enqueue(hang(2.0, then=stream("Here I am.")))
+    context = browser.new_context(viewport=PHONE)
+    page = context.new_page()
+    _sign_in(page, live_server.url, "alice", "alice-pass-123")
+    _start_chat(page, "Slow")
+    page.fill("#message", "Are you there?")
+    page.click("#send")
+    dots = page.locator("li.msg.assistant .typing")
+    dots.wait_for(state="visible", timeout=2_000)
+    assert _in_view_above_composer(page, page.locator("li.msg.assistant").last)
+    page.locator("li.msg.assistant[data-done='1']").wait_for(timeout=30_000)
+    assert dots.count() == 0
+    assert page.locator("li.msg.assistant").last.inner_text().startswith("Here I am.")
+    context.close()
+
+
+def test_an_expired_sign_in_says_so_and_keeps_the_typed_text(
+    browser: Any, live_server: Any, alice: Any, booking_agent: Agent
+) -> None:
+    context = browser.new_context(viewport=DESKTOP)
+    page = context.new_page()
+    _sign_in(page, live_server.url, "alice", "alice-pass-123")
+    _start_chat(page, "Flight booker")
+    panels_before = page.locator("#panels").inner_html()
+    # Signed out in another tab: the session cookie is gone.
+    other = context.new_page()
+    other.goto(f"{live_server.url}/")
+    other.evaluate(
+        """async () => {
+            const token = document.cookie.split('; ').find(c => c.startsWith('csrftoken=')).split('=')[1];
+            await fetch('/accounts/logout/', {method: 'POST', headers: {'X-CSRFToken': token}});
+        }"""
+    )
+    other.close()
+    page.fill("#message", "Book me a flight to Rome")
+    page.click("#send")
+    error = page.locator("#chat-error")
+    error.wait_for(state="visible", timeout=10_000)
+    assert "sign-in has expired" in error.inner_text()
+    assert error.locator("a").get_attribute("href").startswith("/accounts/login/?next=/chats/")
+    assert page.input_value("#message") == "Book me a flight to Rome"  # nothing lost
+    assert page.locator("li.msg").count() == 0  # no empty bubble: nothing was sent
+    assert page.locator("#panels").inner_html() == panels_before  # no sign-in page in the side panel
+    page.screenshot(path=str(SCREENSHOTS / "sign-in-expired.png"))
+    context.close()
+
+
+def test_the_title_follows_the_first_message_and_a_cut_message_says_so(
+    browser: Any, live_server: Any, alice: Any
+) -> None:
+    Agent.objects.create(name="Chatter", slug="chatter", system_prompt="Chat.", workflow="free_chat")
+    context = browser.new_context(viewport=DESKTOP)
+    page = context.new_page()
+    _sign_in(page, live_server.url, "alice", "alice-pass-123")
+    _start_chat(page, "Chatter")
+    assert page.locator("#chat-title").inner_text() == "New chat"
+    _send(page, "Trip to Lisbon\nWhat should I see first?")
+    assert page.locator("#chat-title").inner_text() == "Trip to Lisbon"
+    assert page.title().startswith("Trip to Lisbon")
+    pasted = "A pasted itinerary line with many words in it. " * 600  # far over the message's budget
+    _send(page, pasted)
+    cut = page.locator("li.msg.user").last.locator(".cut-note")
+    assert cut.is_visible() and "tokens in the middle were left out" in cut.inner_text()
+    page.reload()
+    assert page.locator("li.msg.user").last.locator(".cut-note").is_visible()  # said again on reload
     context.close()

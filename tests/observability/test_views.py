@@ -25,6 +25,22 @@ def test_anonymous_is_sent_to_login_and_non_staff_is_refused(client: Client, ali
     assert client.get(f"/ops/sessions/{uuid.uuid4()}/").status_code == 403
 
 
+def test_staff_need_the_view_permissions_on_sessions_and_turns(client: Client, django_user_model: Any) -> None:
+    from django.contrib.auth.models import Permission
+
+    bare = django_user_model.objects.create_user(username="bare-staff", password="x-pass-123", is_staff=True)
+    client.force_login(bare)
+    assert client.get("/ops/").status_code == 403  # staff, but may not read sessions: not their owners either
+    assert client.get(f"/ops/sessions/{uuid.uuid4()}/").status_code == 403
+    bare.user_permissions.set(Permission.objects.filter(codename="view_chatsession"))
+    bare = django_user_model.objects.get(pk=bare.pk)  # permissions are cached on the instance
+    client.force_login(bare)
+    assert client.get("/ops/").status_code == 403  # sessions without turns is not enough
+    bare.user_permissions.add(Permission.objects.get(codename="view_turn"))
+    client.force_login(django_user_model.objects.get(pk=bare.pk))
+    assert client.get("/ops/").status_code == 200
+
+
 def test_dashboard_shows_charts_figures_and_open_alerts(client: Client, staff: Any, alice: Any) -> None:
     now = timezone.now()
     spiral = make_agent("spiral")

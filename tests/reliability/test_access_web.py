@@ -19,11 +19,13 @@ LOGIN = 302  # a redirect to the sign-in page
 STAFF_ONLY = {ANON: LOGIN, ALICE: 403, BOB: 403, STAFF: 200}
 ADMIN = {ANON: LOGIN, ALICE: LOGIN, BOB: LOGIN, STAFF: 200}
 OWNER = {ANON: LOGIN, ALICE: 200, BOB: 404, STAFF: 404}
+# The chat page's own requests: signed out, a JSON 401 its script acts on (not a redirect fetch would follow).
+OWNER_XHR = {ANON: 401, ALICE: 200, BOB: 404, STAFF: 404}
 SIGNED_IN = {ANON: LOGIN, ALICE: 200, BOB: 200, STAFF: 200}
 CASES = [
     ("/", SIGNED_IN),
     ("/chats/{session}/", OWNER),
-    ("/chats/{session}/panels/", OWNER),
+    ("/chats/{session}/panels/", OWNER_XHR),
     ("/ops/", STAFF_ONLY),
     ("/ops/sessions/{session}/", STAFF_ONLY),
     ("/admin/", ADMIN),
@@ -89,3 +91,49 @@ def test_health_check_is_public_and_says_nothing_private(world: dict[str, Any]) 
     body = response.json()
     assert set(body) == {"status", "database", "broker", "worker"}, body
     assert "teal" not in response.content.decode()
+
+
+@pytest.mark.django_db
+def test_a_chunked_body_is_refused_with_411_not_read_as_empty(world: dict[str, Any], alice: Any) -> None:
+    client = Client()
+    client.force_login(alice)
+    api = client.post(
+        f"/api/sessions/{world['session']}/messages/",
+        data=b'{"message": "hi"}',
+        content_type="application/json",
+        HTTP_TRANSFER_ENCODING="chunked",
+    )
+    assert api.status_code == 411 and api.json()["error"]["code"] == "length_required"
+    page = client.post(
+        f"/chats/{world['session']}/stream/",
+        data=b'{"message": "hi"}',
+        content_type="application/json",
+        HTTP_TRANSFER_ENCODING="chunked",
+    )
+    assert page.status_code == 411 and "Content-Length" in page.content.decode()
+
+
+def test_a_chunked_body_sent_to_the_real_server_is_refused_with_411(web_server: Any) -> None:
+    import socket
+    from urllib.parse import urlparse
+
+    server = web_server()
+    address = urlparse(server.url)
+    body = b'{"message": "hi"}'
+    request = (
+        (
+            f"POST /api/sessions/00000000-0000-4000-8000-000000000000/messages/ HTTP/1.1\r\nHost: {address.netloc}\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        ).encode()
+        + f"{len(body):x}\r\n".encode()
+        + body
+        + b"\r\n0\r\n\r\n"
+    )
+    with socket.create_connection((address.hostname, address.port), timeout=30) as client:
+        client.sendall(request)
+        answer = b""
+        while chunk := client.recv(65536):
+            answer += chunk
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 411"), answer[:500]
+    assert b"length_required" in payload

@@ -127,3 +127,33 @@ def test_connections_dropped_while_the_database_stays_up_are_reconnected(
         assert again.status_code == 201, again.text[:2000]
     turns = list(Turn.objects.filter(session=session).order_by("seq").values_list("status", "assistant_message"))
     assert turns == [("completed", "Still here."), ("completed", "Yes.")]
+
+
+def test_the_web_door_answers_a_database_outage_with_503s_in_the_form_each_client_reads(
+    alice: Any, chat_agent: Agent, web_server: Any
+) -> None:
+    """Pages, the chat's stream and /metrics: a 503 (a page, JSON, text) with Retry-After, never Django's 500
+    page with its traceback."""
+    server = web_server()
+    session = session_create(user=alice, agent=chat_agent)
+    token = "a" * 32  # a CSRF secret in its unmasked form: the cookie and the header agree
+    cookies = {"sessionid": "x" * 32, "csrftoken": token}  # reading the session is the first database query
+    with httpx.Client(base_url=server.url, timeout=30, cookies=cookies) as client:
+        assert client.get("/metrics").status_code == 200  # up: loopback may scrape
+        with _database_refusing_connections():
+            _drop_other_connections()
+            page = client.get("/")
+            stream = client.post(
+                f"/chats/{session.pk}/stream/",
+                json={"message": "hello"},
+                headers={"Accept": "text/event-stream", "X-CSRFToken": token},
+            )
+            metrics = client.get("/metrics")
+    log = server.log_text()[-3000:]
+    assert page.status_code == 503, (page.status_code, page.text[:300], log)
+    assert page.headers["Content-Type"].startswith("text/html") and "Back in a moment" in page.text
+    assert "Traceback" not in page.text and "OperationalError" not in page.text
+    assert stream.status_code == 503, (stream.status_code, stream.text[:300], log)
+    assert stream.json()["error"]["code"] == "database_unavailable"
+    assert metrics.status_code == 503 and metrics.headers["Content-Type"].startswith("text/plain")
+    assert all(int(r.headers["Retry-After"]) > 0 for r in (page, stream, metrics))

@@ -28,6 +28,11 @@ def _signed_in(user: Any) -> Client:
     return client
 
 
+def _with_a_turn(session: ChatSession) -> ChatSession:
+    Turn.objects.create(session=session, seq=1, user_message="hi", assistant_message="hello", status="completed")
+    return session
+
+
 def _stream(client: Client, session: ChatSession, message: str, **headers: Any) -> list[tuple[str, dict[str, Any]]]:
     response = client.post(
         f"/chats/{session.pk}/stream/",
@@ -48,10 +53,18 @@ def _stream(client: Client, session: ChatSession, message: str, **headers: Any) 
 @pytest.mark.django_db
 def test_anonymous_is_sent_to_sign_in(client: Client, alice: Any, chat_agent: Agent) -> None:
     session = session_create(user=alice, agent=chat_agent)
-    for path in ("/", f"/chats/{session.pk}/", f"/chats/{session.pk}/panels/"):
+    for path in ("/", f"/chats/{session.pk}/"):
         response = client.get(path)
         assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
-    assert client.post(f"/chats/{session.pk}/stream/", {"message": "hi"}).status_code == 302
+    # The page's own requests (its panels and its stream) get a JSON 401 naming where to sign in again.
+    for response in (
+        client.get(f"/chats/{session.pk}/panels/"),
+        client.post(f"/chats/{session.pk}/stream/", {"message": "hi"}),
+    ):
+        assert response.status_code == 401
+        error = response.json()["error"]
+        assert error["code"] == "not_authenticated"
+        assert error["details"]["login_url"] == f"/accounts/login/?next=/chats/{session.pk}/"
     assert not Turn.objects.exists()
 
 
@@ -361,8 +374,8 @@ def test_a_long_chat_shows_its_latest_turns_and_links_to_the_earlier_ones(alice:
 @pytest.mark.django_db
 def test_the_chat_list_pages_through_all_my_chats(alice: Any, bob: Any, chat_agent: Agent) -> None:
     for i in range(1, 121):
-        session_create(user=alice, agent=chat_agent, title=f"chat number {i}.")
-    session_create(user=bob, agent=chat_agent, title="bob's chat.")
+        _with_a_turn(session_create(user=alice, agent=chat_agent, title=f"chat number {i}."))
+    _with_a_turn(session_create(user=bob, agent=chat_agent, title="bob's chat."))
     client = _signed_in(alice)
 
     first = client.get("/").content.decode()
@@ -373,6 +386,14 @@ def test_the_chat_list_pages_through_all_my_chats(alice: Any, bob: Any, chat_age
     assert 'href="?page=2"' in last and "?page=4" not in last
     for junk in ("99", "x", "-1"):  # past the end or not a number: the last or the first page, never an error
         assert client.get("/", {"page": junk}).status_code == 200
+
+
+@pytest.mark.django_db
+def test_a_chat_nothing_was_sent_in_is_not_listed(alice: Any, chat_agent: Agent) -> None:
+    session_create(user=alice, agent=chat_agent, title="started and left")
+    _with_a_turn(session_create(user=alice, agent=chat_agent, title="talked"))
+    home = _signed_in(alice).get("/").content.decode()
+    assert "talked" in home and "started and left" not in home
 
 
 @pytest.mark.django_db
@@ -401,7 +422,7 @@ def test_raw_html_in_a_reply_is_shown_as_text_and_cannot_swallow_the_rest() -> N
 
 @pytest.mark.django_db
 def test_the_home_page_says_which_agents_the_demo_model_answers(alice: Any, chat_agent: Agent) -> None:
-    session_create(user=alice, agent=chat_agent, title="My demo chat")
+    _with_a_turn(session_create(user=alice, agent=chat_agent, title="My demo chat"))
     page = _signed_in(alice).get("/").content.decode()
     assert "My demo chat" in page
     assert page.count("demo model, not an LLM") == 3  # the agent choice, the note under it, the chat

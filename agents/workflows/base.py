@@ -305,6 +305,14 @@ class Workflow:
                 errors.append(f"{target} needs {', '.join(missing)} first")
         if errors:
             return StepResult(False, state, state, dict(data), errors=errors + slot_errors, slot_errors=slot_errors)
+        if target == state and state in self.terminal_states and state != self.failed_state:
+            # A finished run (a booked trip) is never changed by later text: only leaving it (a new run) can.
+            changed = sorted(k for k in merged if merged.get(k) != data.get(k))
+            slot_errors = slot_errors + [
+                f"{name}: the {self.title.lower()} is finished, so it is not changed; start a new one to change it"
+                for name in changed
+            ]
+            merged = dict(data)
         if self.clears_data_on_entry(state, target):
             merged = {}
         return StepResult(True, state, target, merged, errors=list(slot_errors), slot_errors=slot_errors)
@@ -512,6 +520,29 @@ class _Defaulting(dict[str, Any]):
         return "?"
 
 
+_MONTHS = ("January February March April May June July August September October November December").split()
+_ISO_DAY = re.compile(r"^(\d{4})-(\d{2})-(\d{2})$")
+
+
 def _first_error(name: str, exc: ValidationError) -> str:
-    first = exc.errors()[0] if exc.errors() else {"msg": str(exc)}
+    """The first validation error of a slot, in words a person reads ("at most 9", "there is no 31 February"),
+    not pydantic's ("Input should be less than or equal to 9")."""
+    first: Mapping[str, Any] = exc.errors()[0] if exc.errors() else {"msg": str(exc)}
+    kind, ctx, value = first.get("type", ""), first.get("ctx") or {}, first.get("input")
+    bounds = {
+        "less_than_equal": "at most",
+        "greater_than_equal": "at least",
+        "less_than": "below",
+        "greater_than": "above",
+    }
+    if kind in bounds:
+        limit = next(iter(ctx.values()), "")
+        return f"{name}: {bounds[kind]} {limit}"
+    if kind in ("date_from_datetime_parsing", "date_parsing", "date_type") and isinstance(value, str):
+        day = _ISO_DAY.match(value)
+        if day and 1 <= int(day.group(2)) <= 12:
+            return f"{name}: there is no {int(day.group(3))} {_MONTHS[int(day.group(2)) - 1]}"
+        return f"{name}: {value!r} is not a date"
+    if kind in ("int_parsing", "int_from_float"):
+        return f"{name}: a whole number, please"
     return f"{name}: {first.get('msg', 'invalid value')}"

@@ -106,7 +106,7 @@ def propose_decision(*, state: str, collected: Mapping[str, Any], user_message: 
     workflow = FLIGHT_BOOKING
     spec = workflow.specs[state]
     asking = workflow.asked_slots(state, collected)
-    slots = extract_slots(user_message, asking=asking, today=today)
+    slots = extract_slots(user_message, asking=asking, today=today, current=collected)
     merged, _errors = workflow.merge_slots(collected, slots, today=today)
     accepted = {k: v for k, v in slots.items() if merged.get(k) == v}
 
@@ -128,7 +128,8 @@ def propose_decision(*, state: str, collected: Mapping[str, Any], user_message: 
     if _START_OVER.search(user_message) and state != workflow.initial_state:
         return decide(workflow.initial_state, "the user wants to start over", keep_slots=False)
     if state == "COMPLETED":
-        return decide("COMPLETED", "the trip is booked")
+        # The booked trip is final: later words ("I am allergic to peanuts") are not read as its details.
+        return decide("COMPLETED", "the trip is booked", keep_slots=False)
     if state == "CONFIRMING":
         if accepted:
             return decide("CONFIRMING", "the user changed details; confirm again")

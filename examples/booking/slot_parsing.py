@@ -9,6 +9,7 @@ answer would be, so a wrong guess is refused, never stored.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import date, datetime
 from typing import Any
 
@@ -64,7 +65,7 @@ _DATE_PHRASES = re.compile(
 _RETURN_MARKER = re.compile(r"\b(?:return(?:ing)?|back|coming back|until|till)\b", re.IGNORECASE)
 
 _PASSENGERS = re.compile(
-    rf"\b(?P<n>{_NUM}|a couple of)\s+(?:passengers?|people|persons?|adults?|travell?ers?|tickets?|seats?|of us|pax)\b",
+    rf"\b(?P<n>\d{{1,4}}|{_NUM}|a couple of)\s+(?:passengers?|people|persons?|adults?|travell?ers?|tickets?|seats?|of us|pax)\b",
     re.IGNORECASE,
 )
 _PASSENGERS_LEAD = re.compile(
@@ -228,13 +229,76 @@ def extract_places(text: str, *, bare: str = "") -> dict[str, str]:
     return found
 
 
-def extract_slots(text: str, *, asking: tuple[str, ...] = (), today: date) -> dict[str, Any]:
+# "make that Rome instead of Paris", "Rome instead of Paris", "not Paris but Rome", "Paris → Rome".
+_INSTEAD = re.compile(
+    r"(?:\b(?:make (?:that|it)|change (?:that|it) to|switch to|rather)\s+)?"
+    + _PLACE.format(name="new")
+    + r"\s+instead of\s+"
+    + _PLACE.format(name="old"),
+    re.IGNORECASE,
+)
+_NOT_BUT = re.compile(
+    r"\bnot\s+" + _PLACE.format(name="old") + r",?\s+but\s+" + _PLACE.format(name="new"), re.IGNORECASE
+)
+
+
+def extract_correction(text: str, current: Mapping[str, Any]) -> dict[str, str]:
+    """A stated change of a place already collected ("make that Rome instead of Paris"): the slot whose value
+    is the old place gets the new one. {} when the message names no such change."""
+    for pattern in (_INSTEAD, _NOT_BUT):
+        match = pattern.search(text)
+        if not match:
+            continue
+        old, new = _clean_place(match.group("old")), _clean_place(match.group("new"))
+        if not old or not new:
+            continue
+        for slot in ("origin", "destination"):
+            if str(current.get(slot) or "").lower() == old.lower():
+                return {slot: new}
+    return {}
+
+
+# A day that no month has, or not that month ("31st of February", "February 30"): said back, not ignored.
+_DAY_MONTH = re.compile(rf"\b(?P<d>\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<m>{_MONTH})\b", re.IGNORECASE)
+_MONTH_DAY = re.compile(rf"\b(?P<m>{_MONTH})\.?\s+(?P<d>\d{{1,2}})(?:st|nd|rd|th)?\b", re.IGNORECASE)
+_MONTH_NUMBERS = {
+    name[:3]: index
+    for index, name in enumerate(
+        ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"], start=1
+    )
+}
+
+
+def impossible_date(text: str, *, today: date) -> str | None:
+    """ "YYYY-MM-DD" of a stated day that does not exist ("31st of February" → "2027-02-31"), for the workflow to
+    refuse with its reason; None when every stated day exists."""
+    for pattern in (_DAY_MONTH, _MONTH_DAY):
+        for match in pattern.finditer(text):
+            day, month = int(match.group("d")), _MONTH_NUMBERS[match.group("m")[:3].lower()]
+            year = today.year + (1 if month < today.month else 0)
+            try:
+                date(year, month, day)
+            except ValueError:
+                return f"{year:04d}-{month:02d}-{day:02d}"
+    return None
+
+
+def extract_slots(
+    text: str, *, asking: tuple[str, ...] = (), today: date, current: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Every booking slot this message states. ``asking`` names the slots the agent just asked for, so a
-    bare answer ("Paris", "2") can be read as that slot."""
+    bare answer ("Paris", "2") can be read as that slot; ``current`` (what is collected) lets a correction
+    ("Rome instead of Paris") name the slot by its old value."""
     found: dict[str, Any] = {}
-    bare_place = next((s for s in asking if s in ("origin", "destination")), "")
-    found.update(extract_places(text, bare=bare_place))
+    correction = extract_correction(text, current or {})
+    if correction:
+        found.update(correction)
+    else:
+        bare_place = next((s for s in asking if s in ("origin", "destination")), "")
+        found.update(extract_places(text, bare=bare_place))
     found.update(extract_dates(text, today=today))
+    if "depart_date" not in found and (impossible := impossible_date(text, today=today)):
+        found["depart_date"] = impossible
     passengers = extract_passengers(text, bare_answer="passengers" in asking)
     if passengers is not None:
         found["passengers"] = passengers

@@ -155,7 +155,7 @@ def test_a_refused_detail_is_explained_in_the_reply_on_the_demo_model(alice: Any
 
     turn_run(session=session, message=f"on {_say(_future(30))}")
     too_many = turn_run(session=session, message="15 passengers")
-    assert "I could not use that: passengers: Input should be less than or equal to 9." in too_many.reply
+    assert "I could not use that: passengers: at most 9." in too_many.reply
     fine = turn_run(session=session, message="2 passengers")
     assert "could not use" not in fine.reply
     session.refresh_from_db()
@@ -165,7 +165,7 @@ def test_a_refused_detail_is_explained_in_the_reply_on_the_demo_model(alice: Any
     changed = turn_run(session=session, message="yes, but for 15 passengers")
     session.refresh_from_db()
     assert session.state == "CONFIRMING" and session.data["passengers"] == 2
-    assert changed.reply.startswith("I could not use that: passengers: Input should be less than or equal to 9.")
+    assert changed.reply.startswith("I could not use that: passengers: at most 9.")
     assert "Shall I book it?" in changed.reply and not Booking.objects.exists()
 
 

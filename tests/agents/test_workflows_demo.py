@@ -219,3 +219,52 @@ def test_confirming_a_question_that_mentions_a_day_is_not_a_change_request() -> 
         state="CONFIRMING", collected=collected, user_message="Please change the dates", today=date(2026, 12, 1)
     )
     assert changed.next_state == "GATHERING_DATES"
+
+
+def test_a_stated_change_of_a_collected_place_is_applied() -> None:
+    data = {"origin": "London", "destination": "Paris"}
+    for said in ("make that Rome instead of Paris", "Rome instead of Paris, please", "not Paris but Rome"):
+        decision = propose_decision(state="GATHERING_DATES", collected=data, user_message=said, today=TODAY)
+        merged, errors = WF.merge_slots(data, decision.slots, today=TODAY)
+        assert (merged["destination"], merged["origin"], errors) == ("Rome", "London", []), said
+
+
+@pytest.mark.parametrize(
+    ("said", "reason"),
+    [
+        ("250 passengers", "passengers: at most 9"),
+        ("10 passengers", "passengers: at most 9"),
+        ("0 passengers", "passengers: at least 1"),
+        ("on the 31st of February", "depart_date: there is no 31 February"),
+        ("April 31", "depart_date: there is no 31 April"),
+    ],
+)
+def test_a_refused_value_says_why_in_words(said: str, reason: str) -> None:
+    data = {"origin": "London", "destination": "Paris", "depart_date": "2027-03-10"}
+    decision = propose_decision(state="GATHERING_PASSENGERS", collected=data, user_message=said, today=TODAY)
+    merged, errors = WF.merge_slots(data, decision.slots, today=TODAY)
+    assert errors == [reason] and merged == data
+    assert "Input should be" not in WF.refusal_text(errors[0])
+
+
+def test_a_booked_trip_is_not_changed_by_later_words() -> None:
+    booked = {
+        "origin": "London",
+        "destination": "Paris",
+        "depart_date": "2027-03-10",
+        "passengers": 2,
+        "booking_reference": "AB12CD",
+    }
+    said = "I am allergic to peanuts"
+    decision = propose_decision(state="COMPLETED", collected=booked, user_message=said, today=TODAY)
+    assert decision.next_state == "COMPLETED" and decision.slots.model_dump(exclude_none=True) == {}
+    # Whatever a model proposes, the workflow keeps a finished run as it is and says why.
+    model_says = WF.decision(next_state="COMPLETED", slots={"destination": "Peanuts"}, reasoning="misread")
+    step = WF.step(state="COMPLETED", data=booked, decision=model_says, today=TODAY)
+    assert step.to_state == "COMPLETED" and step.data == booked
+    assert step.slot_errors == [
+        "destination: the flight booking is finished, so it is not changed; start a new one to change it"
+    ]
+    # Leaving it for a new trip is still possible.
+    new_trip = WF.step(state="COMPLETED", data=booked, decision=WF.decision(next_state="IDLE"), today=TODAY)
+    assert new_trip.applied and new_trip.to_state == "IDLE"

@@ -37,6 +37,7 @@ from memory.services import (
     memories_set_pinned,
     memory_create,
     memory_update,
+    merge_plan,
     review_apply,
     review_reject,
 )
@@ -266,14 +267,36 @@ class MemoryAdmin(LogAdmin):
         count = memories_reembed(memories=queryset.iterator(chunk_size=256))
         self.message_user(request, f"Re-embedded {count} memories with {get_embedder().name}.")
 
-    @admin.action(description="Merge selected duplicates (one user)", permissions=["change"])
-    def merge_duplicates(self, request: HttpRequest, queryset: QuerySet[Memory]) -> None:
+    @admin.action(description="Merge selected duplicates (one user, one kind)…", permissions=["change"])
+    def merge_duplicates(self, request: HttpRequest, queryset: QuerySet[Memory]) -> HttpResponse | None:
+        """First a page that shows what will change (the memory kept, its combined text, the ones archived);
+        the merge happens only when that page is confirmed."""
+        selected = list(queryset.select_related("user"))
         try:
-            kept = memories_merge(memories=list(queryset))
+            keeper, others, text = merge_plan(selected)
         except ValueError as exc:
             self.message_user(request, str(exc), level=messages.ERROR)
-            return
-        self.message_user(request, f"Merged {queryset.count()} memories into #{kept.pk}; the others are archived.")
+            return None
+        if request.POST.get("confirmed") != "yes":
+            context = {
+                **self.admin_site.each_context(request),
+                "title": "Merge these memories?",
+                "opts": self.model._meta,
+                "keeper": keeper,
+                "others": others,
+                "combined": text,
+                "selected": selected,
+                "action": "merge_duplicates",
+                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+            }
+            return TemplateResponse(request, "admin/memory/memory/merge_confirmation.html", context)
+        try:
+            kept = memories_merge(memories=selected)
+        except ValueError as exc:
+            self.message_user(request, str(exc), level=messages.ERROR)
+            return None
+        self.message_user(request, f"Merged {len(selected)} memories into #{kept.pk}; the others are archived.")
+        return None
 
     def get_urls(self) -> list[Any]:
         custom = [

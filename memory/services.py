@@ -294,21 +294,42 @@ def memories_set_archived(*, memories: QuerySet[Memory], archived: bool) -> int:
     return memories.update(archived=archived, updated_at=timezone.now())
 
 
-def memories_merge(*, memories: Sequence[Memory]) -> Memory:
-    """Merge duplicates of one user into one memory: the kept one takes the highest importance, the
-    pin and the access counts; the others are archived. Memories of different users never merge."""
+def merge_plan(memories: Sequence[Memory]) -> tuple[Memory, list[Memory], str]:
+    """What merging ``memories`` would do: the one kept, the ones archived, and the kept one's new text (each
+    distinct text once, the kept one's first). ``ValueError`` when they may not be merged: fewer than two,
+    of different users, or of different kinds (an episode and a fact are not duplicates of each other)."""
     if len(memories) < 2:
         raise ValueError("select at least two memories to merge")
     if len({m.user_id for m in memories}) != 1:
         raise ValueError("memories of different users cannot be merged")
+    kinds = sorted({m.kind for m in memories})
+    if len(kinds) != 1:
+        raise ValueError(f"memories of different kinds ({', '.join(kinds)}) cannot be merged: select one kind")
     ordered = sorted(memories, key=lambda m: (not m.pinned, -m.importance, m.created_at, m.id))
-    keeper, others = ordered[0], ordered[1:]
+    seen: set[str] = set()
+    parts: list[str] = []
+    for memory in ordered:
+        text = " ".join(memory.text.split())
+        key = text.lower().rstrip(".!? ")
+        if text and key not in seen:
+            seen.add(key)
+            parts.append(text if text[-1] in ".!?" else text + ".")
+    return ordered[0], ordered[1:], " ".join(parts)
+
+
+def memories_merge(*, memories: Sequence[Memory]) -> Memory:
+    """Merge duplicates of one user and one kind into one memory (``merge_plan``): the kept one takes the
+    combined text (re-embedded), the highest importance, the pin and the access counts; the others are
+    archived. All in one transaction."""
+    keeper, others, text = merge_plan(memories)
     with transaction.atomic():
+        Memory.objects.filter(id__in=[m.id for m in others]).update(archived=True, updated_at=timezone.now())
         keeper.importance = max(m.importance for m in memories)
         keeper.pinned = any(m.pinned for m in memories)
         keeper.access_count = sum(m.access_count for m in memories)
         keeper.save(update_fields=["importance", "pinned", "access_count", "updated_at"])
-        Memory.objects.filter(id__in=[m.id for m in others]).update(archived=True, updated_at=timezone.now())
+        if text != keeper.text:
+            keeper = memory_update(memory=keeper, text=text)
     return keeper
 
 

@@ -210,3 +210,35 @@ def test_try_retrieval_the_api_and_a_chat_turn_make_the_same_decisions(
         reverse(TRY_URL), {"user": alice.pk, "query": query, "agent": agent.pk, "budget_tokens": 2000}
     ).content.decode()
     assert "Filter: <strong>threshold</strong>" in strict  # the agent's own cut-off, when it names one
+
+
+def _merge(client: Client, memories: list[Memory], **extra: str) -> Any:
+    return client.post(
+        reverse("admin:memory_memory_changelist"),
+        {"action": "merge_duplicates", "_selected_action": [m.pk for m in memories], **extra},
+        follow=True,
+    )
+
+
+def test_merge_refuses_memories_of_different_kinds(staff_client: Client, alice: Any) -> None:
+    episode = memory_create(user=alice, kind="episodic", text="User: we talked about Lisbon")
+    fact = memory_create(user=alice, kind="semantic", text="The user is allergic to peanuts.")
+    page = _merge(staff_client, [episode, fact]).content.decode()
+    assert "different kinds (episodic, semantic) cannot be merged" in page
+    assert not Memory.objects.filter(archived=True).exists()
+
+
+def test_merge_asks_first_showing_the_combined_text_then_merges_it(staff_client: Client, alice: Any) -> None:
+    a = memory_create(user=alice, kind="semantic", text="The user likes tea", importance=0.9)
+    b = memory_create(user=alice, kind="semantic", text="The user drinks green tea every morning.", importance=0.3)
+    first = _merge(staff_client, [a, b])
+    page = first.content.decode()
+    assert first.status_code == 200 and "Merge these memories?" in page
+    assert "The user likes tea. The user drinks green tea every morning." in page
+    assert not Memory.objects.filter(archived=True).exists()  # nothing changed yet
+
+    _merge(staff_client, [a, b], confirmed="yes")
+    a.refresh_from_db()
+    b.refresh_from_db()
+    assert a.text == "The user likes tea. The user drinks green tea every morning." and not a.archived
+    assert b.archived

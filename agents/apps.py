@@ -17,6 +17,7 @@ class AgentsConfig(AppConfig):
         from agents.llm.providers import set_profile_source
         from agents.llm.recording import set_call_recorder
         from agents.models import ModelEndpoint
+        from agents.routing import RouteDecision, demo_route
         from agents.tools.registry import default_registry, set_invocation_recorder
         from agents.workflow_store import StoredWorkflows
         from agents.workflows import WorkflowDecision, registered_workflows, set_workflow_source
@@ -34,6 +35,7 @@ class AgentsConfig(AppConfig):
         set_workflow_source(StoredWorkflows())
         # The offline demo model stays in the current state of a workflow it has no script for.
         register_structured_handler(WorkflowDecision, demo_decision)
+        register_structured_handler(RouteDecision, demo_route)
         # Built now, so that a bad AGENT_WORKFLOWS / AGENT_TOOLS entry stops the process at start-up with
         # ImproperlyConfigured naming it, instead of failing every page that lists workflows or tools.
         registered_workflows()

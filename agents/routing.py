@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from agents.llm.base import CallContext, LLMError, LLMProvider, Message
+from agents.llm.demo import asks_for_person
 
 logger = logging.getLogger(__name__)
 
@@ -81,3 +82,12 @@ def route_message(
     if decision.confidence < confidence_threshold:
         return RouteOutcome(low_confidence_action, decision.confidence, decision.reasoning, "low_confidence")
     return RouteOutcome(action, decision.confidence, decision.reasoning, "model")
+
+
+def demo_route(messages: list[Message]) -> RouteDecision | None:
+    """The offline demo model's routing: a hand-off when the user asks for a person; otherwise nothing (the
+    demo's generic answer, which routes to the safe default)."""
+    user = next((str(m.get("content") or "") for m in reversed(messages) if m.get("role") == "user"), "")
+    if asks_for_person(user):
+        return RouteDecision(action="handoff", reasoning="the user asks for a person", confidence=0.9)
+    return None

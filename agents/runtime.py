@@ -19,6 +19,7 @@ crash, and the next request (or the sweep beat runs every minute) resumes it fro
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
@@ -27,8 +28,8 @@ from functools import partial
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Case, F, QuerySet, TextField, Value, When
-from django.db.models.functions import Concat
+from django.db.models import Case, F, Func, JSONField, QuerySet, TextField, Value, When
+from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
 from agents.llm.base import LLMError, TruncatedOutputError
@@ -73,7 +74,7 @@ from config.services import requeue_each
 from observability.logging import log_context
 from observability.tracing import span
 from sessions.locks import SessionTurnLock, TurnLockLost
-from sessions.models import ChatSession, Checkpoint, Turn
+from sessions.models import ChatSession, Checkpoint, Turn, staff_signed
 from sessions.services import checkpoint_record, stuck_turns_find
 
 __all__ = [
@@ -86,6 +87,7 @@ __all__ = [
     "TurnResult",
     "TurnStream",
     "handoff_reply",
+    "handoff_request",
     "handoff_resume",
     "stuck_turns_enqueue",
     "stuck_turns_recover",
@@ -258,12 +260,14 @@ def _stuck(older_than: timedelta | None) -> QuerySet[Turn]:
 
 
 def handoff_reply(*, session: ChatSession, text: str, author: Any) -> Turn:
-    """A person answers a session that was handed to a human; the reply is added to the latest turn."""
+    """A person answers a session that was handed to a human; the reply is added to the latest turn (its text,
+    and its list of staff replies, which the chat shows apart and live)."""
     text = validate_message(text)
     turn = session.turns.order_by("-seq").first()
     if turn is None:
         raise MessageRejected("no_turn", "This session has no message to answer yet.")
-    signed = f"[{author.get_username()} (staff)] {text}"
+    reply = {"author": author.get_username(), "text": text, "at": timezone.now().isoformat()}
+    signed = staff_signed(reply)
     # Appended in the database, in one statement: two staff replying at once both land (a read-modify-write
     # of the text kept only the last one).
     Turn.objects.filter(pk=turn.pk).update(
@@ -271,10 +275,32 @@ def handoff_reply(*, session: ChatSession, text: str, author: Any) -> Turn:
             When(assistant_message="", then=Value(signed)),
             default=Concat(F("assistant_message"), Value("\n\n" + signed)),
             output_field=TextField(),
-        )
+        ),
+        staff_replies=Func(
+            F("staff_replies"),
+            Cast(Value(json.dumps([reply])), JSONField()),
+            template="%(expressions)s",
+            arg_joiner=" || ",
+        ),
     )
-    turn.refresh_from_db(fields=["assistant_message"])
+    ChatSession.objects.filter(pk=session.pk).update(updated_at=timezone.now())
+    turn.refresh_from_db(fields=["assistant_message", "staff_replies"])
     return turn
+
+
+def handoff_request(*, session: ChatSession, actor: Any = None, reason: str = "") -> bool:
+    """Staff hand a session to a person: the agent stops answering it until it is handed back. False when it
+    was with a person already."""
+    changed = (
+        ChatSession.objects.filter(pk=session.pk)
+        .exclude(status=ChatSession.Status.NEEDS_HUMAN)
+        .update(status=ChatSession.Status.NEEDS_HUMAN, version=F("version") + 1, updated_at=timezone.now())
+    )
+    reload_session(session)
+    if changed:
+        detail = f"handed to a person by {actor or 'staff'}" + (f": {reason}" if reason else "")
+        checkpoint_record(session=session, reason=Checkpoint.Reason.HANDOFF, detail=detail[:500])
+    return bool(changed)
 
 
 def handoff_resume(*, session: ChatSession, actor: Any = None) -> ChatSession:

@@ -12,6 +12,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.auth import get_user_model
 from django.contrib.postgres.search import SearchQuery, SearchRank
 from django.core.exceptions import PermissionDenied
@@ -287,7 +288,7 @@ class MemoryAdmin(LogAdmin):
                 "combined": text,
                 "selected": selected,
                 "action": "merge_duplicates",
-                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+                "action_checkbox_name": ACTION_CHECKBOX_NAME,
             }
             return TemplateResponse(request, "admin/memory/memory/merge_confirmation.html", context)
         try:

@@ -19,7 +19,7 @@ from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html
 
-from agents.runtime import MessageRejected, handoff_reply, handoff_resume
+from agents.runtime import MessageRejected, handoff_reply, handoff_request, handoff_resume
 from config.admin_lists import LogAdmin, known_values_filter, workflow_states
 from sessions.locks import SessionBusyError, session_is_locked
 from sessions.models import ChatSession, Checkpoint, Turn
@@ -150,7 +150,7 @@ class ChatSessionAdmin(admin.ModelAdmin):
     search_fields = ("title", "user__username", "user__email", "state", "id")
     list_select_related = ("user", "agent")
     date_hierarchy = "updated_at"
-    actions = ("reset_sessions", "resume_last_good", "hand_back_to_agent")
+    actions = ("reset_sessions", "resume_last_good", "hand_to_a_person", "hand_back_to_agent")
     inlines = (CheckpointInline, TurnInline)
     fields = (
         "id",
@@ -302,6 +302,13 @@ class ChatSessionAdmin(admin.ModelAdmin):
                 request, f"Not deleted, a turn is running on them: {', '.join(busy)}.", level=messages.ERROR
             )
         return deleted
+
+    @admin.action(description="Hand to a person (the agent stops answering)", permissions=["change"])
+    def hand_to_a_person(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> None:
+        handed = sum(handoff_request(session=session, actor=request.user) for session in queryset)
+        self.message_user(
+            request, f"Handed {handed} session(s) to a person; reply to them from each session's page here."
+        )
 
     @admin.action(description="Hand back to the agent (sessions waiting for a human)", permissions=["change"])
     def hand_back_to_agent(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> None:

@@ -8,6 +8,11 @@ from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 
 
+def staff_signed(reply: dict[str, Any]) -> str:
+    """How a staff reply reads inside ``Turn.assistant_message``: "[name (staff)] text"."""
+    return f"[{reply.get('author', '')} (staff)] {reply.get('text', '')}"
+
+
 class ChatSession(models.Model):
     """A conversation with one agent, and the durable state of its workflow.
 
@@ -83,6 +88,9 @@ class Turn(models.Model):
     state_after = models.CharField(max_length=60, blank=True)
     steps = models.PositiveIntegerField(default=0)
     step_limit_hit = models.BooleanField(default=False)
+    # Replies of staff to a session handed to a person, in order: {"author", "text", "at"} (also appended to
+    # assistant_message, as API clients have always read them). The chat shows them apart, signed.
+    staff_replies = models.JSONField(default=list, blank=True)
     truncated = models.BooleanField(
         default=False, help_text="The reply was still cut off by the token limit after its continuations: kept as is."
     )
@@ -126,6 +134,15 @@ class Turn(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.seq} {self.user_message[:40]}"
+
+    @property
+    def agent_message(self) -> str:
+        """The agent's own reply: ``assistant_message`` without the staff replies appended to it."""
+        text = self.assistant_message
+        for reply in self.staff_replies or []:
+            signed = staff_signed(reply)
+            text = text.replace("\n\n" + signed, "", 1) if ("\n\n" + signed) in text else text.replace(signed, "", 1)
+        return text
 
     @property
     def message_cut(self) -> dict[str, Any] | None:

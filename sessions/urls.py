@@ -10,5 +10,6 @@ urlpatterns = [
     path("chats/<uuid:session_id>/", views.chat, name="chat"),
     path("chats/<uuid:session_id>/panels/", views.chat_panels, name="chat-panels"),
     path("chats/<uuid:session_id>/stream/", views.chat_stream, name="chat-stream"),
+    path("chats/<uuid:session_id>/events/", views.chat_events, name="chat-events"),
     path("chats/<uuid:session_id>/delete/", views.chat_delete, name="chat-delete"),
 ]

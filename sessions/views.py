@@ -8,7 +8,9 @@ sanitized HTML (``sessions.rendering``) or as text set with ``textContent`` in t
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from functools import wraps
 from types import SimpleNamespace
 from typing import Any
@@ -21,8 +23,9 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import Exists, OuterRef
-from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from rest_framework.throttling import ScopedRateThrottle
 
@@ -190,6 +193,7 @@ def chat(request: HttpRequest, session_id: UUID) -> HttpResponse:
         "earlier_before": shown[0].seq if len(page) > CHAT_PAGE_TURNS else None,
         "reading_earlier": older,
         "model": _model_label(session.agent),
+        "events_since": timezone.now().isoformat(),
         **_panels_context(request, session),
     }
     return render(request, "chat.html", context)
@@ -213,6 +217,89 @@ def signed_in_or_401(view: Callable[..., HttpResponseBase]) -> Callable[..., Htt
         return view(request, *args, **kwargs)
 
     return wrapper
+
+
+# How long one events request waits for news while a person has the chat (or a turn is being answered), and
+# how soon the page asks again (EventSource reconnects by itself): while nothing can happen, it asks rarely,
+# so an open chat does not hold a server thread for nothing.
+EVENTS_HOLD_SECONDS = 25.0
+EVENTS_POLL_SECONDS = 1.0
+EVENTS_RETRY_IDLE_MS = 15000
+EVENTS_RETRY_LIVE_MS = 1000
+
+
+def _since(request: HttpRequest) -> datetime:
+    raw = request.headers.get("Last-Event-ID") or request.GET.get("since") or ""
+    try:
+        parsed = datetime.fromisoformat(raw)
+    except ValueError:
+        return timezone.now()
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _news(session_id: UUID, since: datetime) -> tuple[list[dict[str, Any]], bool]:
+    """What changed in the session after ``since``: its status or state, staff replies, turns finished (the
+    ones another request answered, or a recovery). And whether anything can still happen soon."""
+    row = ChatSession.objects.filter(pk=session_id).values("status", "state", "updated_at").first()
+    if row is None:
+        return [{"event": "gone"}], False
+    events: list[dict[str, Any]] = []
+    running = Turn.objects.filter(session_id=session_id, status__in=(Turn.Status.RUNNING, Turn.Status.PENDING))
+    live = row["status"] == ChatSession.Status.NEEDS_HUMAN or running.exists()
+    if row["updated_at"] <= since and not Turn.objects.filter(session_id=session_id, completed_at__gt=since).exists():
+        return events, live
+    events.append({"event": "status", "status": row["status"], "state": row["state"]})
+    for turn in Turn.objects.filter(session_id=session_id).order_by("-seq")[:5][::-1]:
+        if turn.completed_at and turn.completed_at > since:
+            events.append(
+                {"event": "turn_done", "turn_id": turn.pk, "reply": turn.agent_message, "status": turn.status}
+            )
+        for reply in turn.staff_replies or []:
+            at = datetime.fromisoformat(str(reply.get("at")))
+            if at > since:
+                events.append(
+                    {
+                        "event": "staff",
+                        "turn_id": turn.pk,
+                        "author": reply.get("author"),
+                        "text": reply.get("text"),
+                        "at": reply.get("at"),
+                    }
+                )
+    return events, live
+
+
+@signed_in_or_401
+@require_GET
+def chat_events(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
+    """Server-sent events for an open chat: staff replies, hand-offs and hand-backs, turns finished elsewhere.
+    ``since`` (or the Last-Event-ID the browser sends on reconnecting) is where the page's knowledge ends."""
+    session = _own_session(request, session_id)
+    since = _since(request)
+
+    def stream() -> Iterator[bytes]:
+        nonlocal since
+        deadline = time.monotonic() + EVENTS_HOLD_SECONDS
+        live = True
+        while True:
+            checked = timezone.now()
+            events, live = _news(session.pk, since)
+            since = checked
+            for event in events:
+                name = event.pop("event")
+                yield f"id: {since.isoformat()}\nevent: {name}\ndata: {json.dumps(event)}\n\n".encode()
+                if name == "gone":
+                    return
+            if not live or time.monotonic() >= deadline:
+                break
+            time.sleep(EVENTS_POLL_SECONDS)
+        retry = EVENTS_RETRY_LIVE_MS if live else EVENTS_RETRY_IDLE_MS
+        yield f"id: {since.isoformat()}\nretry: {retry}\n\n".encode()
+
+    response = StreamingHttpResponse(stream(), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
 
 
 @signed_in_or_401

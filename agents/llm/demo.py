@@ -428,6 +428,21 @@ def _text_of(message: Message) -> str:
     return json.dumps(content)
 
 
+# "I want to talk to a human", "can I speak with a person", "connect me to an agent", "real person please".
+_PERSON = re.compile(
+    r"\b(?:(?:talk|speak|chat)\s+(?:to|with)\s+(?:a\s+|an\s+|some\s*one\s+|someone\s+)?(?:real\s+|live\s+)?"
+    r"(?:human|person|people|agent|operator|representative|someone)|(?:real|live)\s+(?:human|person|agent)|"
+    r"(?:connect|transfer|put)\s+me\s+(?:to|through to|with)\s+(?:a\s+|an\s+)?(?:human|person|agent|operator))\b",
+    re.IGNORECASE,
+)
+
+
+def asks_for_person(text: str) -> bool:
+    """The demo model's reading of "does the user ask for a person?" (a model answers it in the structured
+    decision or the routing; the demo is not one)."""
+    return bool(_PERSON.search(text))
+
+
 def _keywords(text: str) -> set[str]:
     return {w.lower() for w in _WORD.findall(text) if w.lower() not in _STOPWORDS and len(w) > 2}
 

@@ -123,6 +123,10 @@ def decide(ctx: TurnContext) -> Iterator[TurnEvent]:
         event["error"] = f"No valid decision from the model ({error_code(exc)}); nothing was changed."
         yield event
         return
+    if getattr(decision, "wants_person", False):
+        # Asking for a person is a routing outcome of the decision, in every workflow: a person takes over.
+        yield from handoff(ctx, reason="the user asked for a person")
+        return
     threshold = ctx.agent.routing_confidence_threshold
     if getattr(decision, "confidence", 1.0) < threshold:
         # Below the threshold the safe default is to stay where we are (and keep what we have).

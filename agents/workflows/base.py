@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origi
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
+from agents.llm.demo import asks_for_person
 from config.errors import Refusal
 from config.text import camel_case
 
@@ -41,6 +42,9 @@ class WorkflowDecision(BaseModel):
     slots: BaseModel = Field(description="Slot values stated by the user in this message; null when not given.")
     confidence: float = Field(default=1.0, ge=0.0, le=1.0, description="How sure you are, 0 to 1.")
     reasoning: str = Field(default="", max_length=1000, description="One short sentence: why this state.")
+    wants_person: bool = Field(
+        default=False, description="True only when the user asks to talk to a person (a human, not the assistant)."
+    )
 
     @field_validator("slots", mode="before")
     @classmethod
@@ -466,8 +470,12 @@ def demo_decision(messages: Sequence[Mapping[str, Any]]) -> WorkflowDecision | N
     current = re.search(r"^CURRENT_STATE: (\S+)$", system, re.MULTILINE)
     if current is None:
         return None
+    user = next((str(m.get("content") or "") for m in reversed(messages) if m.get("role") == "user"), "")
     return WorkflowDecision(
-        next_state=current.group(1), slots=BaseModel(), reasoning="demo model: it stays and reads no slots"
+        next_state=current.group(1),
+        slots=BaseModel(),
+        reasoning="demo model: it stays and reads no slots",
+        wants_person=asks_for_person(user),
     )
 
 

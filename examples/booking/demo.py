@@ -25,7 +25,7 @@ from typing import Any
 from django.utils import timezone
 
 from agents.llm.base import Message, ToolCallRequest, ToolSpec
-from agents.llm.demo import DemoReply, register_reply_handler, register_structured_handler
+from agents.llm.demo import DemoReply, asks_for_person, register_reply_handler, register_structured_handler
 from agents.workflows.base import REFUSED_PREFIX
 from examples.booking.slot_parsing import extract_slots
 from examples.booking.workflow import FLIGHT_BOOKING, BookingDecision, trip_summary
@@ -109,6 +109,17 @@ def propose_decision(*, state: str, collected: Mapping[str, Any], user_message: 
     slots = extract_slots(user_message, asking=asking, today=today, current=collected)
     merged, _errors = workflow.merge_slots(collected, slots, today=today)
     accepted = {k: v for k, v in slots.items() if merged.get(k) == v}
+
+    if asks_for_person(user_message):
+        return BookingDecision.model_validate(
+            {
+                "next_state": state,
+                "slots": {},
+                "confidence": 0.9,
+                "reasoning": "asks for a person",
+                "wants_person": True,
+            }
+        )
 
     def decide(next_state: str, why: str, *, keep_slots: bool = True) -> BookingDecision:
         # Every value the message states goes into the decision, as a model's would: the workflow refuses

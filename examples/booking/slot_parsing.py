@@ -65,9 +65,12 @@ _DATE_PHRASES = re.compile(
 _RETURN_MARKER = re.compile(r"\b(?:return(?:ing)?|back|coming back|until|till)\b", re.IGNORECASE)
 
 _PASSENGERS = re.compile(
-    rf"\b(?P<n>\d{{1,4}}|{_NUM}|a couple of)\s+(?:passengers?|people|persons?|adults?|travell?ers?|tickets?|seats?|of us|pax)\b",
+    rf"\b(?P<n>{_NUM}|a couple of)\s+(?:passengers?|people|persons?|adults?|travell?ers?|tickets?|seats?|of us|pax)\b",
     re.IGNORECASE,
 )
+# "250 passengers": read (and refused by the workflow with its reason) rather than ignored. Only with a word
+# for people: "EUR 180 seats left" in a timetable is not a party of 180.
+_MANY_PASSENGERS = re.compile(r"\b(?P<n>\d{3,4})\s+(?:passengers?|people|persons?|travell?ers?|pax)\b", re.IGNORECASE)
 _PASSENGERS_LEAD = re.compile(
     rf"\b(?:party of|group of|we are|we're|there are|there will be|for)\s+(?P<n>{_NUM})\b"
     rf"(?!\s*(?:{_MONTH}|days?|nights?|weeks?|hours?|/|-|st\b|nd\b|rd\b|th\b))",
@@ -172,7 +175,7 @@ def _number(word: str) -> int | None:
 
 def extract_passengers(text: str, *, bare_answer: bool = False) -> int | None:
     """The number of travellers ("2 adults", "three of us", "just me"); a bare "2" only when ``bare_answer``."""
-    for pattern in (_PASSENGERS, _PASSENGERS_LEAD):
+    for pattern in (_PASSENGERS, _MANY_PASSENGERS, _PASSENGERS_LEAD):
         match = pattern.search(text)
         if match:
             return _number(match.group("n"))

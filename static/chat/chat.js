@@ -115,7 +115,7 @@
   }
 
   function handle(event, data, reply) {
-    const body = reply.querySelector(".bubble");
+    const body = reply ? reply.querySelector(".bubble") : null;
     if (event === "turn") {
       reply.dataset.turn = data.turn_id;
     } else if (event === "delta") {
@@ -151,6 +151,7 @@
         body.textContent = HANDED_OVER;
       }
       if (data.turn_status === "failed") reply.classList.add("failed");
+      if (withPerson) withPerson.hidden = data.status !== "needs_human";
       if (data.truncated) cutNote(reply);
       if (data.title) {
         const title = document.getElementById("chat-title");
@@ -271,6 +272,47 @@
       input.focus();
     }
   });
+
+  // What happens in this chat elsewhere, as it happens (server-sent events): a person's replies, the chat
+  // handed to a person or back, a turn finished by another request. EventSource reconnects by itself, telling
+  // the server (Last-Event-ID) what it has seen.
+  const withPerson = document.getElementById("with-a-person");
+  function staffBubble(data) {
+    const key = data.turn_id + ":" + data.at;
+    if (turns.querySelector('li.msg.staff[data-key="' + CSS.escape(key) + '"]')) return;
+    const li = document.createElement("li");
+    li.className = "msg staff";
+    li.dataset.key = key;
+    const who = document.createElement("span");
+    who.className = "who";
+    who.textContent = (data.author || "staff") + " · a person on our team";
+    const div = document.createElement("div");
+    div.className = "bubble";
+    div.textContent = data.text || "";
+    li.append(who, div);
+    turns.appendChild(li);
+    reveal(li);
+  }
+  if (form.dataset.eventsUrl && window.EventSource) {
+    const source = new EventSource(form.dataset.eventsUrl + "?since=" + encodeURIComponent(form.dataset.eventsSince));
+    source.addEventListener("staff", function (e) { staffBubble(JSON.parse(e.data)); });
+    source.addEventListener("status", function (e) {
+      const data = JSON.parse(e.data);
+      if (withPerson) withPerson.hidden = data.status !== "needs_human";
+      handle("state", data, null);
+    });
+    source.addEventListener("turn_done", function (e) {
+      const data = JSON.parse(e.data);
+      const li = document.querySelector('li.msg.assistant[data-turn="' + Number(data.turn_id) + '"]');
+      const bubbleEl = li && li.querySelector(".bubble");
+      if (!bubbleEl || li.dataset.done === "1" || li.classList.contains("streaming")) return;
+      if (bubbleEl.classList.contains("muted") && data.reply) {
+        bubbleEl.classList.remove("muted");
+        bubbleEl.textContent = data.reply;
+      }
+    });
+    source.addEventListener("gone", function () { source.close(); });
+  }
 
   // An existing chat opens at its newest message, the earlier ones above it.
   reveal(turns.lastElementChild);

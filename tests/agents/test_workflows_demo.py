@@ -268,3 +268,13 @@ def test_a_booked_trip_is_not_changed_by_later_words() -> None:
     # Leaving it for a new trip is still possible.
     new_trip = WF.step(state="COMPLETED", data=booked, decision=WF.decision(next_state="IDLE"), today=TODAY)
     assert new_trip.applied and new_trip.to_state == "IDLE"
+
+
+def test_asking_for_a_person_is_part_of_the_decision() -> None:
+    data = {"origin": "London"}
+    for said in ("I want to talk to a human", "can I speak with a real person?", "connect me to an agent please"):
+        decision = propose_decision(state="GATHERING_DESTINATION", collected=data, user_message=said, today=TODAY)
+        assert decision.wants_person is True and decision.next_state == "GATHERING_DESTINATION", said
+    for said in ("Paris", "the person travelling is my wife", "book it for 2 people"):
+        decision = propose_decision(state="GATHERING_DESTINATION", collected=data, user_message=said, today=TODAY)
+        assert decision.wants_person is False, said

@@ -453,3 +453,40 @@ def test_the_title_follows_the_first_message_and_a_cut_message_says_so(
     page.reload()
     assert page.locator("li.msg.user").last.locator(".cut-note").is_visible()  # said again on reload
     context.close()
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+def test_asking_for_a_person_hands_over_and_a_staff_reply_arrives_live_signed(
+    browser: Any, live_server: Any, alice: Any, staff: Any, booking_agent: Agent, viewport: dict[str, int]
+) -> None:
+    from agents.runtime import handoff_reply, handoff_resume
+    from sessions.models import ChatSession
+
+    context = browser.new_context(viewport=viewport)
+    page = context.new_page()
+    _sign_in(page, live_server.url, "alice", "alice-pass-123")
+    _start_chat(page, "Flight booker")
+    _send(page, "I want to book a flight from London to Paris")
+    reply = _send(page, "Actually, I want to talk to a human")
+    session = ChatSession.objects.get(user=alice)
+    assert session.status == ChatSession.Status.NEEDS_HUMAN  # the decision's routing outcome, not a demo answer
+    notice = page.locator("#with-a-person")
+    assert notice.is_visible() and "A person on our team has this chat now" in notice.inner_text()
+    assert "passed this conversation to a person" in reply.inner_text()
+
+    # Staff answer from the admin's side: the reply appears in the open page, signed, without a reload.
+    handoff_reply(session=session, text="Hello Alice, I'm Sam. Where would you like to go?", author=staff)
+    staff_bubble = page.locator("li.msg.staff").last
+    staff_bubble.wait_for(state="visible", timeout=15_000)
+    assert "Hello Alice, I'm Sam." in staff_bubble.inner_text()
+    assert "staff · a person on our team" in staff_bubble.locator(".who").inner_text()
+    assert _in_view_above_composer(page, staff_bubble)
+    page.screenshot(path=str(SCREENSHOTS / f"staff-reply-live-{viewport['width']}.png"))
+
+    # Handed back: the page says so live too.
+    handoff_resume(session=session, actor=staff)
+    notice.wait_for(state="hidden", timeout=15_000)
+    page.reload()
+    assert page.locator("li.msg.staff").count() == 1  # kept, signed, after a reload as well
+    assert "[staff (staff)]" not in page.locator("li.msg.assistant").last.inner_text()
+    context.close()

@@ -26,6 +26,7 @@ CASES = [
     ("/", SIGNED_IN),
     ("/chats/{session}/", OWNER),
     ("/chats/{session}/panels/", OWNER_XHR),
+    ("/chats/{session}/events/", OWNER_XHR),
     ("/ops/", STAFF_ONLY),
     ("/ops/sessions/{session}/", STAFF_ONLY),
     ("/admin/", ADMIN),

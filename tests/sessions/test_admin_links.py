@@ -44,14 +44,25 @@ def test_non_staff_cannot_open_the_admin(client: Client, alice: Any, session: Ch
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
 
 
-def test_staff_answer_a_handed_off_session_and_hand_it_back(client: Client, staff: Any, session: ChatSession) -> None:
-    ChatSession.objects.filter(pk=session.pk).update(status=ChatSession.Status.NEEDS_HUMAN)
+def test_staff_hand_a_session_to_a_person_answer_it_and_hand_it_back(
+    client: Client, staff: Any, session: ChatSession
+) -> None:
     client.force_login(staff)
+    client.post(
+        "/admin/chat_sessions/chatsession/",
+        {"action": "hand_to_a_person", "_selected_action": [str(session.pk)]},
+    )
+    session.refresh_from_db()
+    assert session.status == ChatSession.Status.NEEDS_HUMAN
+    handed = Checkpoint.objects.get(session=session, reason=Checkpoint.Reason.HANDOFF)
+    assert "handed to a person by staff" in handed.detail
     url = f"/admin/chat_sessions/chatsession/{session.pk}/handoff-reply/"
     assert client.get(url).status_code == 200
     response = client.post(url, {"staff_reply": "Hi, this is a person."})
     assert response.status_code == 302
-    assert "Hi, this is a person." in Turn.objects.get(session=session).assistant_message
+    turn = Turn.objects.get(session=session)
+    assert "Hi, this is a person." in turn.assistant_message
+    assert [r["text"] for r in turn.staff_replies] == ["Hi, this is a person."]
     client.post(
         "/admin/chat_sessions/chatsession/",
         {"action": "hand_back_to_agent", "_selected_action": [str(session.pk)]},

@@ -472,3 +472,47 @@ def test_a_reply_that_cannot_be_rendered_does_not_stop_the_stream_or_the_turn_af
         "completed",
         "completed",
     ]
+
+
+def _events(client: Client, session: ChatSession, since: str) -> list[tuple[str, dict[str, Any]]]:
+    response = client.get(f"/chats/{session.pk}/events/", {"since": since})
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/event-stream")
+    found = []
+    for chunk in b"".join(response.streaming_content).decode().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in chunk.splitlines() if ": " in line)
+        if "event" in lines:
+            found.append((lines["event"], json.loads(lines["data"])))
+    return found
+
+
+@pytest.mark.django_db
+def test_the_chat_events_say_what_staff_did_since_the_page_was_drawn(
+    alice: Any, staff: Any, chat_agent: Agent, monkeypatch: Any
+) -> None:
+    from django.utils import timezone
+
+    from agents.runtime import handoff_reply, handoff_request
+    from sessions import views
+
+    monkeypatch.setattr(views, "EVENTS_HOLD_SECONDS", 0.0)  # one look, then the page asks again
+    session = _with_a_turn(session_create(user=alice, agent=chat_agent))
+    client = _signed_in(alice)
+    drawn = timezone.now().isoformat()
+    assert _events(client, session, drawn) == []  # nothing new
+
+    assert handoff_request(session=session, actor=staff) is True
+    assert handoff_request(session=session, actor=staff) is False  # already with a person
+    handoff_reply(session=session, text="Hi, I'm Sam <b>from support</b>.", author=staff)
+    events = _events(client, session, drawn)
+    assert ("status", {"status": "needs_human", "state": session.state}) in events
+    [staff_event] = [data for name, data in events if name == "staff"]
+    assert staff_event["author"] == "staff" and staff_event["text"] == "Hi, I'm Sam <b>from support</b>."
+    # The page shows it apart and signed; the agent's own reply is unchanged.
+    page = client.get(f"/chats/{session.pk}/").content.decode()
+    assert "staff · a person on our team" in page and "&lt;b&gt;from support&lt;/b&gt;" in page
+    turn = session.turns.get()
+    assert turn.agent_message == "hello" and turn.assistant_message.endswith(
+        "[staff (staff)] Hi, I'm Sam <b>from support</b>."
+    )
+    # Nobody else's events: someone else's chat is a 404.
+    assert _signed_in(staff).get(f"/chats/{session.pk}/events/").status_code == 404

@@ -146,20 +146,8 @@ def _word_search(queryset: QuerySet[Memory], term: str) -> QuerySet[Memory]:
 @admin.register(Memory)
 class MemoryAdmin(LogAdmin):
     form = MemoryForm
-    list_display = (
-        "id",
-        "user",
-        "kind",
-        "short_text",
-        "fact_key",
-        "pinned",
-        "archived",
-        "needs_review",
-        "importance",
-        "access_count",
-        "occurred_at",
-        "created_at",
-    )
+    # Few columns, so the text gets the room at 1280 px (the flags are one column; the counts are on each page).
+    list_display = ("id", "user", "kind", "short_text", "flags", "importance", "when")
     list_filter = (
         "kind",
         "pinned",
@@ -196,7 +184,22 @@ class MemoryAdmin(LogAdmin):
 
     @admin.display(description="text")
     def short_text(self, obj: Memory) -> str:
-        return obj.text if len(obj.text) <= 90 else obj.text[:90] + "…"
+        text = obj.text if len(obj.text) <= 160 else obj.text[:160] + "…"
+        return f"{text} [{obj.fact_key}]" if obj.fact_key else text
+
+    @admin.display(description="state")
+    def flags(self, obj: Memory) -> str:
+        flags = [
+            name
+            for name, on in (("pinned", obj.pinned), ("archived", obj.archived), ("to review", obj.needs_review))
+            if on
+        ]
+        return ", ".join(flags) or "—"
+
+    @admin.display(description="when", ordering="created_at")
+    def when(self, obj: Memory) -> str:
+        moment = obj.occurred_at or obj.created_at
+        return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M") if moment else "—"
 
     @admin.display(description="session")
     def source_session_link(self, obj: Memory) -> str:

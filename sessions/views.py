@@ -106,10 +106,27 @@ def _panels_context(request: HttpRequest, session: ChatSession) -> dict[str, Any
         "workflow": _workflow_panel(session),
         "last_turn": last,
         "retrieval": retrieval,
-        "retrieval_kept": [c for c in retrieval.get("candidates") or [] if c.get("kept")],
-        "retrieval_dropped": [c for c in retrieval.get("candidates") or [] if not c.get("kept")],
+        **_kept_and_dropped(retrieval.get("candidates") or []),
         "inspector": _inspector(last) if request.user.is_staff else None,
     }
+
+
+def _kept_and_dropped(candidates: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The memory panel's lists: each memory once (one found by two tiers, or an episode and a fact of the
+    same words, was listed twice), and none both used and "considered, not used"."""
+    kept: list[dict[str, Any]] = []
+    dropped: list[dict[str, Any]] = []
+    seen: set[Any] = set()
+    for wanted in (True, False):
+        for candidate in candidates:
+            if bool(candidate.get("kept")) != wanted:
+                continue
+            keys = {("id", candidate.get("id")), ("text", " ".join(str(candidate.get("preview", "")).lower().split()))}
+            if keys & seen:
+                continue
+            seen |= keys
+            (kept if wanted else dropped).append(candidate)
+    return {"retrieval_kept": kept, "retrieval_dropped": dropped}
 
 
 # Chats listed a page on the home page (the newest first).

@@ -490,3 +490,35 @@ def test_asking_for_a_person_hands_over_and_a_staff_reply_arrives_live_signed(
     assert page.locator("li.msg.staff").count() == 1  # kept, signed, after a reload as well
     assert "[staff (staff)]" not in page.locator("li.msg.assistant").last.inner_text()
     context.close()
+
+
+def test_the_memory_list_gives_the_text_room_and_try_retrieval_keeps_each_candidate_to_a_line(
+    browser: Any, live_server: Any, staff: Any, alice: Any
+) -> None:
+    from memory.services import memory_create
+
+    for i in range(30):
+        memory_create(user=alice, kind="semantic", text=f"Fact {i}: the user likes long walks along the river. " * 3)
+    itinerary = "Day 1: Lisbon, the castle and the old town. " * 200  # one pasted itinerary
+    memory_create(user=alice, kind="episodic", text=f"User: here is my itinerary. {itinerary}")
+    context = browser.new_context(viewport=DESKTOP)
+    page = context.new_page()
+    _sign_in(page, live_server.url, "staff", "staff-pass-123")
+    page.goto(f"{live_server.url}/admin/memory/memory/")
+    text_cell = page.locator("#result_list td.field-short_text").first
+    assert text_cell.bounding_box()["width"] >= 300
+    # Nothing clipped: the table fits the window, no column pushed off to the right.
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    page.screenshot(path=str(SCREENSHOTS / "memory-list-1280.png"))
+
+    page.goto(
+        f"{live_server.url}/admin/memory/memory/try-retrieval/?user={alice.pk}&query=itinerary+Lisbon&budget_tokens=2000"
+    )
+    rows = page.locator("#candidates tbody tr")
+    assert rows.count() > 0
+    long_row = page.locator("#candidates tr", has_text="here is my itinerary").first
+    assert long_row.bounding_box()["height"] < 120  # collapsed to a line, the whole text a click away
+    assert not long_row.locator(".full-text").is_visible()
+    long_row.locator("summary").click()
+    assert long_row.locator(".full-text").is_visible()
+    context.close()

@@ -516,3 +516,18 @@ def test_the_chat_events_say_what_staff_did_since_the_page_was_drawn(
     )
     # Nobody else's events: someone else's chat is a 404.
     assert _signed_in(staff).get(f"/chats/{session.pk}/events/").status_code == 404
+
+
+def test_the_memory_panel_lists_each_memory_once() -> None:
+    from sessions.views import _kept_and_dropped
+
+    candidates = [
+        {"id": 7, "kind": "semantic", "preview": "The user is vegetarian.", "kept": True, "tier": 1},
+        {"id": 7, "kind": "semantic", "preview": "The user is vegetarian.", "kept": True, "tier": 2},
+        {"id": 9, "kind": "episodic", "preview": "The user is  vegetarian.", "kept": True, "tier": 2},
+        {"id": 7, "kind": "semantic", "preview": "The user is vegetarian.", "kept": False, "tier": 2},
+        {"id": 11, "kind": "episodic", "preview": "Talked about Lisbon.", "kept": False, "tier": 2},
+    ]
+    lists = _kept_and_dropped(candidates)
+    assert [c["id"] for c in lists["retrieval_kept"]] == [7]
+    assert [c["id"] for c in lists["retrieval_dropped"]] == [11]

@@ -304,6 +304,7 @@ class EndpointCapability(models.Model):
             models.UniqueConstraint(fields=["profile", "base_url", "model"], name="endpoint_capability_unique"),
         ]
         ordering = ["profile", "model"]
+        verbose_name_plural = "endpoint capabilities"
 
     def __str__(self) -> str:
         return f"{self.profile} · {self.model}: {self.structured_mode}"

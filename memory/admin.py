@@ -8,6 +8,7 @@ All memory text is rendered through Django templates and ``format_html``: it is 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from django import forms
@@ -26,6 +27,7 @@ from pgvector.django import CosineDistance
 
 from agents.models import Agent
 from config.admin_lists import LogAdmin
+from memory.desk import desk_index, desk_user
 from memory.embedding import get_embedder
 from memory.models import Memory, MemoryReview
 from memory.selectors import current_q, memories_for_prompt
@@ -304,6 +306,12 @@ class MemoryAdmin(LogAdmin):
 
     def get_urls(self) -> list[Any]:
         custom = [
+            path("desk/", self.admin_site.admin_view(partial(desk_index, self)), name="memory_memory_desk"),
+            path(
+                "desk/<int:user_id>/",
+                self.admin_site.admin_view(partial(desk_user, self)),
+                name="memory_memory_desk_user",
+            ),
             path(
                 "try-retrieval/",
                 self.admin_site.admin_view(self.try_retrieval_view),

@@ -522,3 +522,33 @@ def test_the_memory_list_gives_the_text_room_and_try_retrieval_keeps_each_candid
     long_row.locator("summary").click()
     assert long_row.locator(".full-text").is_visible()
     context.close()
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+def test_the_curation_desk_for_a_user_with_many_memories(
+    browser: Any, live_server: Any, staff: Any, alice: Any, viewport: dict[str, int]
+) -> None:
+    from memory.services import memory_create
+
+    for i in range(55):
+        memory_create(
+            user=alice, kind="episodic" if i % 3 else "semantic", text=f"Memory {i}: the user said thing {i}."
+        )
+    pinned_target = memory_create(user=alice, kind="semantic", text="The user is allergic to peanuts.")
+    context = browser.new_context(viewport=viewport)
+    page = context.new_page()
+    _sign_in(page, live_server.url, "staff", "staff-pass-123")
+    page.goto(f"{live_server.url}/admin/memory/memory/desk/")
+    page.fill("#username", "alice")
+    page.click("#desk-user input[type=submit]")
+    page.wait_for_url(f"**/desk/{alice.pk}/")
+    first = page.locator(f"#memory-{pinned_target.pk}")
+    assert first.is_visible() and "allergic to peanuts" in first.inner_text()
+    box = first.locator(".text").bounding_box()
+    assert box is not None and box["width"] >= min(250, viewport["width"] * 0.6)  # the text has the room
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")  # nothing clipped
+    page.screenshot(path=str(SCREENSHOTS / f"curation-desk-{viewport['width']}.png"))
+    first.locator("button", has_text="Pin").click()
+    page.wait_for_load_state("networkidle")
+    assert "pinned" in page.locator(f"#memory-{pinned_target.pk}").inner_text()
+    context.close()

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PY := $(BIN)/python
 
-.PHONY: run test test-slow test-llm test-reliability lint typecheck bench install install-dev clean-data
+.PHONY: run test test-slow test-llm screenshots test-reliability lint typecheck bench install install-dev clean-data
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ $(LLM)/.installed: requirements-llm.txt
 ## The app against a real local model server (not part of make test).
 test-llm: install-dev $(LLM)/.installed
 	LLAMA_SERVER_PYTHON=$(LLM)/bin/python $(PY) -m pytest -m llm tests/llm $(PYTEST_ARGS)
+
+## The pictures of docs/img/: the browser tests that take them, run against their throwaway test database.
+SHOTS := long_chat or curation_desk or staff_reply_arrives or expired_sign_in or context_inspector or cut_off
+screenshots: install-dev
+	SCREENSHOTS_DIR=docs/img $(PY) -m pytest tests/browser -k "$(SHOTS)" $(PYTEST_ARGS)
 
 ## The whole fault-injection and security suite, slow parts included (the default run has a subset).
 test-reliability: install-dev

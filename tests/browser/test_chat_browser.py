@@ -24,7 +24,10 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 CHROMIUM = Path("/usr/bin/chromium")
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
+# `make screenshots` points this at docs/img/ (the pictures in the README and the docs).
+SCREENSHOTS = Path(
+    os.environ.get("SCREENSHOTS_DIR") or Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
+)
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",

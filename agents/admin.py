@@ -5,10 +5,16 @@ from typing import Any, get_args
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from agents.endpoints import endpoint_test, ollama_models, ollama_url
+from agents.erasure import person_erase
 from agents.llm.base import Outcome, Purpose
 from agents.llm.demo import DemoModel
 from agents.llm.openai_compat import OpenAICompatibleProvider
@@ -26,6 +32,7 @@ from agents.tools.errors import ErrorKind
 from agents.workflow_store import workflow_definition_save
 from agents.workflows import workflow_choices
 from config.admin_lists import LogAdmin, known_values_filter
+from sessions.locks import SessionBusyError
 from sessions.models import ChatSession
 
 # The finish reasons of OpenAI-compatible endpoints (the model-call log's filter offers these).
@@ -399,3 +406,37 @@ class WorkflowDefinitionAdmin(admin.ModelAdmin):
         ):
             return False
         return super().has_delete_permission(request, obj)
+
+
+class PersonAdmin(UserAdmin):
+    """Django's user admin, with the erasure of a person's data (``agents.erasure``) as an action."""
+
+    actions = [*(UserAdmin.actions or []), "erase_people"]
+
+    @admin.action(description="Erase everything kept about the selected people…", permissions=["change"])
+    def erase_people(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        people = list(queryset)
+        if request.POST.get("confirmed") != "yes":
+            context = {
+                **self.admin_site.each_context(request),
+                "title": "Erase everything kept about these people?",
+                "opts": self.model._meta,
+                "people": people,
+                "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            }
+            return TemplateResponse(request, "admin/auth/user/erase_confirmation.html", context)
+        erased = 0
+        for person in people:
+            try:
+                person_erase(user=person, actor=request.user)
+                erased += 1
+            except SessionBusyError as exc:
+                self.message_user(request, f"{person.get_username()}: not erased: {exc}", level=messages.ERROR)
+        self.message_user(request, f"Erased the data of {erased} person(s); their accounts stay.")
+        return None
+
+
+User = get_user_model()
+if admin.site.is_registered(User):
+    admin.site.unregister(User)
+admin.site.register(User, PersonAdmin)

@@ -370,3 +370,26 @@ class ModelEndpoint(models.Model):
             "api_key_env": self.api_key_env,
             "context_window": self.context_window,
         }
+
+
+class Erasure(models.Model):
+    """That a person's data was erased: by whom, when, how much (``agents.erasure.person_erase``). Nothing of
+    what was erased: only the subject's id (their account stays) and counts."""
+
+    subject_id = models.BigIntegerField(db_index=True, help_text="The id of the user whose data was erased.")
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="Who erased it (blank: a management command).",
+    )
+    erased_at = models.DateTimeField(auto_now_add=True)
+    counts = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["-erased_at"]
+
+    def __str__(self) -> str:
+        return f"user #{self.subject_id} erased {self.erased_at:%Y-%m-%d %H:%M}"

@@ -616,8 +616,10 @@ def turn_memories_write(*, turn_id: int) -> TurnMemoryWriteResult:
     Idempotent: a second run for the same turn finds the episode and writes nothing. All rows are
     written in one transaction after the model calls, so a crash leaves either everything or nothing.
     """
-    turn = Turn.objects.select_related("session", "session__agent").get(pk=turn_id)
     result = TurnMemoryWriteResult(turn_id=turn_id, written=False)
+    turn = Turn.objects.select_related("session", "session__agent").filter(pk=turn_id).first()
+    if turn is None:  # deleted since it was queued (its session, or its person erased): nothing to write
+        return result
     if not turn.user_message.strip():
         return result
     # Written before (the proof, set in the write's transaction; an episode a user deleted stays deleted).

@@ -70,6 +70,8 @@ CASES: list[tuple[str, str, dict[str, Any] | None, dict[str, int]]] = [
     ("get", "/api/memories/{memory}/", None, OWNER_ONLY),
     ("patch", "/api/memories/{memory}/", {"pinned": True}, OWNER_ONLY),
     ("delete", "/api/memories/{memory}/", None, {ANON: 401, ALICE: 204, BOB: 404, STAFF: 404}),
+    # Each erases their own data only: Bob's or staff's erasure leaves Alice's things as they were.
+    ("post", "/api/me/erase/", {"confirm": "erase my data"}, {ANON: 401, ALICE: 200, BOB: 200, STAFF: 200}),
 ]
 
 
@@ -109,6 +111,9 @@ def test_access_matrix(
         assert Turn.objects.filter(session=world.session).count() == 1
     else:
         assert response.status_code == want, (response.status_code, response.content[:300])
+        if template == "/api/me/erase/" and persona != ALICE:
+            assert ChatSession.objects.filter(pk=world.session.pk).exists()
+            assert Memory.objects.filter(pk=world.memory.pk).exists()
 
 
 @pytest.mark.django_db

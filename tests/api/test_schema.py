@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 
 EXPECTED_PATHS = {
     "/api/me/": {"get"},
+    "/api/me/erase/": {"post"},
     "/api/metrics/": {"get"},
     "/api/agents/": {"get"},
     "/api/agents/{id}/": {"get"},

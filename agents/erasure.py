@@ -1,0 +1,73 @@
+"""Erasing a person: everything the app keeps about them, at once, and for good.
+
+``person_erase`` deletes, in one transaction: their sessions (with turns, checkpoints and tool calls), the
+model-call records of those sessions (their error texts can quote what was said), their memories and
+review-queue items, their bookings; it forgets what the cache holds for them (their rate counters), and
+leaves an ``Erasure`` row saying who erased whom and when, with counts, and nothing of the content.
+
+Work already queued for them finds nothing and writes nothing: the transaction takes the same per-user lock
+as every memory write (``memory.services.lock_user_memories``) and each session's turn lock, and the
+background tasks write only into rows that still exist (a turn, a session), checked under those locks.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.cache import cache
+from django.db import connection, transaction
+
+from agents.models import Booking, Erasure, LLMCall
+from memory.models import Memory, MemoryReview
+from memory.services import lock_user_memories
+from sessions.locks import SessionBusyError, lock_key
+from sessions.models import ChatSession
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ErasureResult:
+    subject_id: int
+    counts: dict[str, int] = field(default_factory=dict)
+    erasure_id: int | None = None
+
+
+def person_erase(*, user: Any, actor: Any = None) -> ErasureResult:
+    """Erase everything kept about ``user`` (their account stays: they can go on using the app, from nothing).
+
+    ``SessionBusyError`` when one of their sessions has a turn running: erasing under it would let it write
+    its reply into rows that are gone, or recreate them; try again when it has finished."""
+    result = ErasureResult(subject_id=user.pk)
+    with transaction.atomic():
+        lock_user_memories(user.pk)
+        session_ids = list(ChatSession.objects.filter(user=user).values_list("pk", flat=True))
+        with connection.cursor() as cursor:
+            for session_id in session_ids:
+                cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [lock_key(session_id)])
+                (taken,) = cursor.fetchone() or (False,)
+                if not taken:
+                    raise SessionBusyError(
+                        "A message of this person is still being answered; erase again when it has finished."
+                    )
+        counts = {
+            "model_calls": LLMCall.objects.filter(session_id__in=session_ids).delete()[0],
+            "reviews": MemoryReview.objects.filter(user=user).delete()[0],
+            "memories": Memory.objects.filter(user=user).delete()[0],
+            "bookings": Booking.objects.filter(user=user).delete()[0],
+        }
+        deleted, by_model = ChatSession.objects.filter(pk__in=session_ids).delete()
+        counts["sessions"] = by_model.get("chat_sessions.ChatSession", 0)
+        counts["turns"] = by_model.get("chat_sessions.Turn", 0)
+        counts["checkpoints"] = by_model.get("chat_sessions.Checkpoint", 0)
+        counts["tool_calls"] = by_model.get("agents.ToolInvocation", 0)
+        erasure = Erasure.objects.create(
+            subject_id=user.pk, actor=actor if actor is not None and actor.pk else None, counts=counts
+        )
+        result.counts, result.erasure_id = counts, erasure.pk
+    # What the cache holds for them: the rate counters of the API and the chat (keyed by their id).
+    cache.delete_many([f"throttle_{scope}_{user.pk}" for scope in ("user", "messages", "anon")])
+    logger.info("erased the data of user %s (by %s): %s", user.pk, getattr(actor, "pk", None), counts)
+    return result

@@ -1,0 +1,110 @@
+"""Erasing a person: through the API (themselves), the admin (staff) and a command; everything kept about them
+goes, an audit row stays without the content, other people's data is untouched, and a task queued before the
+erasure that runs after it finds nothing and writes nothing (a real worker)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.test import Client
+from rest_framework.test import APIClient
+
+from agents.models import Agent, Erasure, LLMCall
+from agents.runtime import turn_run
+from conftest import wait_for
+from memory.models import Memory
+from memory.services import memory_create
+from sessions.models import ChatSession, Checkpoint, Turn
+from sessions.services import session_create
+
+
+@pytest.fixture
+def chat_agent(db: Any) -> Agent:
+    return Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.", workflow="free_chat")
+
+
+def _life(user: Any, agent: Agent) -> ChatSession:
+    session = session_create(user=user, agent=agent)
+    turn_run(session=session, message="My name is Ana and I live in Porto.")
+    memory_create(user=user, kind="semantic", text=f"{user.get_username()} likes green tea.")
+    return session
+
+
+@pytest.mark.django_db
+def test_a_person_erases_their_own_data_through_the_api(alice: Any, bob: Any, chat_agent: Agent) -> None:
+    _life(alice, chat_agent)
+    theirs = _life(bob, chat_agent)
+    api = APIClient()
+    api.force_authenticate(alice)
+    refused = api.post("/api/me/erase/", {}, format="json")
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid"  # must say so explicitly
+    response = api.post("/api/me/erase/", {"confirm": "erase my data"}, format="json")
+    assert response.status_code == 200, response.content
+    counts = response.json()["erased"]
+    assert counts["sessions"] == 1 and counts["turns"] == 1 and counts["memories"] >= 1
+    assert not ChatSession.objects.filter(user=alice).exists()
+    assert not Memory.objects.filter(user=alice).exists()
+    assert not Turn.objects.filter(session__user=alice).exists()
+    # Bob's data is untouched.
+    assert ChatSession.objects.filter(pk=theirs.pk).exists() and Memory.objects.filter(user=bob).exists()
+    assert LLMCall.objects.filter(session=theirs).exists()
+    # The audit row: who, whom, when, how much; nothing of what was said.
+    erasure = Erasure.objects.get()
+    assert (erasure.subject_id, erasure.actor_id) == (alice.pk, alice.pk)
+    assert "Porto" not in str(erasure.counts) and "tea" not in str(erasure.counts)
+    # They can go on: the account stays, empty.
+    assert api.get("/api/sessions/").json()["results"] == []
+
+
+@pytest.mark.django_db
+def test_staff_erase_a_person_from_the_admin_after_confirming(staff: Any, alice: Any, chat_agent: Agent) -> None:
+    _life(alice, chat_agent)
+    client = Client()
+    client.force_login(staff)
+    url = "/admin/auth/user/"
+    ask = client.post(url, {"action": "erase_people", "_selected_action": [alice.pk]})
+    assert ask.status_code == 200 and "Erase everything kept about" in ask.content.decode()
+    assert ChatSession.objects.filter(user=alice).exists()  # not before the confirmation
+    client.post(url, {"action": "erase_people", "_selected_action": [alice.pk], "confirmed": "yes"})
+    assert not ChatSession.objects.filter(user=alice).exists() and not Memory.objects.filter(user=alice).exists()
+    assert Erasure.objects.get().actor_id == staff.pk
+
+
+@pytest.mark.django_db
+def test_the_command_erases_a_person(alice: Any, chat_agent: Agent) -> None:
+    _life(alice, chat_agent)
+    call_command("erase_person", "--user", "alice", "--yes")
+    assert not ChatSession.objects.filter(user=alice).exists()
+    assert Erasure.objects.get().actor_id is None
+    assert not Checkpoint.objects.filter(session__user=alice).exists()
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_a_task_queued_before_the_erasure_writes_nothing_after_it(
+    celery_worker: Any, alice: Any, chat_agent: Agent
+) -> None:
+    from agents.erasure import person_erase
+    from config.celery import app
+
+    session = session_create(user=alice, agent=chat_agent)
+    turn = Turn.objects.create(
+        session=session, seq=1, user_message="My name is Ana.", assistant_message="Hello Ana.", status="completed"
+    )
+    # Queued now, to run in three seconds: after the erasure below.
+    app.send_task("memory.tasks.write_turn_memories", args=[turn.pk], countdown=3)
+    person_erase(user=alice, actor=None)
+
+    def finished() -> list[str]:
+        return [
+            line
+            for line in celery_worker.log_text().splitlines()
+            if "write_turn_memories" in line and ("succeeded" in line or "raised" in line) and f"{turn.pk}" in line
+        ]
+
+    [line] = wait_for(finished, timeout=60, message=f"the queued memory write\n{celery_worker.log_text()[-2000:]}")
+    assert "succeeded" in line and "'written': False" in line, line
+    assert not Memory.objects.filter(user=alice).exists()
+    assert not ChatSession.objects.filter(user=alice).exists()

@@ -411,7 +411,7 @@ class WorkflowDefinitionAdmin(admin.ModelAdmin):
 class PersonAdmin(UserAdmin):
     """Django's user admin, with the erasure of a person's data (``agents.erasure``) as an action."""
 
-    actions = [*(UserAdmin.actions or []), "erase_people"]
+    actions = ["erase_people"]  # (with the site-wide "delete selected")
 
     @admin.action(description="Erase everything kept about the selected people…", permissions=["change"])
     def erase_people(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:

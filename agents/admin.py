@@ -9,7 +9,7 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect, StreamingHttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
@@ -27,6 +27,7 @@ from agents.models import (
     WorkflowDefinition,
     WorkflowVersion,
 )
+from agents.portability import person_export
 from agents.tools import tool_names
 from agents.tools.errors import ErrorKind
 from agents.workflow_store import workflow_definition_save
@@ -411,7 +412,20 @@ class WorkflowDefinitionAdmin(admin.ModelAdmin):
 class PersonAdmin(UserAdmin):
     """Django's user admin, with the erasure of a person's data (``agents.erasure``) as an action."""
 
-    actions = ["erase_people"]  # (with the site-wide "delete selected")
+    actions = ["export_person", "erase_people"]  # (with the site-wide "delete selected")
+
+    @admin.action(description="Export the selected person's data (JSON Lines)", permissions=["view"])
+    def export_person(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponseBase | None:
+        people = list(queryset[:2])
+        if len(people) != 1:
+            self.message_user(request, "Select one person to export.", level=messages.ERROR)
+            return None
+        person = people[0]
+        response = StreamingHttpResponse(
+            (line.encode() for line in person_export(user=person)), content_type="application/x-ndjson"
+        )
+        response["Content-Disposition"] = f'attachment; filename="{person.get_username()}-export.jsonl"'
+        return response
 
     @admin.action(description="Erase everything kept about the selected people…", permissions=["change"])
     def erase_people(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:

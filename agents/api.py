@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import extend_schema, inline_serializer
+from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import generics, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -13,7 +15,10 @@ from rest_framework.views import APIView
 
 from agents.erasure import person_erase
 from agents.models import Agent
+from agents.portability import ImportRejected, mem0_records, parse_export, person_export, person_import
 from agents.serializers import AgentOutputSerializer
+from config.api_errors import error_body
+from config.parsers import RawTextParser
 
 
 def _active_agents() -> QuerySet[Agent]:
@@ -64,3 +69,41 @@ class EraseMeApi(APIView):
         EraseMeInputSerializer(data=request.data).is_valid(raise_exception=True)
         result = person_erase(user=request.user, actor=request.user)
         return Response({"erased": result.counts, "erasure_id": result.erasure_id})
+
+
+@extend_schema(
+    tags=["me"],
+    summary="Export everything kept about me, as JSON Lines (a header line, then sessions, turns, memories)",
+    responses={(200, "application/x-ndjson"): OpenApiResponse(description="One JSON object a line.")},
+)
+class ExportMeApi(APIView):
+    def get(self, request: Request) -> StreamingHttpResponse:
+        response = StreamingHttpResponse(
+            (line.encode() for line in person_export(user=request.user)), content_type="application/x-ndjson"
+        )
+        response["Content-Disposition"] = f'attachment; filename="{request.user.get_username()}-export.jsonl"'
+        return response
+
+
+@extend_schema(
+    tags=["me"],
+    summary="Import an export (ours, or Mem0's with ?source=mem0); idempotent; nothing is written if a line is bad",
+    parameters=[OpenApiParameter("source", str, enum=["agents", "mem0"], required=False)],
+    request={"application/x-ndjson": OpenApiTypes.STR, "application/json": OpenApiTypes.OBJECT},
+    responses=inline_serializer(
+        "ImportReport",
+        {"created": serializers.DictField(child=serializers.IntegerField()), "skipped": serializers.ListField()},
+    ),
+)
+class ImportMeApi(APIView):
+    parser_classes = [RawTextParser]
+
+    def post(self, request: Request) -> Response:
+        text = request.data if isinstance(request.data, str) else ""
+        try:
+            parsed = (
+                mem0_records(text) if request.query_params.get("source") == "mem0" else parse_export(text.splitlines())
+            )
+        except ImportRejected as exc:
+            return Response(error_body("invalid_import", str(exc), {"line": exc.line}), status=400)
+        return Response(person_import(user=request.user, parsed=parsed).as_dict())

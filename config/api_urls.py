@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path, re_path
 
-from agents.api import AgentDetailApi, AgentListApi, EraseMeApi
+from agents.api import AgentDetailApi, AgentListApi, EraseMeApi, ExportMeApi, ImportMeApi
 from config.api import api_not_found, metrics, whoami
 from memory.api import MemoryDetailApi, MemoryListApi, MemorySearchApi
 from sessions.api import (
@@ -20,6 +20,8 @@ from sessions.api import (
 urlpatterns = [
     path("me/", whoami, name="api-me"),
     path("me/erase/", EraseMeApi.as_view(), name="api-me-erase"),
+    path("me/export/", ExportMeApi.as_view(), name="api-me-export"),
+    path("me/import/", ImportMeApi.as_view(), name="api-me-import"),
     path("metrics/", metrics, name="api-metrics"),
     path("agents/", AgentListApi.as_view(), name="api-agents"),
     path("agents/<int:pk>/", AgentDetailApi.as_view(), name="api-agent"),

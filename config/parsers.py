@@ -7,7 +7,7 @@ from typing import Any
 
 from django.conf import settings
 from rest_framework import exceptions, status
-from rest_framework.parsers import JSONParser
+from rest_framework.parsers import BaseParser, JSONParser
 
 
 class PayloadTooLarge(exceptions.APIException):
@@ -36,3 +36,20 @@ class SizeLimitedJSONParser(JSONParser):
             return super().parse(stream, media_type, parser_context)
         except RecursionError as exc:
             raise exceptions.ParseError("JSON parse error - the document is nested too deeply.") from exc
+
+
+class RawTextParser(BaseParser):
+    """The body as text, whatever its type (an import file: JSON Lines, or Mem0's JSON), within the same size
+    limit; invalid UTF-8 is a parse error."""
+
+    media_type = "*/*"
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:  # str
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        raw = stream.read(limit + 1 if limit else -1) if stream is not None else b""
+        if limit and len(raw) > limit:
+            raise PayloadTooLarge(f"The request body is over the limit of {limit} bytes.")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise exceptions.ParseError("The body is not UTF-8 text.") from exc

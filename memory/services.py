@@ -778,3 +778,51 @@ def user_indexes_sync(
         forget_user_indexes()
         logger.info("per-user vector indexes: created %s, dropped %s", result.created, result.dropped)
     return result
+
+
+def memories_restore(*, user: Any, records: Sequence[dict[str, Any]]) -> tuple[list[Memory], list[int]]:
+    """Put back memories of ``user`` as they were exported (``agents.portability``): text, kind, key,
+    importance, pin, archive, when it happened and for how long it held. Embedded again here, all at once,
+    before the transaction. One already there (same kind and text, in force or not alike) is skipped:
+    importing twice writes once. Returns (created, indexes of the records skipped)."""
+    todo: list[tuple[int, dict[str, Any]]] = []
+    skipped: list[int] = []
+    for index, record in enumerate(records):
+        digest = content_hash_for(record["text"].strip())
+        closed = record.get("valid_to") is not None
+        if Memory.objects.filter(
+            user=user, kind=record["kind"], content_hash=digest, valid_to__isnull=not closed
+        ).exists():
+            skipped.append(index)
+        else:
+            todo.append((index, {**record, "content_hash": digest}))
+    if not todo:
+        return [], skipped
+    vectors, model_name = _embed([record["text"].strip() for _, record in todo])
+    created: list[Memory] = []
+    with transaction.atomic():
+        lock_user_memories(user.pk)
+        for (_, record), vector in zip(todo, vectors, strict=True):
+            now = timezone.now()
+            created.append(
+                Memory.objects.create(
+                    user=user,
+                    agent=record.get("agent"),
+                    kind=record["kind"],
+                    text=record["text"].strip(),
+                    fact_key=record.get("fact_key", ""),
+                    trigger=record.get("trigger", ""),
+                    workflow=record.get("workflow", ""),
+                    importance=record.get("importance", 0.5),
+                    pinned=record.get("pinned", False),
+                    archived=record.get("archived", False),
+                    source_session=record.get("source_session"),
+                    embedding=vector,
+                    embedding_model=model_name,
+                    content_hash=record["content_hash"],
+                    occurred_at=record.get("occurred_at") or now,
+                    valid_from=record.get("valid_from") or now,
+                    valid_to=record.get("valid_to"),
+                )
+            )
+    return created, skipped

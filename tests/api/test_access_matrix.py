@@ -46,6 +46,7 @@ OWNER_ONLY = {ANON: 401, ALICE: 200, BOB: 404, STAFF: 404}
 ANY_USER = {ANON: 401, ALICE: 200, BOB: 200, STAFF: 200}
 CASES: list[tuple[str, str, dict[str, Any] | None, dict[str, int]]] = [
     ("get", "/api/me/", None, ANY_USER),
+    ("get", "/api/me/export/", None, ANY_USER),
     ("get", "/api/metrics/", None, ANY_USER),
     ("get", "/api/agents/", None, ANY_USER),
     ("get", "/api/agents/{agent}/", None, ANY_USER),
@@ -127,6 +128,8 @@ def test_lists_never_contain_alices_things(persona: str, world: World, alice: An
     found = client.get("/api/memories/search/", {"q": "aisle seats long flights"}).json()
     assert all(hit["memory"]["id"] != world.memory.pk for hit in found["items"])
     assert all(c["id"] != world.memory.pk for c in found["report"]["candidates"])
+    exported = b"".join(client.get("/api/me/export/").streaming_content).decode()
+    assert "teal" not in exported and "aisle" not in exported  # an export holds its owner's things only
     metrics = client.get("/api/metrics/").json()
     assert metrics["turns"]["total"] == 0 and metrics["sessions"]["total"] == 0
 

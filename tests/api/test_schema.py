@@ -14,6 +14,8 @@ from rest_framework.test import APIClient
 EXPECTED_PATHS = {
     "/api/me/": {"get"},
     "/api/me/erase/": {"post"},
+    "/api/me/export/": {"get"},
+    "/api/me/import/": {"post"},
     "/api/metrics/": {"get"},
     "/api/agents/": {"get"},
     "/api/agents/{id}/": {"get"},

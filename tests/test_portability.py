@@ -1,0 +1,152 @@
+"""Taking one's data out and bringing it back: JSON Lines through the API, the admin and the commands; an
+import writes nothing of a file with a bad line (and names the line), is idempotent, reports what it skipped;
+Mem0's export comes in; export, erase, import gives the same retrieval results."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.test import Client
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from agents.erasure import person_erase
+from agents.models import Agent
+from agents.portability import person_export
+from agents.runtime import turn_run
+from memory.models import Memory
+from memory.selectors import memories_for_prompt
+from memory.services import memory_create
+from sessions.models import ChatSession, Turn
+from sessions.services import session_create
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def chat_agent(db: Any) -> Agent:
+    return Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.", workflow="free_chat")
+
+
+def _life(user: Any, agent: Agent) -> None:
+    session = session_create(user=user, agent=agent, title="Trip planning")
+    turn_run(session=session, message="I am planning a trip to Lisbon in May.")
+    turn_run(session=session, message="I prefer aisle seats.")
+    old = memory_create(user=user, kind="semantic", text="The user lives in Porto.", fact_key="home_city")
+    Memory.objects.filter(pk=old.pk).update(valid_to=timezone.now() - timedelta(days=3))
+    memory_create(user=user, kind="semantic", text="The user lives in Lisbon.", fact_key="home_city", pinned=True)
+    memory_create(user=user, kind="semantic", text="The user is allergic to peanuts.", importance=0.9)
+    archived = memory_create(user=user, kind="semantic", text="The user liked jazz once.")
+    Memory.objects.filter(pk=archived.pk).update(archived=True)
+    memory_create(user=user, kind="episodic", text="User: we talked about trains to Madrid.")
+
+
+def _retrieved(user: Any, query: str) -> list[str]:
+    result = memories_for_prompt(user=user, query=query, budget_tokens=2000, touch=False)
+    return [item.memory.text for item in result.items]
+
+
+def _api(user: Any) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+QUERIES = ["where does the user live", "food allergies", "seats on the plane", "trains"]
+
+
+def test_export_erase_import_gives_back_the_same_retrieval(alice: Any, chat_agent: Agent) -> None:
+    _life(alice, chat_agent)
+    before = {q: _retrieved(alice, q) for q in QUERIES}
+    assert any(before.values())
+    exported = b"".join(_api(alice).get("/api/me/export/").streaming_content).decode()
+    header = json.loads(exported.splitlines()[0])
+    assert header["format"] == "agents-runtime-export" and header["version"] == 1
+    person_erase(user=alice)
+    assert not Memory.objects.filter(user=alice).exists()
+
+    response = _api(alice).post("/api/me/import/", exported, content_type="application/x-ndjson")
+    assert response.status_code == 200, response.content
+    report = response.json()
+    assert report["created"]["sessions"] == 1 and report["created"]["turns"] == 2
+    assert report["created"]["memories"] == Memory.objects.filter(user=alice).count() >= 5
+    assert {q: _retrieved(alice, q) for q in QUERIES} == before
+    # History, pins and archives came back as they were.
+    assert Memory.objects.get(user=alice, text="The user lives in Porto.").valid_to is not None
+    assert Memory.objects.get(user=alice, text="The user lives in Lisbon.").pinned
+    assert Memory.objects.get(user=alice, text="The user liked jazz once.").archived
+    session = ChatSession.objects.get(user=alice)
+    assert session.title == "Trip planning" and session.turns.count() == 2
+
+    # Importing the same file again writes nothing, and says why for each line.
+    again = _api(alice).post("/api/me/import/", exported, content_type="application/x-ndjson").json()
+    assert again["created"] == {"sessions": 0, "turns": 0, "memories": 0}
+    assert len(again["skipped"]) == len(exported.splitlines()) - 1
+    assert {s["reason"] for s in again["skipped"]} >= {"this session is already there", "this memory is already there"}
+
+
+def test_a_bad_line_is_named_and_nothing_is_written(alice: Any, bob: Any, chat_agent: Agent) -> None:
+    _life(bob, chat_agent)
+    lines = list(person_export(user=bob))
+    lines.insert(4, '{"type": "memory", "kind": "semantic", "text": ""}\n')  # line 5: empty text
+    response = _api(alice).post("/api/me/import/", "".join(lines), content_type="application/x-ndjson")
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "invalid_import" and error["details"]["line"] == 5 and "text" in error["message"]
+    assert not Memory.objects.filter(user=alice).exists() and not ChatSession.objects.filter(user=alice).exists()
+    broken = "".join(lines[:3]) + "{not json\n"
+    response = _api(alice).post("/api/me/import/", broken, content_type="application/x-ndjson")
+    assert response.json()["error"]["details"]["line"] == 4
+    headless = _api(alice).post("/api/me/import/", "".join(lines[1:3]), content_type="application/x-ndjson")
+    assert headless.status_code == 400 and "header" in headless.json()["error"]["message"]
+
+
+def test_someone_elses_export_comes_in_as_mine_without_touching_theirs(alice: Any, bob: Any, chat_agent: Agent) -> None:
+    _life(bob, chat_agent)
+    theirs = ChatSession.objects.get(user=bob)
+    exported = "".join(person_export(user=bob))
+    report = _api(alice).post("/api/me/import/", exported, content_type="application/x-ndjson").json()
+    assert report["created"]["sessions"] == 1
+    mine = ChatSession.objects.get(user=alice)
+    assert mine.pk != theirs.pk and ChatSession.objects.get(pk=theirs.pk).user == bob  # a new id; theirs stays
+
+
+def test_a_mem0_export_comes_in(alice: Any) -> None:
+    mem0 = {
+        "results": [
+            {"id": "a1", "memory": "Prefers window seats", "created_at": "2026-03-01T10:00:00+00:00", "metadata": {}},
+            {
+                "id": "a2",
+                "memory": "Vegetarian",
+                "created_at": "2026-04-01T10:00:00+00:00",
+                "metadata": {"importance": 0.8},
+            },
+        ]
+    }
+    response = _api(alice).post("/api/me/import/?source=mem0", json.dumps(mem0), content_type="application/json")
+    assert response.status_code == 200 and response.json()["created"]["memories"] == 2
+    veg = Memory.objects.get(user=alice, text="Vegetarian")
+    assert veg.kind == "semantic" and veg.importance == 0.8 and veg.occurred_at.month == 4
+    bad = _api(alice).post("/api/me/import/?source=mem0", '{"results": [{"id": "x"}]}', content_type="application/json")
+    assert bad.status_code == 400 and bad.json()["error"]["details"]["line"] == 1
+
+
+def test_the_commands_and_the_admin_action(alice: Any, bob: Any, staff: Any, chat_agent: Agent, tmp_path: Path) -> None:
+    _life(alice, chat_agent)
+    path = tmp_path / "alice.jsonl"
+    call_command("export_person", "--user", "alice", "--output", str(path))
+    assert json.loads(path.read_text().splitlines()[0])["format"] == "agents-runtime-export"
+    call_command("import_person", str(path), "--user", "bob")
+    assert Memory.objects.filter(user=bob, text="The user is allergic to peanuts.").exists()
+    assert Turn.objects.filter(session__user=bob).count() == 2
+    client = Client()
+    client.force_login(staff)
+    download = client.post("/admin/auth/user/", {"action": "export_person", "_selected_action": [alice.pk]})
+    assert download["Content-Type"] == "application/x-ndjson"
+    body = b"".join(download.streaming_content).decode()
+    assert "The user is allergic to peanuts." in body and "Trip planning" in body

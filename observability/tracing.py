@@ -152,3 +152,53 @@ def span(name: str, /, **attributes: Any) -> Iterator[Any]:
     attrs.update({k: _attribute(v) for k, v in attributes.items() if v is not None})
     with tracer.start_as_current_span(name, attributes=attrs) as current:
         yield current
+
+
+# OpenTelemetry's GenAI semantic conventions: what a model call's span says in the shared vocabulary.
+GENAI_OPERATIONS = {"reply": "chat", "summarize": "chat", "extract": "chat", "route": "chat", "slots": "chat"}
+
+
+def genai_annotate(
+    *,
+    provider: str,
+    model: str,
+    purpose: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    finish_reason: str,
+    outcome: str,
+) -> None:
+    """Put the GenAI conventions' attributes on the current span (the turn's ``llm.call``), and name it as they
+    do ("chat <model>"); nothing when no span is recording (tracing off, or a call outside one)."""
+    from opentelemetry import trace
+
+    current = trace.get_current_span()
+    if not current.is_recording():
+        return
+    operation = GENAI_OPERATIONS.get(purpose, "chat")
+    current.set_attributes(
+        {
+            "gen_ai.operation.name": operation,
+            "gen_ai.provider.name": "openai" if provider == "openai" else provider,
+            "gen_ai.system": "openai" if provider == "openai" else provider,
+            "gen_ai.request.model": model,
+            "gen_ai.response.model": model,
+            "gen_ai.usage.input_tokens": int(prompt_tokens),
+            "gen_ai.usage.output_tokens": int(completion_tokens),
+            "gen_ai.response.finish_reasons": [finish_reason] if finish_reason else [],
+            "app.llm.purpose": purpose,
+            "app.llm.outcome": outcome,
+        }
+    )
+    if outcome not in ("ok", "truncated"):
+        current.set_attribute("error.type", outcome)
+    current.update_name(f"{operation} {model}")
+
+
+def memory_annotate(current: Any, *, operation: str, user_id: Any = None, kept: int | None = None) -> None:
+    """The memory operation of a span (``retrieval``: search; a write: update), in the GenAI vocabulary's
+    proposed memory attributes (open-telemetry/semantic-conventions-genai#140, not yet stable)."""
+    current.set_attribute("gen_ai.operation.name", f"{operation}_memory")
+    current.set_attribute("gen_ai.memory.operation", operation)
+    if kept is not None:
+        current.set_attribute("gen_ai.memory.result_count", kept)

@@ -27,7 +27,7 @@ from agents.turn.context import (
 )
 from agents.workflows.base import ActionContext, ActionFailed
 from memory.selectors import RecentWindow, memories_for_prompt, retrieval_query
-from observability.tracing import span
+from observability.tracing import memory_annotate, span
 from sessions.context import turn_history
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import checkpoint_record, transition_apply, turn_failure_record
@@ -69,7 +69,7 @@ def retrieve(ctx: TurnContext) -> Iterator[TurnEvent]:
     earlier messages and leaves out the episodes of turns the prompt shows anyway. Memory is an aid: its
     failure is reported, never fails the turn."""
     ctx.history = history = turn_history(session=ctx.session, before_seq=ctx.turn.seq)
-    with span("retrieval"):
+    with span("retrieval") as current:
         try:
             query = retrieval_query(message=ctx.message, earlier=[t.user for t in history.newest], agent=ctx.agent)
             retrieved = memories_for_prompt(
@@ -84,6 +84,7 @@ def retrieve(ctx: TurnContext) -> Iterator[TurnEvent]:
             )
             retrieved.query_source = query.source
             ctx.retrieved, ctx.retrieval_report = retrieved, retrieved.as_report()
+            memory_annotate(current, operation="search", kept=len(retrieved.items))
         except Exception as exc:
             logger.exception("memory retrieval failed; answering without memories")
             # Shown to the user (memory panel, composition API): the kind of failure, not its text (in the log).

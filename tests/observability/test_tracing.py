@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -78,3 +79,28 @@ def test_on_with_an_endpoint(settings: pytest.FixtureRequest) -> None:
             assert current.is_recording()
     finally:
         reset_tracing()
+
+
+@pytest.mark.django_db
+def test_a_turns_spans_speak_the_genai_conventions(exporter: InMemorySpanExporter, alice: Any, settings: Any) -> None:
+    """A turn on a real OpenAI-compatible HTTP endpoint (the local fake): its model call's span carries
+    gen_ai.* attributes and is named as the conventions say; retrieval says it searched memory."""
+    from agents.models import Agent
+    from agents.runtime import turn_run
+    from sessions.services import session_create
+    from tests.fakes.openai_server import FakeOpenAIServer, stream
+
+    with FakeOpenAIServer() as server:
+        settings.LLM_PROFILES = {"default": server.profile(max_retries=0)}
+        server.enqueue(stream("Hello there."))
+        agent = Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.", workflow="free_chat")
+        turn_run(session=session_create(user=alice, agent=agent), message="Hi")
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    call = spans["chat fake-model"]
+    attrs = call.attributes
+    assert attrs["gen_ai.operation.name"] == "chat" and attrs["gen_ai.provider.name"] == "openai"
+    assert attrs["gen_ai.request.model"] == "fake-model"
+    assert attrs["gen_ai.usage.input_tokens"] > 0 and attrs["gen_ai.usage.output_tokens"] > 0
+    assert list(attrs["gen_ai.response.finish_reasons"]) == ["stop"]
+    assert spans["retrieval"].attributes["gen_ai.operation.name"] == "search_memory"
+    assert call.parent is not None and call.parent.span_id == spans["turn"].context.span_id

@@ -105,6 +105,22 @@ class Command(BaseCommand):
                 ]
             )
         )
+        # The MCP server (streamable HTTP at /mcp/, API tokens) on the next port.
+        mcp_port = options["port"] + 1
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(Path(settings.BASE_DIR) / "manage.py"),
+                    "mcp",
+                    "--http",
+                    "--host",
+                    options["host"],
+                    "--port",
+                    str(mcp_port),
+                ]
+            )
+        )
         if not options["no_worker"]:
             procs.append(
                 subprocess.Popen(
@@ -131,6 +147,7 @@ class Command(BaseCommand):
         broker = settings.CELERY_BROKER_URL.split("://", 1)[0]
         self.stdout.write(self.style.SUCCESS(f"\nThe app is starting at {url}"))
         self.stdout.write(f"  database: {db}\n  broker:   {broker}\n  health:   {url}healthz\n  admin:    {url}admin/")
+        self.stdout.write(f"  MCP:      http://{options['host']}:{mcp_port}/mcp/ (Authorization: Bearer <API token>)")
         if password:
             self.stdout.write(self.style.WARNING(f"  sign in as {username!r} with password {password!r}"))
             self.stdout.write(f"  (kept in {data_dir / CREDENTIALS_FILE}; change it in the admin)")

@@ -1,0 +1,166 @@
+"""The MCP server over real streamable HTTP, with the SDK's own client: one user's memories and agents;
+another user's ids are not found; bad arguments are a clear tool error that writes nothing; a token revoked
+mid-session stops working at once."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from rest_framework.authtoken.models import Token
+
+from agents.models import Agent
+from memory.models import Memory
+from memory.services import memory_create
+from sessions.models import ChatSession, Turn
+from tests.reliability.conftest import server_env
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def mcp_url(tmp_path: Path) -> Iterator[str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = (tmp_path / "mcp.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "mcp", "--http", "--port", str(port)],
+        cwd=ROOT,
+        env=server_env(tmp_path),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}/mcp/"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx.post(url, json={}, timeout=2)
+            break
+        except httpx.HTTPError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"the MCP server did not start:\n{(tmp_path / 'mcp.log').read_text()[-3000:]}")
+            time.sleep(0.3)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def _run(url: str, token: str, calls: Any) -> Any:
+    async def main() -> Any:
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
+            async with Client(streamable_http_client(url, http_client=http)) as client:
+                return await calls(client)
+
+    return asyncio.run(main())
+
+
+def _text(result: Any) -> str:
+    return "".join(getattr(c, "text", "") for c in result.content)
+
+
+def test_one_users_memory_and_agents_over_mcp(mcp_url: str, alice: Any, bob: Any) -> None:
+    Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.", workflow="free_chat")
+    alice_token = Token.objects.create(user=alice).key
+    bob_token = Token.objects.create(user=bob).key
+    secret = memory_create(user=bob, kind="semantic", text="Bob keeps a secret about opera.")
+
+    async def as_alice(client: Client) -> dict[str, Any]:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        added = await client.call_tool("add_memory", {"text": "Alice is allergic to peanuts.", "fact_key": "allergy"})
+        found = await client.call_tool("search_memory", {"query": "peanut allergy"})
+        agents = await client.call_tool("list_agents", {})
+        sent = await client.call_tool("send_message", {"message": "Hello there", "agent": "chat"})
+        bad = await client.call_tool("add_memory", {"text": ""})
+        others = await client.call_tool("forget_memory", {"memory_id": secret.pk})
+        return {
+            "names": names,
+            "added": added,
+            "found": found,
+            "agents": agents,
+            "sent": sent,
+            "bad": bad,
+            "others": others,
+        }
+
+    seen = _run(mcp_url, alice_token, as_alice)
+    assert {
+        "search_memory",
+        "add_memory",
+        "list_memories",
+        "forget_memory",
+        "list_agents",
+        "send_message",
+        "session_state",
+    } <= seen["names"]
+    assert not seen["added"].is_error
+    assert "allergic to peanuts" in _text(seen["found"])
+    assert "chat" in _text(seen["agents"])
+    assert not seen["sent"].is_error and '"reply"' in _text(seen["sent"])
+    session = ChatSession.objects.get(user=alice)
+    assert Turn.objects.filter(session=session, user_message="Hello there", status="completed").exists()
+    assert seen["bad"].is_error and "1 to 20,000 characters" in _text(seen["bad"])
+    assert Memory.objects.filter(user=alice).count() == 1  # the bad call wrote nothing
+    assert seen["others"].is_error and f"no memory {secret.pk}" in _text(seen["others"])
+    assert Memory.objects.filter(pk=secret.pk).exists()
+
+    async def as_bob(client: Client) -> dict[str, Any]:
+        found = await client.call_tool("search_memory", {"query": "peanut allergy"})
+        state = await client.call_tool("session_state", {"session_id": str(session.pk)})
+        listed = await client.call_tool("list_memories", {})
+        return {"found": found, "state": state, "listed": listed}
+
+    bobs = _run(mcp_url, bob_token, as_bob)
+    assert "peanuts" not in _text(bobs["found"]) and "peanuts" not in _text(bobs["listed"])
+    assert bobs["state"].is_error and "no session" in _text(bobs["state"])  # Alice's session: not found
+
+
+def test_a_token_revoked_mid_session_stops_working(mcp_url: str, alice: Any) -> None:
+    token = Token.objects.create(user=alice)
+
+    async def calls(client: Client) -> Any:
+        first = await client.call_tool("list_memories", {})
+        await asyncio.to_thread(lambda: Token.objects.filter(pk=token.pk).delete())
+        try:
+            second = await client.call_tool("list_memories", {})
+        except Exception as exc:  # noqa: BLE001 - the transport refuses: that is the point
+            return first, exc
+        return first, second
+
+    first, second = _run(mcp_url, token.key, calls)
+    assert not first.is_error
+    assert isinstance(second, Exception) or second.is_error
+
+
+def test_no_token_no_access(mcp_url: str) -> None:
+    response = httpx.post(mcp_url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, timeout=10)
+    assert response.status_code == 401 and response.json()["error"]["code"] == "not_authenticated"
+
+
+def test_over_stdio_as_one_user(alice: Any, tmp_path: Path) -> None:
+    from mcp import StdioServerParameters
+
+    memory_create(user=alice, kind="semantic", text="Alice likes green tea.")
+    params = StdioServerParameters(
+        command=sys.executable, args=["manage.py", "mcp", "--user", "alice"], env=server_env(tmp_path), cwd=str(ROOT)
+    )
+
+    async def main() -> Any:
+        async with Client(params) as client:
+            return await client.call_tool("list_memories", {})
+
+    listed = asyncio.run(main())
+    assert not listed.is_error and "green tea" in _text(listed)

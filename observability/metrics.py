@@ -72,6 +72,28 @@ class DatabaseCollector(Collector):
             sum_key="prompt_tokens",
             sum_scale=1.0,
         )
+        # The same figures under OpenTelemetry's GenAI metric name (gen_ai.client.token.usage, input tokens).
+        usage = HistogramMetricFamily(
+            "gen_ai_client_token_usage",
+            "Tokens per model call (GenAI semantic conventions; input tokens).",
+            labels=["agent", "gen_ai_operation_name", "gen_ai_token_type"],
+        )
+        for sample in self._histogram(
+            "agent_llm_prompt_tokens",
+            "",
+            histogram="prompt_tokens_buckets",
+            totals=totals,
+            count_key="calls",
+            sum_key="prompt_tokens",
+            sum_scale=1.0,
+        ).samples:
+            labels = {**sample.labels, "gen_ai_operation_name": "chat", "gen_ai_token_type": "input"}
+            usage.samples.append(
+                sample._replace(
+                    name=sample.name.replace("agent_llm_prompt_tokens", "gen_ai_client_token_usage"), labels=labels
+                )
+            )
+        yield usage
         yield self._histogram(
             "agent_llm_ttft_seconds",
             "Time to first token per streamed model call.",

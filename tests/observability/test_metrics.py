@@ -58,6 +58,12 @@ def test_metrics_parse_and_match_the_records(client: Client, alice: Any, setting
     assert _value(tokens, "agent_llm_prompt_tokens_bucket", agent="calm", le="1024") == 80
     assert _value(tokens, "agent_llm_prompt_tokens_bucket", agent="calm", le="2048") == 96
     assert _value(tokens, "agent_llm_prompt_tokens_bucket", agent="spiral", le="+Inf") == 100
+    # The same figures under the GenAI semantic conventions' name.
+    usage = families["gen_ai_client_token_usage"]
+    assert usage.type == "histogram"
+    labels = {"agent": "calm", "gen_ai_operation_name": "chat", "gen_ai_token_type": "input"}
+    assert _value(usage, "gen_ai_client_token_usage_bucket", le="1024", **labels) == 80
+    assert _value(usage, "gen_ai_client_token_usage_count", **labels) == 96
     ttft = families["agent_llm_ttft_seconds"]
     assert _value(ttft, "agent_llm_ttft_seconds_bucket", agent="spiral", le="8.0") == 92
     assert _value(ttft, "agent_llm_ttft_seconds_bucket", agent="spiral", le="16.0") == 100

@@ -173,6 +173,17 @@ class ModelEndpointAdmin(admin.ModelAdmin):
     list_display = ["name", "model", "base_url", "api_key_env", "tested"]
     fields = ["name", "base_url", "model", "api_key_env", "context_window"]
 
+    # Where every conversation goes, with which key: superusers only (a model permission is not enough: an
+    # endpoint of one's own with another variable's name would be sent that variable's value).
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.is_superuser)
+
+    def has_change_permission(self, request: HttpRequest, obj: ModelEndpoint | None = None) -> bool:
+        return bool(request.user.is_superuser)
+
+    def has_delete_permission(self, request: HttpRequest, obj: ModelEndpoint | None = None) -> bool:
+        return bool(request.user.is_superuser)
+
     @admin.display(description="last test")
     def tested(self, obj: ModelEndpoint) -> str:
         if not obj.last_test:
@@ -409,6 +420,11 @@ class WorkflowDefinitionAdmin(admin.ModelAdmin):
         return super().has_delete_permission(request, obj)
 
 
+# What exporting and erasing a person reach: the data's own permissions, not only the user admin's.
+EXPORT_PERMISSIONS = ("chat_sessions.view_chatsession", "chat_sessions.view_turn", "memory.view_memory")
+ERASE_PERMISSIONS = ("chat_sessions.delete_chatsession", "memory.delete_memory")
+
+
 class PersonAdmin(UserAdmin):
     """Django's user admin, with the erasure of a person's data (``agents.erasure``) as an action."""
 
@@ -416,6 +432,11 @@ class PersonAdmin(UserAdmin):
 
     @admin.action(description="Export the selected person's data (JSON Lines)", permissions=["view"])
     def export_person(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponseBase | None:
+        if not request.user.has_perms(EXPORT_PERMISSIONS):
+            self.message_user(
+                request, "Exporting needs the view permissions on sessions, turns and memories.", level=messages.ERROR
+            )
+            return None
         people = list(queryset[:2])
         if len(people) != 1:
             self.message_user(request, "Select one person to export.", level=messages.ERROR)
@@ -429,6 +450,11 @@ class PersonAdmin(UserAdmin):
 
     @admin.action(description="Erase everything kept about the selected people…", permissions=["change"])
     def erase_people(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        if not request.user.has_perms(ERASE_PERMISSIONS):
+            self.message_user(
+                request, "Erasing needs the delete permissions on sessions and memories.", level=messages.ERROR
+            )
+            return None
         people = list(queryset)
         if request.POST.get("confirmed") != "yes":
             context = {

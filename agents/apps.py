@@ -12,11 +12,11 @@ class AgentsConfig(AppConfig):
         # The llm library records each model call through a callback; this one writes an LLMCall row.
         from agents.call_records import capability_load, capability_save, llm_call_save, tool_invocation_save
         from agents.endpoints import forget_stored_profiles, stored_profile
-        from agents.llm.capabilities import install_store
+        from agents.llm.capabilities import EndpointKey, forget, install_store
         from agents.llm.demo import register_structured_handler
         from agents.llm.providers import set_profile_source
         from agents.llm.recording import CallRecord, set_call_recorder
-        from agents.models import ModelEndpoint
+        from agents.models import EndpointCapability, ModelEndpoint
         from agents.routing import RouteDecision, demo_route
         from agents.tools.registry import default_registry, set_invocation_recorder
         from agents.workflow_store import StoredWorkflows
@@ -45,6 +45,11 @@ class AgentsConfig(AppConfig):
         set_profile_source(stored_profile)
         post_save.connect(lambda **_: forget_stored_profiles(), sender=ModelEndpoint, weak=False)
         post_delete.connect(lambda **_: forget_stored_profiles(), sender=ModelEndpoint, weak=False)
+
+        def capability_deleted(instance: EndpointCapability, **_: object) -> None:
+            forget(EndpointKey(profile=instance.profile, base_url=instance.base_url, model=instance.model))
+
+        post_delete.connect(capability_deleted, sender=EndpointCapability, weak=False)
         # Workflows operators declare in the admin, looked up by name and version.
         set_workflow_source(StoredWorkflows())
         # The offline demo model stays in the current state of a workflow it has no script for.

@@ -16,6 +16,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.contrib.admin.models import LogEntry
+from django.contrib.contenttypes.models import ContentType
 from django.core.cache import cache
 from django.db import connection, transaction
 
@@ -52,7 +54,19 @@ def person_erase(*, user: Any, actor: Any = None) -> ErasureResult:
                     raise SessionBusyError(
                         "A message of this person is still being answered; erase again when it has finished."
                     )
+        # The admin's history names the objects it changed ("semantic: <the first words>"): theirs goes too.
+        logged = [
+            (ContentType.objects.get_for_model(ChatSession), [str(pk) for pk in session_ids]),
+            (
+                ContentType.objects.get_for_model(Memory),
+                [str(pk) for pk in Memory.objects.filter(user=user).values_list("pk", flat=True)],
+            ),
+        ]
+        admin_history = sum(
+            LogEntry.objects.filter(content_type=kind, object_id__in=ids).delete()[0] for kind, ids in logged if ids
+        )
         counts = {
+            "admin_history": admin_history,
             "model_calls": LLMCall.objects.filter(session_id__in=session_ids).delete()[0],
             "reviews": MemoryReview.objects.filter(user=user).delete()[0],
             "memories": Memory.objects.filter(user=user).delete()[0],

@@ -16,14 +16,17 @@ from __future__ import annotations
 import contextvars
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
+from types import SimpleNamespace
 from typing import Any, Literal
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
+from django.db import close_old_connections
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from rest_framework.authtoken.models import Token
+from rest_framework.throttling import ScopedRateThrottle
 
 from agents.models import Agent
 from agents.runtime import MessageRejected, turn_run
@@ -37,6 +40,30 @@ from sessions.services import session_create
 # The user a stdio server acts for (set by ``manage.py mcp --user``); HTTP requests carry their token instead.
 STDIO_USER: contextvars.ContextVar[Any] = contextvars.ContextVar("mcp_stdio_user", default=None)
 NOT_AUTHENTICATED = "not authenticated: send Authorization: Bearer <your API token>"
+
+
+async def db(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` (ORM code) on a thread of its own, not the one shared thread: a long turn of one user must
+    not hold everyone's requests. Connections that broke (a database restart) are dropped before and after."""
+
+    def run() -> Any:
+        close_old_connections()
+        try:
+            return fn()
+        finally:
+            close_old_connections()
+
+    return await sync_to_async(run, thread_sensitive=False)()
+
+
+def message_rate_wait(user: Any) -> int | None:
+    """The API's rate for posting messages (``API_THROTTLE_MESSAGES``), on the same per-user counter: a message
+    costs a model call whichever door it comes through. Seconds to wait, or None when allowed."""
+    throttle = ScopedRateThrottle()
+    request = SimpleNamespace(user=user, META={})
+    if throttle.allow_request(request, SimpleNamespace(throttle_scope="messages")):  # type: ignore[arg-type]
+        return None
+    return max(1, int(throttle.wait() or 1))
 
 
 def user_for_token(header: str | None) -> Any:
@@ -55,7 +82,7 @@ async def _user(ctx: Context) -> Any:
     if fixed is not None:
         return fixed
     headers = ctx.headers or {}
-    user = await sync_to_async(user_for_token)(headers.get("authorization"))
+    user = await db(lambda: user_for_token(headers.get("authorization")))
     if user is None:
         raise ToolError(NOT_AUTHENTICATED)
     return user
@@ -94,7 +121,7 @@ def build_server() -> MCPServer:
                 for c in result.candidates[: max(1, min(limit, 50))]
             ]
 
-        return await sync_to_async(run)()
+        return await db(run)
 
     @server.tool(description="Remember something about me.")
     async def add_memory(
@@ -116,7 +143,7 @@ def build_server() -> MCPServer:
             )
             return {"id": memory.pk, "created": created}
 
-        return await sync_to_async(run)()
+        return await db(run)
 
     @server.tool(description="My memories in force, newest first.")
     async def list_memories(ctx: Context, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:
@@ -136,12 +163,12 @@ def build_server() -> MCPServer:
                 for m in rows[window]
             ]
 
-        return await sync_to_async(run)()
+        return await db(run)
 
     @server.tool(description="Forget one of my memories for good.")
     async def forget_memory(memory_id: int, ctx: Context) -> dict[str, Any]:
         user = await _user(ctx)
-        deleted = await sync_to_async(lambda: Memory.objects.filter(pk=memory_id, user=user).delete()[0])()
+        deleted = await db(lambda: Memory.objects.filter(pk=memory_id, user=user).delete()[0])
         if not deleted:
             raise ToolError(f"no memory {memory_id}")
         return {"forgotten": memory_id}
@@ -156,7 +183,7 @@ def build_server() -> MCPServer:
                 {"slug": a.slug, "name": a.name, "description": a.description, "workflow": a.workflow} for a in agents
             ]
 
-        return await sync_to_async(run)()
+        return await db(run)
 
     @server.tool(
         description="Send a message to an agent and get its reply: in one of my sessions (session_id), or a new "
@@ -172,6 +199,9 @@ def build_server() -> MCPServer:
         user = await _user(ctx)
 
         def run() -> dict[str, Any]:
+            wait = message_rate_wait(user)
+            if wait is not None:
+                raise ToolError(f"too many messages; try again in {wait} seconds")
             if session_id:
                 session = _own_session(user, session_id)
             else:
@@ -193,7 +223,7 @@ def build_server() -> MCPServer:
                 "replayed": result.replayed,
             }
 
-        return await sync_to_async(run)()
+        return await db(run)
 
     @server.tool(description="Where one of my sessions stands: workflow state, collected data, status.")
     async def session_state(session_id: str, ctx: Context) -> dict[str, Any]:
@@ -208,7 +238,7 @@ def build_server() -> MCPServer:
                 "status": session.status,
             }
 
-        return await sync_to_async(run)()
+        return await db(run)
 
     @server.resource("session://{session_id}/transcript", mime_type="application/json")
     async def transcript(session_id: str, ctx: Context) -> str:
@@ -219,7 +249,7 @@ def build_server() -> MCPServer:
             turns = session.turns.order_by("seq").values("seq", "user_message", "assistant_message", "status")
             return json.dumps(list(turns))
 
-        return await sync_to_async(run)()
+        return await db(run)
 
     @server.resource("session://{session_id}/state", mime_type="application/json")
     async def state(session_id: str, ctx: Context) -> str:
@@ -242,7 +272,7 @@ def http_app(path: str = "/mcp") -> Any:
     ) -> None:
         if scope["type"] == "http":
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-            if await sync_to_async(user_for_token)(headers.get("authorization")) is None:
+            if await db(lambda: user_for_token(headers.get("authorization"))) is None:
                 body = json.dumps({"error": {"code": "not_authenticated", "message": NOT_AUTHENTICATED}}).encode()
                 await send(
                     {

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -310,6 +311,22 @@ class EndpointCapability(models.Model):
         return f"{self.profile} · {self.model}: {self.structured_mode}"
 
 
+def validate_key_variable(value: str) -> None:
+    """The name of the variable that holds an endpoint's key: an upper-case name that says it is a key (ends in
+    _KEY or _TOKEN), never one the app's own settings read (its secret, its database's or broker's address)."""
+    if not value:
+        return
+    if not re.fullmatch(r"[A-Z][A-Z0-9_]{0,99}_(?:API_KEY|KEY|TOKEN)", value):
+        raise ValidationError(
+            "Name an environment variable that holds only this key, e.g. OLLAMA_API_KEY (ends in _KEY or _TOKEN)."
+        )
+    if value in FORBIDDEN_KEY_VARIABLES or value.startswith(("DJANGO_", "DATABASE", "CELERY_", "REDIS_")):
+        raise ValidationError(f"{value} is one of the app's own settings, not a model endpoint's key.")
+
+
+FORBIDDEN_KEY_VARIABLES = frozenset({"SECRET_KEY", "METRICS_TOKEN", "EMBEDDING_API_KEY", "FIRST_STAFF_PASSWORD"})
+
+
 def validate_endpoint_url(value: str) -> None:
     """http(s)://host[:port][/path]: any host name a server can resolve (``ollama`` in a compose file too, which
     Django's URLValidator refuses for want of a dot)."""
@@ -343,6 +360,7 @@ class ModelEndpoint(models.Model):
     api_key_env = models.CharField(
         max_length=100,
         blank=True,
+        validators=[validate_key_variable],
         help_text="The name of the environment variable that holds the API key (blank: the endpoint needs none). "
         "The key itself is never stored.",
     )

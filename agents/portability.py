@@ -26,6 +26,7 @@ from django.utils import timezone
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agents.models import Agent
+from agents.workflows import get_workflow
 from config.text import storable_text
 from memory.models import Memory
 from memory.services import memories_restore
@@ -264,6 +265,23 @@ def mem0_records(text: str) -> Parsed:
     return parsed
 
 
+def _safe_state(record: SessionRecord) -> tuple[str, dict[str, Any], str]:
+    """The imported session's state, data and status as the workflow here allows them: a state it does not
+    have, or an action state (which would run its tool at once), becomes its first state; slots are checked
+    by the workflow's own rules and the invalid ones left out."""
+    try:
+        workflow = get_workflow(record.workflow)
+    except (ImportError, LookupError, KeyError, ValueError):
+        return record.state, {}, "active"
+    state = record.state
+    if state not in workflow.states or state in workflow.action_states:
+        state = workflow.initial_state
+    data, _refused = workflow.merge_slots({}, record.data)
+    if state == workflow.initial_state:
+        data = {}
+    return state, data, record.status
+
+
 def _why(exc: ValidationError) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(record)'}: {e['msg']}" for e in exc.errors()[:5])
 
@@ -286,7 +304,13 @@ def person_import(*, user: Any, parsed: Parsed) -> ImportReport:
     with transaction.atomic():
         for number, record in parsed.sessions:
             existing = ChatSession.objects.filter(pk=record.id).first()
-            if existing is not None and existing.user_id == user.pk:
+            new_id = record.id
+            if existing is not None and existing.user_id != user.pk:
+                # Someone else's session has that id (an export of theirs): this one gets an id of its own, the
+                # same on every import of the file (so a second import finds it).
+                new_id = uuid.uuid5(record.id, f"user:{user.pk}")
+                existing = ChatSession.objects.filter(pk=new_id, user=user).first()
+            if existing is not None:
                 sessions[record.id] = existing
                 report.skipped.append({"line": number, "reason": "this session is already there"})
                 continue
@@ -297,16 +321,16 @@ def person_import(*, user: Any, parsed: Parsed) -> ImportReport:
                     {"line": number, "reason": f"no agent {record.agent!r} here: session and turns left out"}
                 )
                 continue
-            # Someone else's session has that id (an export of theirs): this one gets a new id.
+            state, data, status = _safe_state(record)
             session = ChatSession.objects.create(
-                id=record.id if existing is None else uuid.uuid4(),
+                id=new_id,
                 user=user,
                 agent=agent,
                 title=record.title,
                 workflow=record.workflow,
-                state=record.state,
-                data=record.data,
-                status=record.status,
+                state=state,
+                data=data,
+                status=status,
                 summary=record.summary,
                 summary_through_seq=record.summary_through_seq,
             )
@@ -338,16 +362,18 @@ def person_import(*, user: Any, parsed: Parsed) -> ImportReport:
             if turn.created_at:
                 Turn.objects.filter(pk=row.pk).update(created_at=turn.created_at)
             report.created["turns"] += 1
-        records = [
-            {
-                **memory.model_dump(exclude={"type", "agent", "source_session"}),
-                "agent": agents.get(memory.agent) if memory.agent else None,
-                "source_session": sessions.get(memory.source_session) if memory.source_session else None,
-            }
-            for _, memory in parsed.memories
-        ]
-        created, skipped = memories_restore(user=user, records=records)
-        report.created["memories"] = len(created)
-        for index in skipped:
-            report.skipped.append({"line": parsed.memories[index][0], "reason": "this memory is already there"})
+    # The memories in a transaction of their own, embedded just before it: sessions and turns are committed
+    # first (an import cut short between the two is completed by running it again: it skips what is there).
+    records = [
+        {
+            **memory.model_dump(exclude={"type", "agent", "source_session"}),
+            "agent": agents.get(memory.agent) if memory.agent else None,
+            "source_session": sessions.get(memory.source_session) if memory.source_session else None,
+        }
+        for _, memory in parsed.memories
+    ]
+    created, skipped = memories_restore(user=user, records=records)
+    report.created["memories"] = len(created)
+    for index in skipped:
+        report.skipped.append({"line": parsed.memories[index][0], "reason": "this memory is already there"})
     return report

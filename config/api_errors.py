@@ -127,7 +127,7 @@ class RequestSizeLimitMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        limit = getattr(settings, "LARGE_BODY_PATHS", {}).get(request.path, settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
         raw_length = request.META.get("CONTENT_LENGTH") or "0"
         try:
             length = int(raw_length)

@@ -45,7 +45,9 @@ class RawTextParser(BaseParser):
     media_type = "*/*"
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:  # str
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        request = (parser_context or {}).get("request")
+        path = getattr(request, "path", "")
+        limit = getattr(settings, "LARGE_BODY_PATHS", {}).get(path, settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
         raw = stream.read(limit + 1 if limit else -1) if stream is not None else b""
         if limit and len(raw) > limit:
             raise PayloadTooLarge(f"The request body is over the limit of {limit} bytes.")

@@ -186,6 +186,10 @@ X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 # Request size limits: Django answers 400 past these; the API maps oversize bodies to 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 256 * 1024, minimum=1024)
+# Largest import file through the API (POST /api/me/import/); bigger ones: manage.py import_person.
+IMPORT_MAX_BYTES = env_int("IMPORT_MAX_BYTES", 20 * 1024 * 1024, minimum=1024)
+# Paths whose bodies may be larger than MAX_REQUEST_BYTES, and their own limits.
+LARGE_BODY_PATHS = {"/api/me/import/": IMPORT_MAX_BYTES}
 
 # --- Celery ----------------------------------------------------------------------------------
 # REDIS_URL (or CELERY_BROKER_URL) in production. Unset: kombu's filesystem transport, which

@@ -21,6 +21,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 
 from memory.models import Memory
 from memory.selectors import memories_for_prompt
@@ -121,8 +122,8 @@ def desk_user(model_admin: Any, request: HttpRequest, user_id: int) -> HttpRespo
 def _act(model_admin: Any, request: HttpRequest, user: Any) -> HttpResponse:
     if not model_admin.has_change_permission(request):
         raise PermissionDenied
-    back = request.POST.get("back") or reverse("admin:memory_memory_desk_user", args=[user.pk])
-    if not back.startswith("/"):
+    back = request.POST.get("back") or ""
+    if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
         back = reverse("admin:memory_memory_desk_user", args=[user.pk])
     single = request.POST.get("single", "")
     if single:
@@ -167,7 +168,11 @@ def _act(model_admin: Any, request: HttpRequest, user: Any) -> HttpResponse:
         }
         return TemplateResponse(request, "admin/memory/desk_confirm.html", context)
     if action == "merge":
-        kept = memories_merge(memories=chosen)
+        try:
+            kept = memories_merge(memories=chosen)
+        except ValueError as exc:
+            messages.error(request, f"Not merged: {exc}")
+            return HttpResponseRedirect(back)
         messages.success(request, f"Merged {len(chosen)} memories into #{kept.pk}; the others are archived.")
     else:
         changed = _apply(action, Memory.objects.filter(pk__in=[m.pk for m in chosen]))

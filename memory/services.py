@@ -305,7 +305,10 @@ def merge_plan(memories: Sequence[Memory]) -> tuple[Memory, list[Memory], str]:
     kinds = sorted({m.kind for m in memories})
     if len(kinds) != 1:
         raise ValueError(f"memories of different kinds ({', '.join(kinds)}) cannot be merged: select one kind")
-    ordered = sorted(memories, key=lambda m: (not m.pinned, -m.importance, m.created_at, m.id))
+    if any(m.valid_to is not None for m in memories):
+        raise ValueError("a fact that was replaced is history, not a duplicate: select memories in force")
+    # The one kept is in force: an archived one is kept only when all are archived.
+    ordered = sorted(memories, key=lambda m: (m.archived, not m.pinned, -m.importance, m.created_at, m.id))
     seen: set[str] = set()
     parts: list[str] = []
     for memory in ordered:
@@ -323,7 +326,10 @@ def memories_merge(*, memories: Sequence[Memory]) -> Memory:
     archived. All in one transaction."""
     keeper, others, text = merge_plan(memories)
     with transaction.atomic():
-        Memory.objects.filter(id__in=[m.id for m in others]).update(archived=True, updated_at=timezone.now())
+        now = timezone.now()
+        # Archived and closed: they are replaced by the kept one (closing also takes them out of the duplicate
+        # check, so the kept one can take a text that one of them had).
+        Memory.objects.filter(id__in=[m.id for m in others]).update(archived=True, valid_to=now, updated_at=now)
         keeper.importance = max(m.importance for m in memories)
         keeper.pinned = any(m.pinned for m in memories)
         keeper.access_count = sum(m.access_count for m in memories)
@@ -787,14 +793,20 @@ def memories_restore(*, user: Any, records: Sequence[dict[str, Any]]) -> tuple[l
     importing twice writes once. Returns (created, indexes of the records skipped)."""
     todo: list[tuple[int, dict[str, Any]]] = []
     skipped: list[int] = []
+    seen: set[tuple[str, str, bool]] = set()
     for index, record in enumerate(records):
         digest = content_hash_for(record["text"].strip())
         closed = record.get("valid_to") is not None
-        if Memory.objects.filter(
-            user=user, kind=record["kind"], content_hash=digest, valid_to__isnull=not closed
-        ).exists():
-            skipped.append(index)
+        key = (record["kind"], digest, closed)
+        if (
+            key in seen
+            or Memory.objects.filter(
+                user=user, kind=record["kind"], content_hash=digest, valid_to__isnull=not closed
+            ).exists()
+        ):
+            skipped.append(index)  # there already, or twice in this file (texts alike but for case or spaces)
         else:
+            seen.add(key)
             todo.append((index, {**record, "content_hash": digest}))
     if not todo:
         return [], skipped
@@ -802,6 +814,13 @@ def memories_restore(*, user: Any, records: Sequence[dict[str, Any]]) -> tuple[l
     created: list[Memory] = []
     with transaction.atomic():
         lock_user_memories(user.pk)
+        # A fact in force with a key replaces the user's current fact with that key, as a new one would.
+        now = timezone.now()
+        for _, record in todo:
+            if record["kind"] == Memory.Kind.SEMANTIC and record.get("fact_key") and record.get("valid_to") is None:
+                Memory.objects.filter(
+                    user=user, kind=Memory.Kind.SEMANTIC, fact_key=record["fact_key"], valid_to__isnull=True
+                ).update(valid_to=now, updated_at=now)
         for (_, record), vector in zip(todo, vectors, strict=True):
             now = timezone.now()
             created.append(

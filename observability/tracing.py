@@ -173,7 +173,9 @@ def genai_annotate(
     from opentelemetry import trace
 
     current = trace.get_current_span()
-    if not current.is_recording():
+    # Only a model call's own span (named llm.call, or renamed by an earlier attempt of the same call).
+    name = str(getattr(current, "name", ""))
+    if not current.is_recording() or not (name == "llm.call" or name.startswith("chat ")):
         return
     operation = GENAI_OPERATIONS.get(purpose, "chat")
     current.set_attributes(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import wraps
 from types import SimpleNamespace
 from typing import Any
@@ -21,6 +21,7 @@ from django import forms
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.cache import cache
 from django.core.paginator import Paginator
 from django.db.models import Exists, OuterRef
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
@@ -198,6 +199,7 @@ def chat(request: HttpRequest, session_id: UUID) -> HttpResponse:
     long session rendered whole was seconds of markdown and megabytes of HTML (3,000 turns: 3.6 s, 2.5 MB).
     An earlier page is for reading: its composer is replaced by a link back to the latest turns."""
     session = _own_session(request, session_id)
+    drawn = timezone.now()  # before the turns are read: what finishes meanwhile comes as an event
     before = request.GET.get("before", "")
     older = before.isascii() and before.isdigit() and 0 < len(before) <= 9
     turns = session.turns.order_by("-seq")
@@ -210,7 +212,7 @@ def chat(request: HttpRequest, session_id: UUID) -> HttpResponse:
         "earlier_before": shown[0].seq if len(page) > CHAT_PAGE_TURNS else None,
         "reading_earlier": older,
         "model": _model_label(session.agent),
-        "events_since": timezone.now().isoformat(),
+        "events_since": drawn.isoformat(),
         **_panels_context(request, session),
     }
     return render(request, "chat.html", context)
@@ -239,10 +241,16 @@ def signed_in_or_401(view: Callable[..., HttpResponseBase]) -> Callable[..., Htt
 # How long one events request waits for news while a person has the chat (or a turn is being answered), and
 # how soon the page asks again (EventSource reconnects by itself): while nothing can happen, it asks rarely,
 # so an open chat does not hold a server thread for nothing.
-EVENTS_HOLD_SECONDS = 25.0
+EVENTS_HOLD_SECONDS = 15.0
 EVENTS_POLL_SECONDS = 1.0
 EVENTS_RETRY_IDLE_MS = 15000
 EVENTS_RETRY_LIVE_MS = 1000
+# At most this many held events requests per user at once (each holds a server thread): more get an answer
+# at once and ask again later, so no one can tie up the server's threads by opening tabs.
+EVENTS_HELD_PER_USER = 2
+# News is looked for this far before the cursor: a staff reply's time is taken before its commit, and a look
+# between the two must not skip it (the page ignores what it has shown already).
+EVENTS_LOOKBACK = timedelta(seconds=5)
 
 
 def _since(request: HttpRequest) -> datetime:
@@ -260,6 +268,7 @@ def _news(session_id: UUID, since: datetime) -> tuple[list[dict[str, Any]], bool
     row = ChatSession.objects.filter(pk=session_id).values("status", "state", "updated_at").first()
     if row is None:
         return [{"event": "gone"}], False
+    since = since - EVENTS_LOOKBACK
     events: list[dict[str, Any]] = []
     running = Turn.objects.filter(session_id=session_id, status__in=(Turn.Status.RUNNING, Turn.Status.PENDING))
     live = row["status"] == ChatSession.Status.NEEDS_HUMAN or running.exists()
@@ -293,25 +302,39 @@ def chat_events(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
     ``since`` (or the Last-Event-ID the browser sends on reconnecting) is where the page's knowledge ends."""
     session = _own_session(request, session_id)
     since = _since(request)
+    held_key = f"chat-events-held:{request.user.pk}"
 
     def stream() -> Iterator[bytes]:
         nonlocal since
-        deadline = time.monotonic() + EVENTS_HOLD_SECONDS
-        live = True
-        while True:
-            checked = timezone.now()
-            events, live = _news(session.pk, since)
-            since = checked
-            for event in events:
-                name = event.pop("event")
-                yield f"id: {since.isoformat()}\nevent: {name}\ndata: {json.dumps(event)}\n\n".encode()
-                if name == "gone":
-                    return
-            if not live or time.monotonic() >= deadline:
-                break
-            time.sleep(EVENTS_POLL_SECONDS)
-        retry = EVENTS_RETRY_LIVE_MS if live else EVENTS_RETRY_IDLE_MS
-        yield f"id: {since.isoformat()}\nretry: {retry}\n\n".encode()
+        try:
+            held = cache.incr(held_key)
+        except ValueError:  # the first one (or the count expired)
+            cache.set(held_key, held := 1, timeout=int(EVENTS_HOLD_SECONDS * 4))
+        may_hold = held <= EVENTS_HELD_PER_USER
+        try:
+            deadline = time.monotonic() + (EVENTS_HOLD_SECONDS if may_hold else 0)
+            live = True
+            while True:
+                checked = timezone.now()
+                events, live = _news(session.pk, since)
+                since = checked
+                for event in events:
+                    name = event.pop("event")
+                    yield f"id: {since.isoformat()}\nevent: {name}\ndata: {json.dumps(event)}\n\n".encode()
+                    if name == "gone":
+                        return
+                if not live or time.monotonic() >= deadline:
+                    break
+                # A comment each second: a closed tab shows up as a failed write, not after the whole hold.
+                yield b": waiting\n\n"
+                time.sleep(EVENTS_POLL_SECONDS)
+            retry = EVENTS_RETRY_LIVE_MS if live and may_hold else EVENTS_RETRY_IDLE_MS
+            yield f"id: {since.isoformat()}\nretry: {retry}\n\n".encode()
+        finally:
+            try:
+                cache.decr(held_key)
+            except ValueError:  # expired meanwhile
+                pass
 
     response = StreamingHttpResponse(stream(), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"

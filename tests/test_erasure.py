@@ -108,3 +108,20 @@ def test_a_task_queued_before_the_erasure_writes_nothing_after_it(
     assert "succeeded" in line and "'written': False" in line, line
     assert not Memory.objects.filter(user=alice).exists()
     assert not ChatSession.objects.filter(user=alice).exists()
+
+
+@pytest.mark.django_db
+def test_exporting_or_erasing_a_person_needs_the_datas_own_permissions(
+    viewer_staff: Any, alice: Any, chat_agent: Agent
+) -> None:
+    from django.contrib.auth.models import Permission
+
+    _life(alice, chat_agent)
+    viewer_staff.user_permissions.add(Permission.objects.get(codename="change_user"))
+    client = Client()
+    client.force_login(viewer_staff)  # may view everything, delete nothing
+    page = client.post(
+        "/admin/auth/user/", {"action": "erase_people", "_selected_action": [alice.pk], "confirmed": "yes"}, follow=True
+    )
+    assert "needs the delete permissions" in page.content.decode()
+    assert ChatSession.objects.filter(user=alice).exists() and not Erasure.objects.exists()

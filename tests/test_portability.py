@@ -150,3 +150,61 @@ def test_the_commands_and_the_admin_action(alice: Any, bob: Any, staff: Any, cha
     assert download["Content-Type"] == "application/x-ndjson"
     body = b"".join(download.streaming_content).decode()
     assert "The user is allergic to peanuts." in body and "Trip planning" in body
+
+
+def test_importing_someone_elses_export_twice_writes_once(alice: Any, bob: Any, chat_agent: Agent) -> None:
+    _life(bob, chat_agent)
+    exported = "".join(person_export(user=bob))
+    _api(alice).post("/api/me/import/", exported, content_type="application/x-ndjson")
+    again = _api(alice).post("/api/me/import/", exported, content_type="application/x-ndjson").json()
+    assert again["created"] == {"sessions": 0, "turns": 0, "memories": 0}
+    assert ChatSession.objects.filter(user=alice).count() == 1
+
+
+def test_an_imported_session_is_put_in_a_state_its_workflow_allows(alice: Any) -> None:
+    from agents.services import default_agents_ensure
+
+    default_agents_ensure()
+    header = '{"format": "agents-runtime-export", "version": 1}\n'
+    crafted = {
+        "type": "session",
+        "id": "3f0b7c1e-1111-4b6e-9a7a-2b5b9e0c0d01",
+        "agent": "flight-booking",
+        "workflow": "flight_booking",
+        "state": "BOOKING",  # would run the booking tool on the next message
+        "data": {"origin": "London", "destination": "Paris", "passengers": 250},
+    }
+    fact_old = memory_create(user=alice, kind="semantic", text="The user lives in Rome.", fact_key="home_city")
+    fact = {"type": "memory", "kind": "semantic", "text": "The user lives in Paris.", "fact_key": "home_city"}
+    body = header + json.dumps(crafted) + "\n" + json.dumps(fact) + "\n"
+    assert _api(alice).post("/api/me/import/", body, content_type="application/x-ndjson").status_code == 200
+    session = ChatSession.objects.get(user=alice)
+    assert session.state == "IDLE" and session.data == {}
+    fact_old.refresh_from_db()
+    assert fact_old.valid_to is not None  # the imported fact replaced it: one current value per key
+    current = Memory.objects.filter(user=alice, fact_key="home_city", valid_to__isnull=True)
+    assert list(current.values_list("text", flat=True)) == ["The user lives in Paris."]
+
+
+def test_mem0_duplicates_that_differ_by_case_come_in_once(alice: Any) -> None:
+    mem0 = [{"memory": "Likes tea"}, {"memory": "likes  TEA"}, {"memory": "Owns a cat"}]
+    response = _api(alice).post("/api/me/import/?source=mem0", json.dumps(mem0), content_type="application/json")
+    assert response.status_code == 200, response.content
+    assert response.json()["created"]["memories"] == 2
+
+
+def test_an_import_may_be_bigger_than_other_requests(alice: Any, settings: Any) -> None:
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 2048
+    settings.LARGE_BODY_PATHS = {"/api/me/import/": 1024 * 1024}
+    lines = ['{"format": "agents-runtime-export", "version": 1}']
+    lines += [
+        json.dumps({"type": "memory", "kind": "semantic", "text": f"Fact number {i} about the user."})
+        for i in range(80)
+    ]
+    body = "\n".join(lines) + "\n"
+    assert len(body.encode()) > 2048
+    response = _api(alice).post("/api/me/import/", body, content_type="application/x-ndjson")
+    assert response.status_code == 200 and response.json()["created"]["memories"] == 80
+    assert (
+        _api(alice).post("/api/memories/", {"kind": "semantic", "text": "x" * 3000}, format="json").status_code == 413
+    )

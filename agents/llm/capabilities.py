@@ -36,7 +36,8 @@ MODE_LABELS: dict[str, str] = {
 }
 
 # A client error that is about the response format, not about the rest of the request.
-_FORMAT_REFUSAL = re.compile(r"response_format|json_schema|json_object|structured output|\bschema\b", re.IGNORECASE)
+# (Not any mention of a schema: one schema a server cannot compile must not downgrade every later call.)
+_FORMAT_REFUSAL = re.compile(r"response_format|json_schema|json_object", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -125,3 +126,9 @@ def response_format(mode: StructuredMode, *, name: str, schema: dict[str, object
     if mode == "json_object_schema":
         return {"type": "json_object", "schema": schema}
     return {"type": "json_object"}
+
+
+def forget(key: EndpointKey) -> None:
+    """Forget what this process learned for ``key`` (its stored row was deleted: learn it again)."""
+    with _lock:
+        _known.pop(key, None)

@@ -154,7 +154,11 @@ def _streamed_step(
                 completion = stream.completion
                 text = "".join(step_text) or exc.partial_text
                 if completion is None or completion.finish_reason != "length" or completion.tool_calls or not text:
-                    raise
+                    if not continuations:
+                        raise
+                    # A continuation that ended otherwise (a filter, a closed stream): what was said stands.
+                    parts.append(text if completion is None or not completion.tool_calls else "")
+                    return StreamedStep(text="".join(parts), continuations=continuations, truncated=True)
                 parts.append(text)
                 so_far = "".join(parts)
                 grown = {"continuation": ctx.counter.count(so_far) + ctx.counter.count(CONTINUE_INSTRUCTION) + 8}

@@ -191,13 +191,14 @@ def route(ctx: TurnContext) -> Iterator[TurnEvent]:
     if not ctx.tool_names or not ctx.workflow.is_free_chat:
         return
     ctx.before_call()
-    outcome = route_message(
-        provider=ctx.provider,
-        message=ctx.message,
-        tool_names=ctx.tool_names,
-        ctx=ctx.call("route"),
-        confidence_threshold=ctx.agent.routing_confidence_threshold,
-    )
+    with span("llm.call", purpose="route"):
+        outcome = route_message(
+            provider=ctx.provider,
+            message=ctx.message,
+            tool_names=ctx.tool_names,
+            ctx=ctx.call("route"),
+            confidence_threshold=ctx.agent.routing_confidence_threshold,
+        )
     ctx.composition_extra["route"] = outcome.as_dict()
     if outcome.action == "handoff":
         yield from handoff(ctx, reason=f"routing: {outcome.reasoning or 'handoff'}")

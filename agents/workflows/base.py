@@ -309,7 +309,12 @@ class Workflow:
                 errors.append(f"{target} needs {', '.join(missing)} first")
         if errors:
             return StepResult(False, state, state, dict(data), errors=errors + slot_errors, slot_errors=slot_errors)
-        if target == state and state in self.terminal_states and state != self.failed_state:
+        if (
+            state in self.terminal_states
+            and state != self.failed_state
+            and target != self.initial_state
+            and not self.clears_data_on_entry(state, target)
+        ):
             # A finished run (a booked trip) is never changed by later text: only leaving it (a new run) can.
             changed = sorted(k for k in merged if merged.get(k) != data.get(k))
             slot_errors = slot_errors + [

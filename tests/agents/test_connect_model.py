@@ -173,3 +173,24 @@ def test_the_base_url_is_any_http_address_a_server_can_reach(url: str, ok: bool)
     else:
         with pytest.raises(ValidationError):
             validate_endpoint_url(url)
+
+
+def test_only_superusers_connect_a_model_and_the_key_variable_must_name_a_key(
+    no_model: None, admin_user: Any, django_user_model: Any
+) -> None:
+    from django.contrib.auth.models import Permission
+
+    staff = django_user_model.objects.create_user(username="ops", password="ops-pass-123", is_staff=True)
+    staff.user_permissions.set(Permission.objects.filter(codename__endswith="modelendpoint"))
+    ops = Client()
+    ops.force_login(staff)
+    assert ops.get("/admin/agents/modelendpoint/add/").status_code == 403  # a model permission is not enough
+    superuser = Client()
+    superuser.force_login(admin_user)
+    for name in ("SECRET_KEY", "DATABASE_URL", "lowercase_key", "HOME"):
+        page = superuser.post(
+            "/admin/agents/modelendpoint/add/",
+            {"name": "default", "base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key_env": name},
+        ).content.decode()
+        assert "errorlist" in page, name
+    assert not ModelEndpoint.objects.exists()

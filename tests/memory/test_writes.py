@@ -531,3 +531,18 @@ def test_a_turns_memories_happened_when_the_turn_did(alice: Any, make_turn: Any,
     written = list(Memory.objects.filter(source_turn=turn))
     assert {m.kind for m in written} == {"episodic", "semantic"}
     assert all(m.occurred_at == said and m.created_at > said + timedelta(hours=4) for m in written)
+
+
+@pytest.mark.django_db
+def test_merging_near_duplicates_works_and_keeps_one_in_force(alice: Any) -> None:
+    a = memory_create(user=alice, kind="semantic", text="The user likes tea")
+    b = memory_create(user=alice, kind="semantic", text="The user likes tea.")
+    archived = memory_create(user=alice, kind="semantic", text="The user likes tea!")
+    Memory.objects.filter(pk=archived.pk).update(archived=True)
+    archived.refresh_from_db()
+    kept = memories_merge(memories=[archived, a, b])
+    kept.refresh_from_db()
+    assert kept.pk != archived.pk and not kept.archived and kept.valid_to is None  # one in force is kept
+    assert kept.text == "The user likes tea." or kept.text == "The user likes tea"
+    current = Memory.objects.filter(user=alice, archived=False, valid_to__isnull=True)
+    assert list(current.values_list("pk", flat=True)) == [kept.pk]

@@ -9,10 +9,11 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+from agents.api import export_download
 from agents.endpoints import endpoint_test, ollama_models, ollama_url
 from agents.erasure import person_erase
 from agents.llm.base import Outcome, Purpose
@@ -27,7 +28,6 @@ from agents.models import (
     WorkflowDefinition,
     WorkflowVersion,
 )
-from agents.portability import person_export
 from agents.tools import tool_names
 from agents.tools.errors import ErrorKind
 from agents.workflow_store import workflow_definition_save
@@ -441,12 +441,7 @@ class PersonAdmin(UserAdmin):
         if len(people) != 1:
             self.message_user(request, "Select one person to export.", level=messages.ERROR)
             return None
-        person = people[0]
-        response = StreamingHttpResponse(
-            (line.encode() for line in person_export(user=person)), content_type="application/x-ndjson"
-        )
-        response["Content-Disposition"] = f'attachment; filename="{person.get_username()}-export.jsonl"'
-        return response
+        return export_download(people[0])
 
     @admin.action(description="Erase everything kept about the selected people…", permissions=["change"])
     def erase_people(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:

@@ -26,10 +26,10 @@ from django.db import close_old_connections
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from rest_framework.authtoken.models import Token
-from rest_framework.throttling import ScopedRateThrottle
 
 from agents.models import Agent
 from agents.runtime import MessageRejected, turn_run
+from config.throttles import messages_rate_wait
 from memory.models import Memory
 from memory.selectors import memories_for_prompt
 from memory.services import memory_get_or_create
@@ -54,16 +54,6 @@ async def db(fn: Callable[[], Any]) -> Any:
             close_old_connections()
 
     return await sync_to_async(run, thread_sensitive=False)()
-
-
-def message_rate_wait(user: Any) -> int | None:
-    """The API's rate for posting messages (``API_THROTTLE_MESSAGES``), on the same per-user counter: a message
-    costs a model call whichever door it comes through. Seconds to wait, or None when allowed."""
-    throttle = ScopedRateThrottle()
-    request = SimpleNamespace(user=user, META={})
-    if throttle.allow_request(request, SimpleNamespace(throttle_scope="messages")):  # type: ignore[arg-type]
-        return None
-    return max(1, int(throttle.wait() or 1))
 
 
 def user_for_token(header: str | None) -> Any:
@@ -199,7 +189,7 @@ def build_server() -> MCPServer:
         user = await _user(ctx)
 
         def run() -> dict[str, Any]:
-            wait = message_rate_wait(user)
+            wait = messages_rate_wait(SimpleNamespace(user=user, META={}))
             if wait is not None:
                 raise ToolError(f"too many messages; try again in {wait} seconds")
             if session_id:

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from functools import wraps
-from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlencode
 from uuid import UUID
@@ -28,12 +27,12 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonRespons
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
-from rest_framework.throttling import ScopedRateThrottle
 
 from agents.models import Agent
 from agents.serializers import agent_model_label
 from agents.workflows import get_workflow
 from config.api_errors import error_body, error_response, runtime_error_status
+from config.throttles import messages_rate_wait
 from sessions.locks import SessionBusyError
 from sessions.models import ChatSession, Turn
 from sessions.services import session_create, session_delete
@@ -350,21 +349,12 @@ def chat_panels(request: HttpRequest, session_id: UUID) -> HttpResponse:
     return render(request, "chat_panels.html", _panels_context(request, session))
 
 
-def _messages_throttle_wait(request: HttpRequest) -> int | None:
-    """The API's rate for posting messages (``API_THROTTLE_MESSAGES``), on the same per-user counter: a
-    message costs a model call whichever door it comes through. Seconds to wait, or None when allowed."""
-    throttle = ScopedRateThrottle()
-    if throttle.allow_request(request, SimpleNamespace(throttle_scope="messages")):  # type: ignore[arg-type]
-        return None
-    return max(1, int(throttle.wait() or 1))
-
-
 @signed_in_or_401
 @require_POST
 def chat_stream(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
     """POST a message; the reply comes back as ``text/event-stream``. CSRF token in the X-CSRFToken header."""
     session = _own_session(request, session_id)
-    wait = _messages_throttle_wait(request)
+    wait = messages_rate_wait(request)
     if wait is not None:
         response = error_response(
             code="throttled",

@@ -16,6 +16,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any, TypeVar
 
 import httpx2
@@ -296,7 +297,7 @@ class OpenAICompatibleProvider(BaseProvider):
                 messages, temperature=temperature, max_tokens=max_tokens, tools=None, schema=schema, mode=mode
             )
             try:
-                response, retries = self._with_retries(lambda p=params: self._client.chat.completions.create(**p))  # type: ignore[misc]
+                response, retries = self._with_retries(partial(self._client.chat.completions.create, **params))
             except LLMClientError as exc:
                 if index + 1 < len(modes) and is_format_refusal(exc.status, str(exc)):
                     logger.info("endpoint %s refused response_format %s: %s", self.profile.name, mode, exc)

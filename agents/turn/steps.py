@@ -4,7 +4,7 @@ a step that ends the turn sets ``ctx.done``."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from django.db import transaction
@@ -30,7 +30,7 @@ from memory.selectors import RecentWindow, memories_for_prompt, retrieval_query
 from observability.tracing import memory_annotate, span
 from sessions.context import turn_history
 from sessions.models import ChatSession, Checkpoint, Turn
-from sessions.services import checkpoint_record, transition_apply, turn_failure_record
+from sessions.services import TransitionOutcome, checkpoint_record, transition_apply, turn_failure_record
 
 logger = logging.getLogger("agents.runtime")
 
@@ -140,12 +140,7 @@ def decide(ctx: TurnContext) -> Iterator[TurnEvent]:
         ctx.reload()
         yield ctx.state_event()
         return
-    outcome = transition_apply(session=session, turn=ctx.turn, decision=decision)
-    ctx.reload()
-    event = ctx.state_event()
-    if not outcome.applied:
-        event["rejected"] = list(outcome.errors)
-    yield event
+    outcome = yield from _apply(ctx, decision)
     ctx.refused = list(outcome.slot_errors)
 
 
@@ -168,12 +163,18 @@ def act(ctx: TurnContext) -> Iterator[TurnEvent]:
             logger.exception("turn %s: action %s failed", ctx.turn.pk, name)
             target, slots, why = failure, {}, f"{name} failed (see the log)"
     decision = workflow.decision(next_state=target, slots=slots, reasoning=why[:1000])
-    outcome = transition_apply(session=session, turn=ctx.turn, decision=decision)
+    yield from _apply(ctx, decision)
+
+
+def _apply(ctx: TurnContext, decision: Any) -> Generator[TurnEvent, None, TransitionOutcome]:
+    """Apply a decision to the session and report the state (with what was refused, if it was)."""
+    outcome = transition_apply(session=ctx.session, turn=ctx.turn, decision=decision)
     ctx.reload()
     event = ctx.state_event()
     if not outcome.applied:
         event["rejected"] = list(outcome.errors)
     yield event
+    return outcome
 
 
 def hand_off_if_the_workflow_says(ctx: TurnContext) -> Iterator[TurnEvent]:

@@ -148,8 +148,9 @@ def _word_search(queryset: QuerySet[Memory], term: str) -> QuerySet[Memory]:
 @admin.register(Memory)
 class MemoryAdmin(LogAdmin):
     form = MemoryForm
-    # Few columns, so the text gets the room at 1280 px (the flags are one column; the counts are on each page).
-    list_display = ("id", "user", "kind", "short_text", "flags", "importance", "when")
+    # Few columns, so the text gets the room at 1280 px beside the admin's menu (the flags are one column;
+    # importance and counts are on each memory's page and the curation desk).
+    list_display = ("id", "user", "kind", "short_text", "flags", "when")
     list_filter = (
         "kind",
         "pinned",

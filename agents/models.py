@@ -8,6 +8,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from agents.llm.capabilities import MODE_LABELS
 from agents.llm.providers import DEMO_PROFILE
 from agents.llm.sections import DEFAULT_SHARES
 from agents.tools.registry import tool_names
@@ -288,15 +289,10 @@ class EndpointCapability(models.Model):
     trying: one row per profile, base URL and model. Written by the calls themselves; shown in the admin
     and on /ops/. Delete a row to have it learned again."""
 
-    class Mode(models.TextChoices):
-        JSON_SCHEMA = "json_schema", "JSON schema (response_format json_schema)"
-        JSON_OBJECT_SCHEMA = "json_object_schema", "JSON object constrained by a schema (llama.cpp)"
-        JSON_OBJECT = "json_object", "JSON mode, schema in the prompt"
-
     profile = models.CharField(max_length=80)
     base_url = models.CharField(max_length=500)
     model = models.CharField(max_length=200)
-    structured_mode = models.CharField(max_length=20, choices=Mode.choices)
+    structured_mode = models.CharField(max_length=20, choices=list(MODE_LABELS.items()))
     detail = models.TextField(blank=True, help_text="Why the formats before this one were given up.")
     learned_at = models.DateTimeField(auto_now=True)
 

@@ -94,14 +94,14 @@ def test_a_task_queued_before_the_erasure_writes_nothing_after_it(
         session=session, seq=1, user_message="My name is Ana.", assistant_message="Hello Ana.", status="completed"
     )
     # Queued now, to run in three seconds: after the erasure below.
-    app.send_task("memory.tasks.write_turn_memories", args=[turn.pk], countdown=3)
+    queued = app.send_task("memory.tasks.write_turn_memories", args=[turn.pk], countdown=3)
     person_erase(user=alice, actor=None)
 
     def finished() -> list[str]:
         return [
             line
             for line in celery_worker.log_text().splitlines()
-            if "write_turn_memories" in line and ("succeeded" in line or "raised" in line) and f"{turn.pk}" in line
+            if f"write_turn_memories[{queued.id}]" in line and ("succeeded" in line or "raised" in line)
         ]
 
     [line] = wait_for(finished, timeout=60, message=f"the queued memory write\n{celery_worker.log_text()[-2000:]}")

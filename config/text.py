@@ -49,3 +49,9 @@ def camel_case(name: str, *, default: str = "Model") -> str:
     """``name`` ("flight_booking", "look-up") as a class name ("FlightBooking", "LookUp"): the generated
     pydantic models of tools and workflows are named this way."""
     return "".join(part[:1].upper() + part[1:] for part in re.split(r"[^A-Za-z0-9]+", name) if part) or default
+
+
+def state_words(name: Any) -> str:
+    """A name as words a person reads ("GATHERING_ORIGIN" → "Gathering origin")."""
+    text = str(name or "").replace("_", " ").strip().lower()
+    return text[:1].upper() + text[1:]

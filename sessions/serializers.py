@@ -11,6 +11,7 @@ from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
 from agents.models import Agent
 from agents.workflows import get_workflow
+from config.text import state_words
 from sessions.models import ChatSession, Checkpoint, Turn
 
 
@@ -82,6 +83,7 @@ class SessionStateSerializer(serializers.ModelSerializer[ChatSession]):
     states = serializers.SerializerMethodField()
     terminal_states = serializers.SerializerMethodField()
     workflow_title = serializers.SerializerMethodField()
+    state_labels = serializers.SerializerMethodField()
 
     class Meta:
         model = ChatSession
@@ -98,16 +100,21 @@ class SessionStateSerializer(serializers.ModelSerializer[ChatSession]):
             "last_good_state",
             "states",
             "terminal_states",
+            "state_labels",
             "updated_at",
         ]
         read_only_fields = fields
 
     def _workflow(self, session: ChatSession) -> Any:
-        try:
-            return get_workflow(session.workflow, session.workflow_version)
-        except (ImportError, LookupError, KeyError, ValueError):
-            # A workflow removed from the code since the session began: show the state without the map.
-            return None
+        # Read once per session (a workflow declared as data is a database read).
+        cache: dict[Any, Any] = self.__dict__.setdefault("_workflows", {})
+        if session.pk not in cache:
+            try:
+                cache[session.pk] = get_workflow(session.workflow, session.workflow_version)
+            except (ImportError, LookupError, KeyError, ValueError):
+                # A workflow removed from the code since the session began: show the state without the map.
+                cache[session.pk] = None
+        return cache[session.pk]
 
     @extend_schema_field(serializers.ListField(child=serializers.CharField()))
     def get_states(self, session: ChatSession) -> list[str]:
@@ -118,6 +125,14 @@ class SessionStateSerializer(serializers.ModelSerializer[ChatSession]):
     def get_terminal_states(self, session: ChatSession) -> list[str]:
         workflow = self._workflow(session)
         return sorted(workflow.terminal_states) if workflow is not None else []
+
+    @extend_schema_field(serializers.DictField(child=serializers.CharField()))
+    def get_state_labels(self, session: ChatSession) -> dict[str, str]:
+        """Each state as people read it (the workflow's label, or the name in words)."""
+        workflow = self._workflow(session)
+        if workflow is None:
+            return {session.state: state_words(session.state)}
+        return {state: workflow.state_label(state) for state in workflow.states}
 
     @extend_schema_field(serializers.CharField())
     def get_workflow_title(self, session: ChatSession) -> str:

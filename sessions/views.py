@@ -32,6 +32,7 @@ from agents.models import Agent
 from agents.serializers import agent_model_label
 from agents.workflows import get_workflow
 from config.api_errors import error_body, error_response, runtime_error_status
+from config.text import state_words
 from config.throttles import messages_rate_wait
 from sessions.locks import SessionBusyError
 from sessions.models import ChatSession, Turn
@@ -47,25 +48,48 @@ def _model_label(agent: Agent) -> dict[str, Any]:
     return agent_model_label(agent)
 
 
+def _state_label(session: ChatSession) -> str:
+    """The session's state as its workflow labels it (its name in words when the workflow cannot be read)."""
+    try:
+        return get_workflow(session.workflow, session.workflow_version).state_label(session.state)
+    except (ImportError, LookupError, KeyError, ValueError):
+        return state_words(session.state)
+
+
 def _workflow_panel(session: ChatSession) -> dict[str, Any]:
     """The workflow's states in order, which one is current, and the data collected so far."""
     states: list[str] = []
     title = session.workflow
     terminal: set[str] = set()
+    label: Callable[[str], str] = state_words
     try:
         workflow = get_workflow(session.workflow, session.workflow_version)
         states = list(workflow.states)
         title = str(getattr(workflow, "title", "") or session.workflow)
         terminal = set(workflow.terminal_states)
+        label = workflow.state_label
     except (ImportError, LookupError, KeyError, ValueError):
         pass
     current = states.index(session.state) if session.state in states else -1
     steps = [
-        {"name": name, "current": i == current, "done": current >= 0 and i < current, "terminal": name in terminal}
+        {
+            "name": name,
+            "label": label(name),
+            "current": i == current,
+            "done": current >= 0 and i < current,
+            "terminal": name in terminal,
+        }
         for i, name in enumerate(states)
     ]
     data = [(key, value) for key, value in (session.data or {}).items() if value not in (None, "", [])]
-    return {"title": title, "steps": steps, "state": session.state, "data": data, "status": session.status}
+    return {
+        "title": title,
+        "steps": steps,
+        "state": session.state,
+        "state_label": label(session.state),
+        "data": data,
+        "status": session.status,
+    }
 
 
 def _inspector(turn: Turn | None) -> dict[str, Any] | None:
@@ -153,7 +177,12 @@ def home(request: HttpRequest) -> HttpResponse:
     for agent in [*agents, *(s.agent for s in page.object_list)]:
         if agent.pk not in demo:
             demo[agent.pk] = bool(_model_label(agent)["is_demo"])
-    chats = [(s, demo[s.agent_id]) for s in page.object_list]
+    labels: dict[tuple[str, int | None, str], str] = {}
+    for s in page.object_list:
+        key = (s.workflow, s.workflow_version, s.state)
+        if key not in labels:
+            labels[key] = _state_label(s)
+    chats = [(s, demo[s.agent_id], labels[(s.workflow, s.workflow_version, s.state)]) for s in page.object_list]
     demo_agents = {agent.pk for agent in agents if demo[agent.pk]}
     return render(request, "home.html", {"chats": chats, "page": page, "agents": agents, "demo_agents": demo_agents})
 

@@ -29,6 +29,7 @@ class TurnEvent(TypedDict, total=False):
     seq: int
     text: str
     state: str
+    label: str
     data: dict[str, Any]
     status: str
     error: str
@@ -91,7 +92,7 @@ class TurnContext:
         reload_session(self.session)
 
     def state_event(self) -> TurnEvent:
-        return state_event(self.session)
+        return state_event(self.session, self.workflow)
 
 
 def reload_session(session: ChatSession) -> None:
@@ -99,8 +100,12 @@ def reload_session(session: ChatSession) -> None:
     session.refresh_from_db(from_queryset=ChatSession.objects.select_related("agent", "user"))
 
 
-def state_event(session: ChatSession) -> TurnEvent:
-    return {"type": "state", "state": session.state, "data": session.data, "status": session.status}
+def state_event(session: ChatSession, workflow: Workflow | None = None) -> TurnEvent:
+    """The session's state; ``label`` is how people read it (the workflow's label, or the name in words)."""
+    event: TurnEvent = {"type": "state", "state": session.state, "data": session.data, "status": session.status}
+    if workflow is not None:
+        event["label"] = workflow.state_label(session.state)
+    return event
 
 
 def error_event(code: str, message: str, turn: Turn) -> TurnEvent:

@@ -224,7 +224,7 @@ def handoff(ctx: TurnContext, *, reason: str) -> Iterator[TurnEvent]:
     turn.refresh_from_db()
     ctx.done = True
     yield {"type": "delta", "text": HANDOFF_NOTICE}
-    yield state_event(session)
+    yield ctx.state_event()
     yield done_event(turn, session)
 
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from agents.llm.demo import asks_for_person
 from config.errors import Refusal
-from config.text import camel_case
+from config.text import camel_case, state_words
 
 # The retry counter may reach this many failed turns; one more and the session moves to the failed state.
 MAX_RETRIES = 3
@@ -99,6 +99,8 @@ class StateSpec:
     change_question: str = ""
     # Non-gathering states that still ask the next missing slot's question (the initial state).
     asks_next_missing: bool = False
+    # What people read for this state in the chat ("Where from"); blank: the name in words ("Gathering origin").
+    label: str = ""
 
 
 @dataclass(frozen=True)
@@ -329,6 +331,11 @@ class Workflow:
     # --- prompts ---------------------------------------------------------------------------------
     def label(self, slot: str) -> str:
         return self.slot_labels.get(slot, slot)
+
+    def state_label(self, state: str) -> str:
+        """The state as people read it: its declared ``label``, else its name in words."""
+        spec = self.specs.get(state)
+        return (spec.label if spec is not None else "") or state_words(state)
 
     def next_question(self, state: str, data: Mapping[str, Any]) -> str:
         """The question the agent asks in ``state`` ("" when the state asks none)."""

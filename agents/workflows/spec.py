@@ -10,7 +10,7 @@ A declaration::
                 "reason": {"type": "string", "min_length": 3}},
       "states": [
         {"name": "ASKING_ORDER", "instruction": "Find out which order it is.", "collects": ["order_id"],
-         "question": "Which order is it?"},
+         "question": "Which order is it?", "label": "Which order"},
         ...
       ],
       "transitions": {"ASKING_ORDER": ["ASKING_REASON"], ...},
@@ -85,6 +85,7 @@ class StateDecl(BaseModel):
     question: str = Field(default="", max_length=500)
     change_question: str = Field(default="", max_length=500)
     asks_next_missing: bool = False
+    label: str = Field(default="", max_length=60)
 
 
 class ActionDecl(BaseModel):
@@ -135,6 +136,7 @@ def workflow_from_spec(name: str, spec: Mapping[str, Any], *, tools: Iterable[st
                     question=s.question,
                     change_question=s.change_question,
                     asks_next_missing=s.asks_next_missing,
+                    label=s.label.strip(),
                 )
                 for s in decl.states
             ],

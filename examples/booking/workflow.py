@@ -135,11 +135,13 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 SPECS = [
     StateSpec(
         name="IDLE",
+        label="Getting started",
         instruction="Greet the user and find out where they want to fly.",
         asks_next_missing=True,
     ),
     StateSpec(
         name="GATHERING_ORIGIN",
+        label="Where from",
         instruction="Collect the departure city or airport.",
         collects=("origin",),
         question="Where are you flying from?",
@@ -147,6 +149,7 @@ SPECS = [
     ),
     StateSpec(
         name="GATHERING_DESTINATION",
+        label="Where to",
         instruction="Collect the destination city or airport.",
         collects=("destination",),
         requires=("origin",),
@@ -155,6 +158,7 @@ SPECS = [
     ),
     StateSpec(
         name="GATHERING_DATES",
+        label="When",
         instruction="Collect the travel dates (departure, and return if it is a round trip).",
         collects=("depart_date",),
         accepts=("return_date",),
@@ -164,6 +168,7 @@ SPECS = [
     ),
     StateSpec(
         name="GATHERING_PASSENGERS",
+        label="How many travel",
         instruction="Collect the number of passengers.",
         collects=("passengers",),
         requires=("origin", "destination", "depart_date"),
@@ -172,6 +177,7 @@ SPECS = [
     ),
     StateSpec(
         name="CONFIRMING",
+        label="Checking the details",
         instruction=(
             "Summarize the booking ({trip}) and ask the user to confirm before booking; "
             "if they want to change something, ask what."
@@ -180,11 +186,13 @@ SPECS = [
     ),
     StateSpec(
         name="BOOKING",
+        label="Booking",
         instruction=("Call the book_flight tool once for {trip}. Do not ask the user anything."),
         requires=_ROUTE_AND_DATES,
     ),
     StateSpec(
         name="COMPLETED",
+        label="Booked",
         instruction=(
             "The flight is booked (reference {booking_reference}). Give the user the reference and offer "
             "help with another trip."
@@ -193,6 +201,7 @@ SPECS = [
     ),
     StateSpec(
         name="FAILED",
+        label="Something went wrong",
         instruction=(
             "Something went wrong several times. Apologize briefly and clearly, then offer two choices: "
             "resume from the last good step with the details already collected, or start over."

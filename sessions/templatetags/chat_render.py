@@ -7,6 +7,7 @@ from typing import Any
 from django import template
 from django.utils.safestring import SafeString, mark_safe
 
+from config.text import state_words as words
 from sessions.rendering import markdown_to_safe_html
 
 register = template.Library()
@@ -30,9 +31,9 @@ def pretty_value(value: Any) -> str:
 
 @register.filter
 def state_words(state: Any) -> str:
-    """A workflow state as words ("GATHERING_ORIGIN" → "Gathering origin"); staff pages keep the name."""
-    text = str(state or "").replace("_", " ").strip().lower()
-    return text[:1].upper() + text[1:]
+    """A workflow state as words ("GATHERING_ORIGIN" → "Gathering origin"); staff pages keep the name. A
+    state's declared label, where there is one, comes from the view (``Workflow.state_label``)."""
+    return words(state)
 
 
 # Where a memory came from in retrieval, in words a user reads (the tiers of memory.selectors, for staff).

@@ -133,9 +133,10 @@
     } else if (event === "state") {
       const state = document.getElementById("workflow-state");
       if (state && data.state) {
-        // In words ("GATHERING_ORIGIN" → "Gathering origin"); the name stays in the title and data-state.
+        // The workflow's label for it, else in words ("GATHERING_ORIGIN" → "Gathering origin"); the name
+        // stays in the title and data-state.
         const words = data.state.replace(/_/g, " ").trim().toLowerCase();
-        state.textContent = words.charAt(0).toUpperCase() + words.slice(1);
+        state.textContent = data.label || words.charAt(0).toUpperCase() + words.slice(1);
         state.dataset.state = data.state;
         state.title = data.state;
       }

@@ -81,6 +81,7 @@ def test_post_a_message_then_read_history_state_and_checkpoints(alice_client: AP
     assert state["workflow"] == "flight_booking"
     assert state["states"][0] == "IDLE" and "COMPLETED" in state["terminal_states"]
     assert state["state"] == ChatSession.objects.get(pk=session_id).state
+    assert state["state_labels"]["GATHERING_ORIGIN"] == "Where from"  # the workflow's words for its states
 
     checkpoints = alice_client.get(f"/api/sessions/{session_id}/checkpoints/").json()
     reasons = [c["reason"] for c in checkpoints["results"]]

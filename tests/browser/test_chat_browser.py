@@ -111,7 +111,8 @@ def test_alice_books_a_flight_with_the_demo_model(
     _start_chat(page, "Flight booker")
     assert page.locator("#demo-label").is_visible()
     assert page.locator("#demo-label").inner_text() == DEMO_LABEL
-    assert page.locator("#workflow-state").inner_text() == "Idle"  # words; the state's name is for staff views
+    # The workflow's label for the state; the state's name is for staff views.
+    assert page.locator("#workflow-state").inner_text() == "Getting started"
 
     # Record every text the streaming bubble shows, to see the reply grow rather than appear at once.
     page.evaluate(
@@ -124,13 +125,14 @@ def test_alice_books_a_flight_with_the_demo_model(
       }"""
     )
 
-    states = []
+    states, labels = [], []
     for i, message in enumerate(BOOKING, start=1):
         reply = _send(page, message)
         assert int(reply.get_attribute("data-deltas") or 0) > 1, "the reply should arrive in several pieces"
         assert reply.locator(".bubble").inner_text().strip()
         states.append(page.locator("#workflow-state").get_attribute("data-state"))
         assert "_" not in page.locator("#workflow-state").inner_text()
+        labels.append(page.locator("#workflow-state").inner_text())
         page.screenshot(path=str(SCREENSHOTS / f"02-booking-{i}-{states[-1].lower()}.png"), full_page=True)
 
     partials = page.evaluate("window.__partials")
@@ -141,7 +143,9 @@ def test_alice_books_a_flight_with_the_demo_model(
     for value in ("London", "Paris", "2", "booking_reference"):
         assert value in collected
     assert "Booking reference" in page.locator("li.msg.assistant").last.inner_text()
-    assert page.locator("#workflow-panel .steps li.current").inner_text() == "Completed"
+    assert page.locator("#workflow-panel .steps li.current").inner_text() == "Booked"
+    # Set live from each turn's state event, as the panel's reload would (labels, not names).
+    assert labels[-1] == "Booked" and "Checking the details" in labels, labels
     # No context inspector for a non-staff user.
     assert page.locator("#inspector").count() == 0
 

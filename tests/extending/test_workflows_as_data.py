@@ -305,3 +305,26 @@ def test_a_bad_plug_in_setting_stops_the_process_at_start_up_naming_it(tmp_path:
 
 def settings_module_root() -> str:
     return str(Path(__file__).resolve().parents[2])
+
+
+@pytest.mark.django_db
+def test_a_declared_state_label_is_what_people_read_in_the_chat(staff_client: Client, alice: Any) -> None:
+    spec = declaration()
+    spec["states"][0]["label"] = "Your phone number"
+    workflow = workflow_from_spec("callback", spec, tools=[])
+    assert workflow.state_label("ASKING_PHONE") == "Your phone number"
+    assert workflow.state_label("ASKING_TOPIC") == "Asking topic"  # no label: the name in words
+    too_long = declaration()
+    too_long["states"][0]["label"] = "x" * 61
+    assert "label" in problems(too_long)
+
+    add = reverse("admin:agents_workflowdefinition_add")
+    assert _admin_post(staff_client, add, name="callback", spec=spec).status_code == 302
+    Agent.objects.create(name="Callbacks", slug="callbacks", system_prompt="You arrange callbacks.", workflow="callback")
+    web = Client()
+    web.force_login(alice)
+    agent = Agent.objects.get(slug="callbacks")
+    response = web.post(reverse("chat-new"), {"agent": agent.pk})
+    assert response.status_code == 302
+    page = web.get(response["Location"]).content.decode()
+    assert ">Your phone number</strong>" in page and ">Asking topic</li>" in page

@@ -57,12 +57,32 @@ class ToolSpec:
     parameters: dict[str, Any]
     # The model must call this tool now (``tool_choice``): a workflow's action state, whose step is the call.
     forced: bool = False
+    # Offered where the endpoint takes tools, left out where it refuses them (``HANDOFF_TOOL``).
+    optional: bool = False
 
     def as_openai(self) -> dict[str, Any]:
         return {
             "type": "function",
             "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
         }
+
+
+# Offered in a free chat's replies (an agent with no tools of its own): the model calls it when the user asks for
+# a person, and the turn hands the chat to one. Asking for a person is then a structured outcome in every agent:
+# a workflow's decision has ``wants_person``, an agent with tools is routed (``agents.routing``).
+HANDOFF_TOOL = ToolSpec(
+    name="hand_to_person",
+    description=(
+        "Hand this conversation to a person on the team. Call it only when the user asks to talk to a human "
+        "(a person, an agent, an operator) or needs something only a person may do."
+    ),
+    parameters={
+        "type": "object",
+        "properties": {"reason": {"type": "string", "description": "why, in a few words"}},
+        "required": [],
+    },
+    optional=True,
+)
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ def forget_all() -> None:
     """Forget what this process learned (tests; a changed endpoint is re-learned on its first refusal anyway)."""
     with _lock:
         _known.clear()
+        _no_tools.clear()
 
 
 def known_mode(key: EndpointKey) -> LearnedMode | None:
@@ -132,3 +133,29 @@ def forget(key: EndpointKey) -> None:
     """Forget what this process learned for ``key`` (its stored row was deleted: learn it again)."""
     with _lock:
         _known.pop(key, None)
+        _no_tools.discard(key)
+
+
+# --- tools --------------------------------------------------------------------------------------------------
+# Endpoints found to refuse a request with tools (a model served without function calling, say Ollama's
+# "does not support tools"). Only *optional* tools (``ToolSpec.optional``: the hand-to-a-person tool of a
+# free chat) are left out for them; a request that needs its tools fails as before. Kept in this process:
+# the first refused call of each process finds it again.
+_no_tools: set[EndpointKey] = set()
+_TOOLS_REFUSAL = re.compile(r"\btools?\b|tool_choice|function.?call", re.IGNORECASE)
+
+
+def refuses_tools(key: EndpointKey) -> bool:
+    with _lock:
+        return key in _no_tools
+
+
+def remember_refuses_tools(key: EndpointKey) -> None:
+    with _lock:
+        _no_tools.add(key)
+    logger.info("endpoint %s (%s) refuses tools: optional tools are left out of its requests", key.profile, key.model)
+
+
+def is_tools_refusal(status: int | None, message: str) -> bool:
+    """A client error whose text names tools: the endpoint (or its model) does not take them."""
+    return status is not None and status != 429 and bool(_TOOLS_REFUSAL.search(message))

@@ -28,7 +28,7 @@ import annotated_types
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from agents.llm.base import Message, ToolCallRequest, ToolSpec
+from agents.llm.base import HANDOFF_TOOL, Message, ToolCallRequest, ToolSpec
 from agents.llm.continuation import continued_partial
 from agents.llm.provider_base import BaseProvider, OpenedStream, RawCompletion, StreamChunk, ToolCallDelta
 from agents.llm.tokens import counter_for
@@ -151,6 +151,13 @@ def _word_chunks(raw: RawCompletion) -> Iterator[StreamChunk]:
 # --- replies ------------------------------------------------------------------------------------------
 def demo_reply(messages: list[Message], tools: list[ToolSpec] | None) -> DemoReply:
     """The registered handlers' answer, else the default extractive reply."""
+    if tools and any(t.name == HANDOFF_TOOL.name for t in tools):
+        user = next((_text_of(m) for m in reversed(messages) if m.get("role") == "user"), "")
+        if asks_for_person(user) and not any(m.get("role") == "tool" for m in messages):
+            arguments = json.dumps({"reason": "the user asked for a person"})
+            return DemoReply(
+                text="", tool_calls=[ToolCallRequest(id="call_person", name=HANDOFF_TOOL.name, arguments=arguments)]
+            )
     with _lock:
         handlers = tuple(_reply_handlers)
     for handler in handlers:

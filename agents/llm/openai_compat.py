@@ -40,9 +40,12 @@ from agents.llm.capabilities import (
     LearnedMode,
     StructuredMode,
     is_format_refusal,
+    is_tools_refusal,
     known_mode,
     modes_to_try,
+    refuses_tools,
     remember,
+    remember_refuses_tools,
     response_format,
 )
 from agents.llm.profiles import EndpointProfile
@@ -256,8 +259,9 @@ class OpenAICompatibleProvider(BaseProvider):
                 messages, temperature=temperature, max_tokens=max_tokens, schema=schema
             )
         else:
-            params = self._params(messages, temperature=temperature, max_tokens=max_tokens, tools=tools, schema=None)
-            response, retries = self._with_retries(lambda: self._client.chat.completions.create(**params))
+            response, retries = self._create_with_tools(
+                messages, temperature=temperature, max_tokens=max_tokens, tools=tools, stream=False
+            )
         if not response.choices:
             error = LLMError("the endpoint answered with no choices")
             error.retries = retries
@@ -318,13 +322,42 @@ class OpenAICompatibleProvider(BaseProvider):
         tools: list[ToolSpec] | None,
         purpose: str,
     ) -> OpenedStream:
-        params = self._params(messages, temperature=temperature, max_tokens=max_tokens, tools=tools, schema=None)
-        params["stream"] = True
-        if self.profile.stream_usage:
-            params["stream_options"] = {"include_usage": True}
         # Only opening the stream is retried: once deltas have reached the caller, a retry would repeat them.
-        sdk_stream, retries = self._with_retries(lambda: self._client.chat.completions.create(**params))
+        sdk_stream, retries = self._create_with_tools(
+            messages, temperature=temperature, max_tokens=max_tokens, tools=tools, stream=True
+        )
         return OpenedStream(chunks=self._chunks(sdk_stream), retries=retries)
+
+    def _create_with_tools(
+        self,
+        messages: list[Message],
+        *,
+        temperature: float | None,
+        max_tokens: int | None,
+        tools: list[ToolSpec] | None,
+        stream: bool,
+    ) -> tuple[Any, int]:
+        """One completion request (retried as ``_with_retries`` says). Optional tools (``ToolSpec.optional``)
+        are left out for an endpoint known to refuse tools; a refusal that names tools, when every tool offered
+        was optional, is remembered and the request made again without them."""
+        key = EndpointKey(profile=self.profile.name, base_url=self.profile.base_url, model=self.model)
+        optional_only = bool(tools) and all(tool.optional for tool in tools or [])
+        if optional_only and refuses_tools(key):
+            tools = None
+        while True:
+            params = self._params(messages, temperature=temperature, max_tokens=max_tokens, tools=tools, schema=None)
+            if stream:
+                params["stream"] = True
+                if self.profile.stream_usage:
+                    params["stream_options"] = {"include_usage": True}
+            try:
+                return self._with_retries(partial(self._client.chat.completions.create, **params))
+            except LLMClientError as exc:
+                if not (tools and optional_only and is_tools_refusal(exc.status, str(exc))):
+                    raise
+                logger.info("endpoint %s refused tools; asking again without them: %s", self.profile.name, exc)
+                remember_refuses_tools(key)
+                tools = None
 
     def _chunks(self, sdk_stream: Any) -> Iterator[StreamChunk]:
         try:

@@ -7,12 +7,13 @@ In a workflow's action state the state's tool is offered too, and its outcome mo
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.llm.base import LLMError, Message, ToolCallRequest, ToolSpec, TruncatedOutputError
+from agents.llm.base import HANDOFF_TOOL, LLMError, Message, ToolCallRequest, ToolSpec, TruncatedOutputError
 from agents.llm.continuation import CONTINUE_INSTRUCTION, MAX_CONTINUATIONS, continuation_messages
 from agents.llm.prompt import BuiltPrompt, ContextBudget, MemoryItem, PromptInputs, build_prompt
 from agents.tools import TOOL_ERROR_POLICY, ToolContext, run_tool_call, tool_specs
@@ -34,6 +35,10 @@ def reply(ctx: TurnContext) -> Iterator[TurnEvent]:
     if action_tool:
         # An action state's step is the call of its tool: the model is told to make it (tool_choice), once.
         specs = [dataclasses.replace(spec, forced=spec.name == action_tool) for spec in specs]
+    if not specs and workflow.is_free_chat and not agent.tools:
+        # A free chat with no tools of its own: asking for a person is the model's call of this tool (an
+        # agent with tools is routed instead; a workflow's decision says ``wants_person``).
+        specs = [HANDOFF_TOOL]
     tool_messages: list[Message] = []
     context = ToolContext(user=session.user, session=session, turn=turn, agent=agent)
     reply_parts: list[str] = []
@@ -55,6 +60,9 @@ def reply(ctx: TurnContext) -> Iterator[TurnEvent]:
         truncated = streamed.truncated
         if not calls:
             break
+        if HANDOFF_TOOL in specs and any(c.name == HANDOFF_TOOL.name for c in calls):
+            yield from handoff(ctx, reason=f"the model: {_handoff_reason(calls)}")
+            return
         if text:
             reply_parts.append(text)
         tool_messages.append(
@@ -194,7 +202,7 @@ def _prompt_inputs(ctx: TurnContext, specs: list[Any], tool_messages: list[Messa
         procedural = [m.text for m in retrieved.procedural]
     return PromptInputs(
         system_prompt=ctx.agent.system_prompt,
-        fixed_instructions=TOOL_ERROR_POLICY if specs else "",
+        fixed_instructions=TOOL_ERROR_POLICY if any(not spec.optional for spec in specs) else "",
         workflow_text=ctx.workflow.resume_instruction(session.state, session.data, refused=ctx.refused),
         procedural=procedural,
         memories=memories,
@@ -205,6 +213,15 @@ def _prompt_inputs(ctx: TurnContext, specs: list[Any], tool_messages: list[Messa
         tool_messages=list(tool_messages),
         tools=[spec.as_openai() for spec in specs],
     )
+
+
+def _handoff_reason(calls: list[ToolCallRequest]) -> str:
+    call = next(c for c in calls if c.name == HANDOFF_TOOL.name)
+    try:
+        reason = json.loads(call.arguments or "{}").get("reason")
+    except (ValueError, AttributeError):
+        reason = None
+    return str(reason or "the user asked for a person")[:300]
 
 
 def _apply_action(ctx: TurnContext, result: Any) -> bool:

@@ -23,7 +23,6 @@ from agents.turn.context import (
     error_event,
     finish_turn_row,
     reload_session,
-    state_event,
 )
 from agents.workflows.base import ActionContext, ActionFailed
 from memory.selectors import RecentWindow, memories_for_prompt, retrieval_query

@@ -548,7 +548,10 @@ def test_a_replys_recorded_prompt_tokens_are_the_builders_count_of_what_was_sent
     # exactly what counting the sent messages gives.
     request = scripted.requests[-1]
     call = LLMCall.objects.filter(session_id=session.pk, purpose="reply").latest("id")
-    counted = counter_for(scripted.model).count_messages(request.messages)
+    counter = counter_for(scripted.model)
+    # The tools sent count too (a free chat with no tools of its own is offered the hand-to-a-person tool).
+    assert [t.name for t in request.tools or []] == ["hand_to_person"]
+    counted = counter.count_messages(request.messages) + counter.count_tools([t.as_openai() for t in request.tools or []])
     assert call.prompt_tokens == counted == sum(call.prompt_sections.values())
 
 

@@ -1,0 +1,99 @@
+"""Asking for a person in a free chat with no tools of its own: the reply is offered the hand-to-a-person tool
+(``agents.llm.base.HANDOFF_TOOL``), and the model's call of it hands the chat to a person, as a workflow's
+``wants_person`` and the routing of an agent with tools do. An endpoint that refuses tools is asked again
+without it, and remembered."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from agents.llm.base import HANDOFF_TOOL
+from agents.models import Agent
+from agents.runtime import turn_run, turn_stream
+from agents.turn.context import HANDOFF_NOTICE
+from sessions.models import ChatSession, Checkpoint, Turn
+from sessions.services import session_create
+from tests.fakes.openai_server import error, json_reply, stream, tool_call
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def chat_agent(db: Any) -> Agent:
+    return Agent.objects.create(name="Chat", slug="chat", system_prompt="Be kind.", workflow="free_chat", tools=[])
+
+
+@pytest.fixture
+def remote_model(settings: Any, fake_openai: Any) -> Any:
+    settings.LLM_PROFILES = {"default": fake_openai.profile(read_timeout=2.0, max_retries=0)}
+    return fake_openai
+
+
+def _tool_names(request: Any) -> list[str]:
+    return [t["function"]["name"] for t in request.body.get("tools", [])]
+
+
+def test_the_demo_model_hands_a_free_chat_to_a_person_when_asked(alice: Any, chat_agent: Agent) -> None:
+    session = session_create(user=alice, agent=chat_agent)
+    ordinary = turn_run(session=session, message="What is a good name for a cat?")
+    assert ordinary.turn.assistant_message != HANDOFF_NOTICE
+    session.refresh_from_db()
+    assert session.status == ChatSession.Status.ACTIVE
+
+    asked = turn_run(session=session, message="Can I talk to a human please?")
+    session.refresh_from_db()
+    assert session.status == ChatSession.Status.NEEDS_HUMAN
+    assert asked.turn.assistant_message == HANDOFF_NOTICE and asked.turn.status == Turn.Status.COMPLETED
+    handoff = Checkpoint.objects.get(session=session, reason=Checkpoint.Reason.HANDOFF)
+    assert "the user asked for a person" in handoff.detail
+
+
+def test_a_real_endpoints_call_of_the_tool_hands_off_with_its_reason(
+    alice: Any, chat_agent: Agent, remote_model: Any
+) -> None:
+    args = json.dumps({"reason": "wants a refund agent"})
+    remote_model.enqueue(stream(tool_calls=[tool_call(HANDOFF_TOOL.name, args)], finish_reason="tool_calls"))
+    session = session_create(user=alice, agent=chat_agent)
+    events = list(turn_stream(session=session, message="Get me somebody who can refund this."))
+    request = remote_model.chat_requests()[0]
+    assert _tool_names(request) == ["hand_to_person"] and "tool_choice" not in request.body
+    session.refresh_from_db()
+    assert session.status == ChatSession.Status.NEEDS_HUMAN
+    assert [e.get("status") for e in events if e["type"] == "state"] == ["needs_human"]
+    assert next(e for e in events if e["type"] == "done")["reply"] == HANDOFF_NOTICE
+    detail = Checkpoint.objects.get(session=session, reason=Checkpoint.Reason.HANDOFF).detail
+    assert detail == "the model: wants a refund agent"
+
+
+def test_an_endpoint_that_refuses_tools_is_asked_again_without_them_and_remembered(
+    alice: Any, chat_agent: Agent, remote_model: Any
+) -> None:
+    remote_model.enqueue(
+        error(400, "registry.ollama.ai/library/gemma:2b does not support tools"),
+        stream("Hello there."),
+        stream("Hello again."),
+    )
+    session = session_create(user=alice, agent=chat_agent)
+    first = turn_run(session=session, message="Hi")
+    second = turn_run(session=session, message="Hi again")
+    assert first.turn.status == Turn.Status.COMPLETED and first.turn.assistant_message == "Hello there."
+    assert second.turn.assistant_message == "Hello again."
+    requests = remote_model.chat_requests()
+    assert [_tool_names(r) for r in requests] == [["hand_to_person"], [], []]
+
+
+def test_a_refusal_of_tools_the_reply_needs_still_fails_the_turn(alice: Any, remote_model: Any) -> None:
+    agent = Agent.objects.create(
+        name="Flights", slug="flights", system_prompt="x", workflow="free_chat", tools=["search_flights"]
+    )
+    remote_model.enqueue(
+        # The routing decision (structured), then the reply that needs the agent's tool.
+        json_reply({"action": "use_tools", "reasoning": "flights", "confidence": 0.9}),
+        error(400, "this model does not support tools"),
+    )
+    session = session_create(user=alice, agent=agent)
+    result = turn_run(session=session, message="Flights to Oslo?")
+    assert result.turn.status == Turn.Status.FAILED

@@ -51,7 +51,7 @@ test-llm: install-dev $(LLM)/.installed
 	LLAMA_SERVER_PYTHON=$(LLM)/bin/python $(PY) -m pytest -m llm tests/llm $(PYTEST_ARGS)
 
 ## The pictures of docs/img/: the browser tests that take them, run against their throwaway test database.
-SHOTS := long_chat or curation_desk or staff_reply_arrives or expired_sign_in or context_inspector or cut_off
+SHOTS := long_chat or curation_desk or staff_reply_arrives or staff_live_chat or expired_sign_in or context_inspector or cut_off
 screenshots: install-dev
 	SCREENSHOTS_DIR=docs/img $(PY) -m pytest tests/browser -k "$(SHOTS)" $(PYTEST_ARGS)
 

@@ -20,6 +20,7 @@ from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html
 
 from agents.runtime import MessageRejected, handoff_reply, handoff_request, handoff_resume
+from agents.workflows import state_label
 from config.admin_lists import LogAdmin, known_values_filter, workflow_states
 from sessions.locks import SessionBusyError, session_is_locked
 from sessions.models import ChatSession, Checkpoint, Turn
@@ -201,10 +202,17 @@ class ChatSessionAdmin(admin.ModelAdmin):
 
     @admin.display(description="reply as staff")
     def handoff_reply_form(self, obj: ChatSession) -> str:
+        live = reverse("admin:chat_sessions_chatsession_live", args=[obj.pk])
         if obj.status != ChatSession.Status.NEEDS_HUMAN:
-            return "Only for sessions handed to a human."
+            return format_html(
+                '<a class="button" href="{}">Live chat</a> (replies only for sessions handed to a person)', live
+            )
         url = reverse("admin:chat_sessions_chatsession_handoff_reply", args=[obj.pk])
-        return format_html('<a class="button" href="{}">Reply to the user as staff</a>', url)
+        return format_html(
+            '<a class="button" href="{}">Live chat</a> <a class="button" href="{}">Reply to the user as staff</a>',
+            live,
+            url,
+        )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         # Sessions start in the chat or the API (``session_create`` puts them in their workflow's first state).
@@ -221,6 +229,21 @@ class ChatSessionAdmin(admin.ModelAdmin):
                 "<uuid:session_id>/handoff-reply/",
                 self.admin_site.admin_view(self.handoff_reply_view),
                 name="chat_sessions_chatsession_handoff_reply",
+            ),
+            path(
+                "<uuid:session_id>/live/",
+                self.admin_site.admin_view(self.live_view),
+                name="chat_sessions_chatsession_live",
+            ),
+            path(
+                "<uuid:session_id>/live/transcript/",
+                self.admin_site.admin_view(self.live_transcript_view),
+                name="chat_sessions_chatsession_live_transcript",
+            ),
+            path(
+                "<uuid:session_id>/live/hand/",
+                self.admin_site.admin_view(self.live_hand_view),
+                name="chat_sessions_chatsession_live_hand",
             ),
         ]
         return custom + super().get_urls()
@@ -259,7 +282,66 @@ class ChatSessionAdmin(admin.ModelAdmin):
             self.message_user(request, f"Not sent: {exc.message}", level=messages.ERROR)
         else:
             self.message_user(request, "Reply sent; it shows in the user's chat.")
-        return HttpResponseRedirect(reverse("admin:chat_sessions_chatsession_change", args=[session.pk]))
+        back = "admin:chat_sessions_chatsession_live" if request.POST.get("back") == "live" else None
+        return HttpResponseRedirect(reverse(back or "admin:chat_sessions_chatsession_change", args=[session.pk]))
+
+    # --- the live chat: the conversation as the user sees it, kept current, with the handoff controls --------
+    LIVE_TURNS = 30
+
+    def _live_context(self, request: HttpRequest, session: ChatSession) -> dict[str, Any]:
+        turns = list(session.turns.order_by("-seq")[: self.LIVE_TURNS])[::-1]
+        return {
+            "session": session,
+            "turns": turns,
+            "may_change": self.has_change_permission(request, session),
+            "with_person": session.status == ChatSession.Status.NEEDS_HUMAN,
+            "state_label": state_label(session.workflow, session.workflow_version, session.state),
+        }
+
+    def live_view(self, request: HttpRequest, session_id: Any) -> HttpResponse:
+        """The session's conversation as the user sees it (the agent's replies, staff replies signed), re-read
+        every few seconds, with *Hand to a person*, a reply box while a person has it, and *Hand back*."""
+        session = get_object_or_404(ChatSession.objects.select_related("user", "agent"), pk=session_id)
+        if not self.has_view_permission(request, session):
+            return HttpResponse(status=403)
+        context = {
+            **self.admin_site.each_context(request),
+            **self._live_context(request, session),
+            "title": f"Live chat: {session.title or 'Untitled chat'}",
+            "opts": self.model._meta,
+            "original": session,
+        }
+        return TemplateResponse(request, "admin/chat_sessions/live.html", context)
+
+    def live_transcript_view(self, request: HttpRequest, session_id: Any) -> HttpResponse:
+        session = get_object_or_404(ChatSession.objects.select_related("user", "agent"), pk=session_id)
+        if not self.has_view_permission(request, session):
+            return HttpResponse(status=403)
+        response = TemplateResponse(
+            request, "admin/chat_sessions/live_transcript.html", self._live_context(request, session)
+        )
+        response["Cache-Control"] = "no-store"
+        return response
+
+    def live_hand_view(self, request: HttpRequest, session_id: Any) -> HttpResponse:
+        """POST ``to=person`` (hand the session to a person) or ``to=agent`` (give it back)."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        session = get_object_or_404(ChatSession, pk=session_id)
+        if not self.has_change_permission(request, session):
+            return HttpResponse(status=403)
+        to = request.POST.get("to")
+        if to == "person":
+            if handoff_request(session=session, actor=request.user, reason=request.POST.get("reason", "")[:300]):
+                self.message_user(request, "Handed to a person: the agent stops answering; reply below.")
+            else:
+                self.message_user(request, "A person has this chat already.", level=messages.WARNING)
+        elif to == "agent":
+            handoff_resume(session=session, actor=request.user)
+            self.message_user(request, "Handed back: the agent answers the next message.")
+        else:
+            return HttpResponse("Say to=person or to=agent.", status=400, content_type="text/plain")
+        return HttpResponseRedirect(reverse("admin:chat_sessions_chatsession_live", args=[session.pk]))
 
     def delete_view(self, request: HttpRequest, object_id: str, extra_context: Any = None) -> Any:
         """A session whose turn is running is not offered for deletion (the confirmation page says why)."""

@@ -30,7 +30,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from agents.models import Agent
 from agents.serializers import agent_model_label
-from agents.workflows import get_workflow
+from agents.workflows import get_workflow, state_label
 from config.api_errors import error_body, error_response, runtime_error_status
 from config.text import state_words
 from config.throttles import messages_rate_wait
@@ -46,14 +46,6 @@ def _own_session(request: HttpRequest, session_id: UUID) -> ChatSession:
 
 def _model_label(agent: Agent) -> dict[str, Any]:
     return agent_model_label(agent)
-
-
-def _state_label(session: ChatSession) -> str:
-    """The session's state as its workflow labels it (its name in words when the workflow cannot be read)."""
-    try:
-        return get_workflow(session.workflow, session.workflow_version).state_label(session.state)
-    except (ImportError, LookupError, KeyError, ValueError):
-        return state_words(session.state)
 
 
 def _workflow_panel(session: ChatSession) -> dict[str, Any]:
@@ -181,7 +173,7 @@ def home(request: HttpRequest) -> HttpResponse:
     for s in page.object_list:
         key = (s.workflow, s.workflow_version, s.state)
         if key not in labels:
-            labels[key] = _state_label(s)
+            labels[key] = state_label(*key)
     chats = [(s, demo[s.agent_id], labels[(s.workflow, s.workflow_version, s.state)]) for s in page.object_list]
     demo_agents = {agent.pk for agent in agents if demo[agent.pk]}
     return render(request, "home.html", {"chats": chats, "page": page, "agents": agents, "demo_agents": demo_agents})

@@ -27,6 +27,7 @@ from agents.workflows.base import (
 )
 from agents.workflows.free_chat import FREE_CHAT
 from config.plugins import load_plugins
+from config.text import state_words
 
 # Installable packages offer workflows under this entry-point group: each entry names a Workflow.
 WORKFLOWS_ENTRY_POINT_GROUP = "agents_runtime.workflows"
@@ -113,6 +114,15 @@ def get_workflow(name: str, version: int | None = None) -> Workflow:
     return found
 
 
+def state_label(name: str, version: int | None, state: str) -> str:
+    """``state`` as people read it in workflow ``name`` (its label; the name in words when the workflow cannot
+    be read any more, or has no label for it)."""
+    try:
+        return get_workflow(name, version).state_label(state)
+    except (ImportError, LookupError, KeyError, ValueError):
+        return state_words(state)
+
+
 def code_workflow_names() -> list[str]:
     """The names of the workflows of the code, the settings and the installed packages (not the data)."""
     return sorted(_registry())
@@ -136,6 +146,7 @@ def _stored_choices() -> list[tuple[str, str]]:
 
 
 __all__ = [
+    "state_label",
     "FREE_CHAT",
     "ActionContext",
     "ActionFailed",

@@ -551,7 +551,9 @@ def test_a_replys_recorded_prompt_tokens_are_the_builders_count_of_what_was_sent
     counter = counter_for(scripted.model)
     # The tools sent count too (a free chat with no tools of its own is offered the hand-to-a-person tool).
     assert [t.name for t in request.tools or []] == ["hand_to_person"]
-    counted = counter.count_messages(request.messages) + counter.count_tools([t.as_openai() for t in request.tools or []])
+    counted = counter.count_messages(request.messages) + counter.count_tools(
+        [t.as_openai() for t in request.tools or []]
+    )
     assert call.prompt_tokens == counted == sum(call.prompt_sections.values())
 
 

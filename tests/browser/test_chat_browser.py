@@ -499,6 +499,57 @@ def test_asking_for_a_person_hands_over_and_a_staff_reply_arrives_live_signed(
     context.close()
 
 
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+def test_staff_live_chat_shows_the_user_live_and_hands_over_from_the_page(
+    browser: Any, live_server: Any, alice: Any, staff: Any, viewport: dict[str, int]
+) -> None:
+    from sessions.models import ChatSession
+
+    Agent.objects.create(name="Helper", slug="helper", system_prompt="Help.", workflow="free_chat", tools=[])
+    user_context, staff_context = browser.new_context(viewport=viewport), browser.new_context(viewport=viewport)
+    user, desk = user_context.new_page(), staff_context.new_page()
+    _sign_in(user, live_server.url, "alice", "alice-pass-123")
+    _start_chat(user, "Helper")
+    _send(user, "Hello, my parcel never came")
+    session = ChatSession.objects.get(user=alice)
+
+    desk.goto(f"{live_server.url}/admin/login/?next=/admin/chat_sessions/chatsession/{session.pk}/live/")
+    desk.fill("input[name=username]", "staff")
+    desk.fill("input[name=password]", "staff-pass-123")
+    desk.click("input[type=submit]")
+    desk.wait_for_selector("#live-transcript")
+    assert desk.locator(".live-msg.user", has_text="my parcel never came").is_visible()
+
+    # The user writes again: it shows on the staff's page by itself, with the agent's reply.
+    _send(user, "It was order 4417, sent two weeks ago")
+    newest = desk.locator(".live-msg.user", has_text="order 4417")
+    newest.wait_for(state="visible", timeout=10_000)
+    assert newest.bounding_box()["y"] < viewport["height"]  # in view, not below the fold
+
+    # Staff take the chat: the user's page says a person has it, live.
+    desk.fill("#id_reason", "parcel lost")
+    desk.click("#hand-to-person")
+    desk.wait_for_selector("#reply-form")
+    notice = user.locator("#with-a-person")
+    notice.wait_for(state="visible", timeout=15_000)
+    desk.fill("#id_staff_reply", "Hello Alice, I'm Sam from the parcel desk. Let me look into 4417.")
+    desk.click("#send-reply")
+    desk.wait_for_selector(".live-msg.staff")
+    mine = desk.locator(".live-msg.staff").last
+    assert "Sam from the parcel desk" in mine.inner_text() and mine.is_visible()
+    staff_bubble = user.locator("li.msg.staff").last
+    staff_bubble.wait_for(state="visible", timeout=15_000)
+    assert "Sam from the parcel desk" in staff_bubble.inner_text()
+    assert desk.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    desk.screenshot(path=str(SCREENSHOTS / f"staff-live-chat-{viewport['width']}.png"))
+
+    desk.click("#hand-back")
+    desk.wait_for_selector("#hand-to-person")
+    notice.wait_for(state="hidden", timeout=15_000)
+    user_context.close()
+    staff_context.close()
+
+
 def test_the_memory_list_gives_the_text_room_and_try_retrieval_keeps_each_candidate_to_a_line(
     browser: Any, live_server: Any, staff: Any, alice: Any
 ) -> None:

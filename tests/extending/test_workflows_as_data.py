@@ -320,7 +320,9 @@ def test_a_declared_state_label_is_what_people_read_in_the_chat(staff_client: Cl
 
     add = reverse("admin:agents_workflowdefinition_add")
     assert _admin_post(staff_client, add, name="callback", spec=spec).status_code == 302
-    Agent.objects.create(name="Callbacks", slug="callbacks", system_prompt="You arrange callbacks.", workflow="callback")
+    Agent.objects.create(
+        name="Callbacks", slug="callbacks", system_prompt="You arrange callbacks.", workflow="callback"
+    )
     web = Client()
     web.force_login(alice)
     agent = Agent.objects.get(slug="callbacks")

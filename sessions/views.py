@@ -285,7 +285,11 @@ def _since(request: HttpRequest) -> datetime:
 def _news(session_id: UUID, since: datetime) -> tuple[list[dict[str, Any]], bool]:
     """What changed in the session after ``since``: its status or state, staff replies, turns finished (the
     ones another request answered, or a recovery). And whether anything can still happen soon."""
-    row = ChatSession.objects.filter(pk=session_id).values("status", "state", "updated_at").first()
+    row = (
+        ChatSession.objects.filter(pk=session_id)
+        .values("status", "state", "updated_at", "workflow", "workflow_version")
+        .first()
+    )
     if row is None:
         return [{"event": "gone"}], False
     since = since - EVENTS_LOOKBACK
@@ -294,7 +298,8 @@ def _news(session_id: UUID, since: datetime) -> tuple[list[dict[str, Any]], bool
     live = row["status"] == ChatSession.Status.NEEDS_HUMAN or running.exists()
     if row["updated_at"] <= since and not Turn.objects.filter(session_id=session_id, completed_at__gt=since).exists():
         return events, live
-    events.append({"event": "status", "status": row["status"], "state": row["state"]})
+    label = state_label(row["workflow"], row["workflow_version"], row["state"])
+    events.append({"event": "status", "status": row["status"], "state": row["state"], "label": label})
     for turn in Turn.objects.filter(session_id=session_id).order_by("-seq")[:5][::-1]:
         if turn.completed_at and turn.completed_at > since:
             events.append(

@@ -505,7 +505,8 @@ def test_the_chat_events_say_what_staff_did_since_the_page_was_drawn(
     assert handoff_request(session=session, actor=staff) is False  # already with a person
     handoff_reply(session=session, text="Hi, I'm Sam <b>from support</b>.", author=staff)
     events = _events(client, session, drawn)
-    assert ("status", {"status": "needs_human", "state": session.state}) in events
+    # With the state as people read it (the page's step panel shows that, not the name).
+    assert ("status", {"status": "needs_human", "state": session.state, "label": "Chatting"}) in events
     [staff_event] = [data for name, data in events if name == "staff"]
     assert staff_event["author"] == "staff" and staff_event["text"] == "Hi, I'm Sam <b>from support</b>."
     # The page shows it apart and signed; the agent's own reply is unchanged.

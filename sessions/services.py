@@ -9,6 +9,7 @@ under the session row lock, in a short transaction, so they are gap-free per ses
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -156,6 +157,11 @@ def checkpoint_record(
     """
     if reason not in Checkpoint.Reason.values:
         raise ValueError(f"unknown checkpoint reason {reason!r}")
+    fast = _checkpoint_insert(session_id=session.pk, turn=turn, reason=reason, transition=transition, detail=detail)
+    if fast is not None:
+        return fast
+    # The session is gone (the ORM says so below), or another writer took the next number while this one waited
+    # for the row lock: read the last number again after the lock, in a statement of its own.
     # No savepoint inside a caller's transaction: a failure here fails the caller's work as a whole.
     with transaction.atomic(savepoint=False):
         row = ChatSession.objects.select_for_update().values("state", "data", "retry_count").get(pk=session.pk)
@@ -172,6 +178,64 @@ def checkpoint_record(
             reason=reason,
             detail=detail,
         )
+
+
+_CHECKPOINT_COLUMNS = (
+    "id",
+    "session_id",
+    "seq",
+    "turn_id",
+    "state",
+    "data",
+    "retry_count",
+    "transition",
+    "reason",
+    "detail",
+    "created_at",
+)
+_CHECKPOINT_INSERT = f"""
+WITH s AS (
+    SELECT id, state, data, retry_count FROM chat_sessions_chatsession WHERE id = %(session)s FOR UPDATE
+)
+INSERT INTO chat_sessions_checkpoint
+    (session_id, seq, turn_id, state, data, retry_count, transition, reason, detail, created_at)
+SELECT s.id,
+       COALESCE((SELECT MAX(c.seq) FROM chat_sessions_checkpoint c WHERE c.session_id = s.id), 0) + 1,
+       %(turn)s, s.state, s.data, s.retry_count, %(transition)s, %(reason)s, %(detail)s, %(now)s
+FROM s
+ON CONFLICT (session_id, seq) DO NOTHING
+RETURNING {", ".join(_CHECKPOINT_COLUMNS)}
+"""
+
+
+def _checkpoint_insert(
+    *, session_id: Any, turn: Turn | None, reason: str, transition: str, detail: str
+) -> Checkpoint | None:
+    """``checkpoint_record`` in one statement: the session row locked, its state read and the next number taken
+    together. None when it wrote nothing: no such session, or a checkpoint committed by another writer while
+    this statement waited for the row lock (its snapshot predates it, so its number was taken: the caller reads
+    again in statements of their own)."""
+    params = {
+        "session": session_id,
+        "turn": turn.pk if turn is not None else None,
+        "transition": transition[:140],
+        "reason": reason,
+        "detail": detail,
+        "now": timezone.now(),
+    }
+    with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
+        cursor.execute(_CHECKPOINT_INSERT, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = dict(zip(_CHECKPOINT_COLUMNS, row, strict=True))
+    data = values["data"]
+    if isinstance(data, str):  # a driver that leaves jsonb as text
+        data = json.loads(data)
+    checkpoint = Checkpoint(**{**values, "data": data})
+    checkpoint._state.adding = False
+    checkpoint._state.db = "default"
+    return checkpoint
 
 
 def checkpoint_before_call(*, session: ChatSession, turn: Turn) -> Checkpoint:

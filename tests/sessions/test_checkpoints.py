@@ -74,3 +74,46 @@ def test_prune_task_runs_on_a_real_worker(celery_worker: WorkerHandle, alice: An
         message=f"the worker to prune checkpoints\n{celery_worker.log_text()[-2000:]}",
     )
     assert list(Checkpoint.objects.filter(session=session).values_list("seq", flat=True)) == [5, 6, 7, 8]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_checkpoint_written_while_another_holds_the_session_row_takes_the_next_number(alice: Any) -> None:
+    """``checkpoint_record`` is one statement (lock the row, read the state, number it); a checkpoint committed
+    while it waited for the row lock is not in its snapshot, so it reads the last number again: no duplicate,
+    no error, nothing lost."""
+    import threading
+
+    from django.db import connection, connections, transaction
+
+    from sessions.services import checkpoint_record
+
+    agent = Agent.objects.create(name="C", slug="c", system_prompt="x", workflow="free_chat")
+    session = session_create(user=alice, agent=agent)
+    first = Checkpoint.objects.filter(session=session).count()
+    holding, waiting_started = threading.Event(), threading.Event()
+    written: list[Checkpoint] = []
+
+    def other_writer() -> None:
+        try:
+            with transaction.atomic():
+                ChatSession.objects.select_for_update().get(pk=session.pk)
+                holding.set()
+                waiting_started.wait(10)
+                # The other statement is queued on the row lock by now (it started after ``holding``).
+                import time
+
+                time.sleep(0.5)
+                written.append(checkpoint_record(session=session, reason=Checkpoint.Reason.RESET, detail="other"))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=other_writer)
+    thread.start()
+    assert holding.wait(10)
+    waiting_started.set()
+    mine = checkpoint_record(session=session, reason=Checkpoint.Reason.HANDOFF, detail="mine")
+    thread.join(10)
+    connection.close()
+    seqs = list(Checkpoint.objects.filter(session=session).order_by("seq").values_list("seq", "detail"))
+    assert [s for s, _ in seqs] == list(range(1, first + 3))
+    assert written[0].seq == first + 1 and mine.seq == first + 2 and seqs[-1] == (first + 2, "mine")

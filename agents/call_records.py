@@ -5,9 +5,16 @@ library), a ``ToolInvocation`` row per tool call of a session (in the tool regis
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import Error as DatabaseError
 from django.db import transaction
+from django.utils import timezone
 
 from agents.llm.capabilities import EndpointKey, LearnedMode
 from agents.llm.recording import CallRecord
@@ -15,14 +22,84 @@ from agents.models import EndpointCapability, LLMCall, ToolInvocation
 from agents.tools.registry import ToolContext, ToolResult
 from config.db import reconnect_if_broken
 
+logger = logging.getLogger(__name__)
+
 # Column limits of LLMCall (kept here so a long model name or error cannot fail the insert).
 _MAX_MODEL = 200
 _MAX_FINISH = 30
 _MAX_ERROR = 4000
 
 
+# The model calls of turns being answered in this process, held until the turn's outcome is written: then they
+# go in with it, in the same statement (``agents.turn.finish.complete_turn``), or, however the turn ends
+# otherwise (failed, handed off, cut short), in one insert when it ends (``llm_calls_held``). A process that
+# dies mid-turn loses the records of that turn's calls (the turn itself is recovered from its checkpoint).
+_held: dict[int, list[LLMCall]] = {}
+_held_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def llm_calls_held(turn_id: int) -> Iterator[None]:
+    """Hold the records of turn ``turn_id``'s model calls until it ends; write what is left then."""
+    with _held_lock:
+        _held.setdefault(turn_id, [])
+    try:
+        yield
+    finally:
+        with _held_lock:
+            rest = _held.pop(turn_id, [])
+        if rest:
+            try:
+                LLMCall.objects.bulk_create(rest)
+            except DatabaseError:
+                logger.exception("could not save the records of %s model calls of turn %s", len(rest), turn_id)
+                reconnect_if_broken()
+
+
+def llm_calls_take(turn_id: int) -> list[LLMCall]:
+    """The held records of ``turn_id``'s calls, handed to the caller (which writes them, or gives them back)."""
+    with _held_lock:
+        calls = _held.get(turn_id)
+        if not calls:
+            return []
+        _held[turn_id] = []
+        return calls
+
+
+def llm_calls_give_back(turn_id: int, calls: list[LLMCall]) -> None:
+    """Records taken for a write that did not happen: held again, for the turn's end."""
+    with _held_lock:
+        if turn_id in _held:
+            _held[turn_id][:0] = calls
+            return
+    LLMCall.objects.bulk_create(calls)
+
+
+def llm_calls_json(calls: list[LLMCall]) -> str:
+    """The records as a JSON array of their columns (``jsonb_populate_recordset`` inserts them)."""
+    return json.dumps(
+        [{column: value for column, value in _columns(call).items()} for call in calls], cls=DjangoJSONEncoder
+    )
+
+
+_LLMCALL_COLUMNS = tuple(f.column for f in LLMCall._meta.concrete_fields if not f.primary_key)
+
+
+def _columns(call: LLMCall) -> dict[str, Any]:
+    return {f.column: getattr(call, f.attname) for f in LLMCall._meta.concrete_fields if not f.primary_key}
+
+
+def llm_calls_insert_sql(param: str) -> str:
+    """An ``INSERT`` of the records passed as JSON in the named parameter ``param`` (for a statement's CTE)."""
+    columns = ", ".join(_LLMCALL_COLUMNS)
+    table = LLMCall._meta.db_table
+    return f"INSERT INTO {table} ({columns}) SELECT {columns} FROM jsonb_populate_recordset(NULL::{table}, %({param})s::jsonb)"
+
+
 def llm_call_save(record: CallRecord) -> LLMCall:
     """Save the record of one model call (``agents.llm.recording`` logs a failure; the call goes on).
+
+    A call of a turn being answered here (``llm_calls_held``) is held, and written with the turn's outcome.
 
     Model calls are made outside transactions (a request waiting on a model must not hold one open), so
     this is its own short write. When a caller does call inside a transaction, the savepoint keeps a
@@ -30,29 +107,43 @@ def llm_call_save(record: CallRecord) -> LLMCall:
     statement: no BEGIN and COMMIT round trips around it).
     """
     ctx = record.ctx
+    call = _unsaved(record)
+    if ctx.turn_id is not None:
+        with _held_lock:
+            held = _held.get(ctx.turn_id)
+            if held is not None:
+                held.append(call)
+                return call
     try:
         guard = transaction.atomic() if transaction.get_connection().in_atomic_block else contextlib.nullcontext()
         with guard:
-            return LLMCall.objects.create(
-                agent_id=ctx.agent_id,
-                session_id=ctx.session_id,
-                turn_id=ctx.turn_id,
-                purpose=ctx.purpose,
-                provider=record.provider[:20],
-                model=record.model[:_MAX_MODEL],
-                prompt_tokens=max(0, record.prompt_tokens),
-                prompt_sections=dict(ctx.prompt_sections),
-                completion_tokens=max(0, record.completion_tokens),
-                latency_ms=record.latency_ms,
-                ttft_ms=record.ttft_ms,
-                retries=record.retries,
-                outcome=record.outcome,
-                finish_reason=record.finish_reason[:_MAX_FINISH],
-                error=record.error[:_MAX_ERROR],
-            )
+            call.save(force_insert=True)
+            return call
     except DatabaseError:
         reconnect_if_broken()  # a connection cut during the model call: the turn's next query reconnects
         raise
+
+
+def _unsaved(record: CallRecord) -> LLMCall:
+    ctx = record.ctx
+    return LLMCall(
+        agent_id=ctx.agent_id,
+        session_id=ctx.session_id,
+        turn_id=ctx.turn_id,
+        purpose=ctx.purpose,
+        provider=record.provider[:20],
+        model=record.model[:_MAX_MODEL],
+        prompt_tokens=max(0, record.prompt_tokens),
+        prompt_sections=dict(ctx.prompt_sections),
+        completion_tokens=max(0, record.completion_tokens),
+        latency_ms=record.latency_ms,
+        ttft_ms=record.ttft_ms,
+        retries=record.retries,
+        outcome=record.outcome,
+        finish_reason=record.finish_reason[:_MAX_FINISH],
+        error=record.error[:_MAX_ERROR],
+        created_at=timezone.now(),
+    )
 
 
 def tool_invocation_save(result: ToolResult, context: ToolContext) -> ToolInvocation:

@@ -32,6 +32,7 @@ from django.db.models import Case, F, Func, JSONField, QuerySet, TextField, Valu
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
+from agents.call_records import llm_calls_held
 from agents.llm.base import LLMError, TruncatedOutputError
 from agents.llm.prompt import ContextOverflowError
 from agents.llm.providers import get_provider
@@ -327,44 +328,48 @@ def _execute(
         span("turn", session_id=str(session.pk), turn_id=turn.pk),
     ):
         yield {"type": "turn", "turn_id": turn.pk, "seq": turn.seq, "resumed": resumed}
+        with llm_calls_held(turn.pk):
+            yield from _run_pipeline(session, turn, fresh=fresh, checkpoint_fresh=checkpoint_fresh)
+
+
+def _run_pipeline(session: ChatSession, turn: Turn, *, fresh: bool, checkpoint_fresh: bool) -> Iterator[TurnEvent]:
+    """The steps of ``PIPELINE`` over a new ``TurnContext``, until one ends the turn; a failure fails the turn."""
+    try:
+        if not fresh:
+            reload_session(session)
+        agent = session.agent
+        provider = get_provider(agent=agent)
+        ctx = TurnContext(
+            session=session,
+            turn=turn,
+            agent=agent,
+            provider=provider,
+            workflow=get_workflow(session.workflow, session.workflow_version),
+            counter=counter_for(provider.model),
+            checkpoint_fresh=checkpoint_fresh,
+        )
+        for step in PIPELINE:
+            yield from step(ctx)
+            if ctx.done:
+                break
+    except TurnLockLost as exc:
+        # Another process owns this turn now; writing anything would duplicate its reply.
+        logger.warning("turn %s: %s", turn.pk, exc)
+        yield error_event(exc.code, str(exc), turn)
+    except Exception as exc:  # the turn fails cleanly; the message stays saved
+        logger.exception("turn %s failed", turn.pk)
+        message = _user_facing_error(exc)
+        recorded = fail_turn(session, turn, reason=f"{type(exc).__name__}: {exc}", reply=message, summary=describe(exc))
+        if not recorded and Turn.objects.filter(pk=turn.pk).exists():
+            # Another request finished this turn while this one failed: its reply stands.
+            lost = TurnLockLost("This turn was finished by another request; its reply stands.")
+            yield error_event(lost.code, str(lost), turn)
+            return
         try:
-            if not fresh:
-                reload_session(session)
-            agent = session.agent
-            provider = get_provider(agent=agent)
-            ctx = TurnContext(
-                session=session,
-                turn=turn,
-                agent=agent,
-                provider=provider,
-                workflow=get_workflow(session.workflow, session.workflow_version),
-                counter=counter_for(provider.model),
-                checkpoint_fresh=checkpoint_fresh,
-            )
-            for step in PIPELINE:
-                yield from step(ctx)
-                if ctx.done:
-                    break
-        except TurnLockLost as exc:
-            # Another process owns this turn now; writing anything would duplicate its reply.
-            logger.warning("turn %s: %s", turn.pk, exc)
-            yield error_event(exc.code, str(exc), turn)
-        except Exception as exc:  # the turn fails cleanly; the message stays saved
-            logger.exception("turn %s failed", turn.pk)
-            message = _user_facing_error(exc)
-            recorded = fail_turn(
-                session, turn, reason=f"{type(exc).__name__}: {exc}", reply=message, summary=describe(exc)
-            )
-            if not recorded and Turn.objects.filter(pk=turn.pk).exists():
-                # Another request finished this turn while this one failed: its reply stands.
-                lost = TurnLockLost("This turn was finished by another request; its reply stands.")
-                yield error_event(lost.code, str(lost), turn)
-                return
-            try:
-                reload_session(session)
-            except ChatSession.DoesNotExist:
-                pass  # deleted while its turn ran: the error event below is all there is left to say
-            yield error_event(getattr(exc, "code", None) or error_code(exc), message, turn)
+            reload_session(session)
+        except ChatSession.DoesNotExist:
+            pass  # deleted while its turn ran: the error event below is all there is left to say
+        yield error_event(getattr(exc, "code", None) or error_code(exc), message, turn)
 
 
 def _user_facing_error(exc: Exception) -> str:

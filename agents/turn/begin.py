@@ -4,17 +4,19 @@ as a ``Turn`` with a checkpoint, committed before any model call (a crash never 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, OuterRef, Subquery
+from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from agents.turn.context import AGENT_SWITCHED_OFF, FINISHED, UNFINISHED
 from config.db import refresh_from
 from config.errors import Refusal
 from sessions.locks import SessionBusyError, SessionTurnLock
-from sessions.models import ChatSession, Turn
+from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import checkpoint_before_call
 
 
@@ -125,20 +127,21 @@ def turn_begin(
                 # The first request with this key crashed mid-turn: finish that turn instead of starting another.
                 others = [t for t in orphans if t.pk != same.pk]
                 return TurnHandle(session=session, turn=same, lock=lock, orphans=others, resumed=True)
-        with transaction.atomic():
-            turn = Turn.objects.create(
-                session=session,
-                seq=last + 1,
-                user_message=text,
-                idempotency_key=key,
-                status=Turn.Status.RUNNING,
-                started_at=timezone.now(),
-                state_before=session.state,
-            )
+        turn = Turn(
+            session=session,
+            seq=last + 1,
+            user_message=text,
+            idempotency_key=key,
+            status=Turn.Status.RUNNING,
+            started_at=timezone.now(),
+            state_before=session.state,
+        )
+        title = "" if session.title else text.strip().splitlines()[0][:80]
+        if not _save_with_checkpoint(turn, title=title):
+            # Another writer took the checkpoint's number meanwhile (a staff action): numbered again, alone.
             checkpoint_before_call(session=session, turn=turn)
-            if not session.title:
-                session.title = text.strip().splitlines()[0][:80]
-                ChatSession.objects.filter(pk=session.pk).update(title=session.title)
+        if title:
+            session.title = title
         return TurnHandle(session=session, turn=turn, lock=lock, orphans=orphans, checkpoint_fresh=True)
     except IntegrityError as exc:
         lock.release()
@@ -146,6 +149,53 @@ def turn_begin(
     except BaseException:
         lock.release()
         raise
+
+
+_CHECKPOINT_AND_TITLE = """
+, s AS (
+    SELECT id, state, data, retry_count FROM chat_sessions_chatsession WHERE id = %s FOR UPDATE
+), titled AS (
+    UPDATE chat_sessions_chatsession SET title = %s WHERE id = %s AND title = '' AND %s <> '' RETURNING id
+), c AS (
+    INSERT INTO chat_sessions_checkpoint
+        (session_id, seq, turn_id, state, data, retry_count, transition, reason, detail, created_at)
+    SELECT s.id, COALESCE((SELECT MAX(k.seq) FROM chat_sessions_checkpoint k WHERE k.session_id = s.id), 0) + 1,
+           t.id, s.state, s.data, s.retry_count, '', %s, %s, %s
+    FROM s, t
+    ON CONFLICT (session_id, seq) DO NOTHING
+    RETURNING seq
+)
+SELECT t.id, (SELECT count(*) FROM c), (SELECT count(*) FROM titled) FROM t
+"""
+
+
+def _save_with_checkpoint(turn: Turn, *, title: str) -> bool:
+    """Insert the turn, its before-call checkpoint and the session's first title in one statement (one round
+    trip where a transaction took six). False when the checkpoint could not take its number (another writer
+    took it while this waited for the session's row lock): the turn is saved, the caller checkpoints alone."""
+    query = InsertQuery(Turn)
+    query.insert_values([f for f in Turn._meta.local_concrete_fields if not f.primary_key], [turn])
+    compiler: Any = query.get_compiler(using="default")
+    compiler.returning_fields = [Turn._meta.pk]
+    [(insert, insert_params)] = compiler.as_sql()
+    sql = "WITH t AS (" + insert + ")" + _CHECKPOINT_AND_TITLE
+    params = [
+        *insert_params,
+        turn.session_id,
+        title,
+        turn.session_id,
+        title,
+        Checkpoint.Reason.BEFORE_CALL.value,
+        f"before a model call, turn #{turn.seq}",
+        timezone.now(),
+    ]
+    with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        turn_id, checkpointed, _titled = cursor.fetchone()
+    turn.pk = turn_id
+    turn._state.adding = False
+    turn._state.db = "default"
+    return bool(checkpointed)
 
 
 def _same_message_or_refuse(turn: Turn, text: str) -> None:

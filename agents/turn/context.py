@@ -138,7 +138,12 @@ def write_unfinished(turn: Turn, **fields: Any) -> bool:
     A runner whose connection was cut during the model call lost its lock with it; the next message or
     the sweep may have finished the turn meanwhile. The lock check before the write cannot see that (the
     lock is free again), the turn's status can: a finished turn is never written twice."""
-    return bool(Turn.objects.filter(pk=turn.pk, status__in=UNFINISHED).update(**fields))
+    written = bool(Turn.objects.filter(pk=turn.pk, status__in=UNFINISHED).update(**fields))
+    if written:
+        for name, value in fields.items():
+            if not hasattr(value, "resolve_expression"):  # plain values; an expression is read back by the caller
+                setattr(turn, name, value)
+    return written
 
 
 def finish_turn_row(turn: Turn, **fields: Any) -> None:

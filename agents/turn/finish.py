@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
-from django.db.models import Case, F, PositiveIntegerField, When
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
+from agents.call_records import llm_calls_give_back, llm_calls_insert_sql, llm_calls_json, llm_calls_take
 from agents.llm.prompt import TurnText
 from agents.turn.context import UNFINISHED, write_unfinished
-from config.db import refresh_from, update_returning
+from config.db import reconnect_if_broken
 from memory.services import memory_writes_enqueue
 from sessions.locks import SessionTurnLock, TurnLockLost
 from sessions.models import ChatSession, Turn
@@ -38,56 +40,127 @@ def complete_turn(
     resets_failures: bool = False,
     truncated: bool = False,
 ) -> None:
-    """Save the reply in one transaction; after the commit, enqueue the turn's background work. ``history``
-    is what the turn's prompt was built from, if it was. ``resets_failures``: a workflow with nothing to
-    decide (free chat) has no transition to reset its failure count, so a turn that succeeds does."""
-    if not SessionTurnLock(session.pk).holds_or_retakes():
-        raise TurnLockLost("The database connection was lost mid-turn and another request is finishing this turn.")
+    """Save the reply, in one statement: the lock still ours, the session touched (its failure count reset when
+    ``resets_failures``: free chat has no transition to reset it), the turn completed, the records of its model
+    calls inserted; after it, the turn's background work is enqueued. ``history`` is what the turn's prompt was
+    built from, if it was."""
     now = timezone.now()
-    with transaction.atomic():
-        session_fields: dict[str, Any] = {"updated_at": now}
-        if resets_failures:
-            # A change of state, so the version moves when there was a count to reset.
-            session_fields["retry_count"] = 0
-            session_fields["version"] = Case(
-                When(retry_count__gt=0, then=F("version") + 1),
-                default=F("version"),
-                output_field=PositiveIntegerField(),
-            )
-        # The session row is locked from here to the commit; the turn records the state it returned.
-        stored = update_returning(ChatSession.objects.filter(pk=session.pk), **session_fields)
-        if not stored:
-            raise ChatSession.DoesNotExist("The session was deleted while its turn ran.")
-        fields: dict[str, Any] = {
-            "status": Turn.Status.COMPLETED,
-            "assistant_message": reply,
-            "steps": steps,
-            "retrieval": retrieval,
-            "prompt_tokens": prompt_tokens,
-            "completed_at": now,
-            "state_after": stored[0].state,
-            "error": "",
-        }
-        if composition:
-            fields["composition"] = composition
-        if is_demo:
-            fields["is_demo"] = True
-        if truncated:
-            fields["truncated"] = True
-        saved = update_returning(Turn.objects.filter(pk=turn.pk, status__in=UNFINISHED), **fields)
-        if not saved:
-            # Rolls the session's write back with it (see finish_turn_row).
-            if Turn.objects.filter(pk=turn.pk).exists():
-                raise TurnLockLost(
-                    "This turn was finished by another request while this one waited; nothing was written."
-                )
-            raise Turn.DoesNotExist("The turn was deleted while it ran.")
-        finished = TurnText(seq=turn.seq, user=turn.user_message, assistant=reply)
-        transaction.on_commit(lambda: after_turn(turn, session, history=history, finished=finished))
-    # Committed: both rows as written, with no re-read (the session keeps its agent and user). Not before
-    # the commit, so a commit that fails leaves the caller's copies as the database has them.
-    refresh_from(session, stored[0])
-    refresh_from(turn, saved[0])
+    fields: dict[str, Any] = {
+        "status": Turn.Status.COMPLETED,
+        "assistant_message": reply,
+        "steps": steps,
+        "retrieval": retrieval,
+        "prompt_tokens": prompt_tokens,
+        "completed_at": now,
+        "error": "",
+    }
+    # Set only when there is something to say (what an earlier step wrote stays otherwise).
+    if composition:
+        fields["composition"] = composition
+    if is_demo:
+        fields["is_demo"] = True
+    if truncated:
+        fields["truncated"] = True
+    calls = llm_calls_take(turn.pk)
+    try:
+        row = _complete(session, turn, fields, calls=calls, resets_failures=resets_failures, now=now)
+    except BaseException:
+        llm_calls_give_back(turn.pk, calls)
+        raise
+    state, status, version, retry_count, updated_at, data = row
+    session.state, session.status, session.version = state, status, version
+    session.retry_count, session.updated_at = retry_count, updated_at
+    session.data = json.loads(data) if isinstance(data, str) else data
+    for name, value in {**fields, "state_after": state}.items():
+        setattr(turn, name, value)
+    finished = TurnText(seq=turn.seq, user=turn.user_message, assistant=reply)
+    # Outside a transaction (as a turn runs) at once; inside one (a test's), when it commits.
+    transaction.on_commit(lambda: after_turn(turn, session, history=history, finished=finished))
+
+
+_COMPLETE = """
+WITH held AS (
+    SELECT EXISTS (
+        SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
+        AND classid = %(classid)s AND objid = %(objid)s AND objsubid = 1
+    ) AS ok
+), s AS (
+    UPDATE chat_sessions_chatsession SET updated_at = %(now)s{session_sets}
+    WHERE id = %(session)s AND (SELECT ok FROM held)
+      AND EXISTS (SELECT 1 FROM chat_sessions_turn WHERE id = %(turn)s AND status = ANY(%(unfinished)s))
+    RETURNING state, status, version, retry_count, updated_at, data
+), t AS (
+    UPDATE chat_sessions_turn SET status = %(status)s, assistant_message = %(reply)s, steps = %(steps)s,
+        retrieval = %(retrieval)s::jsonb, prompt_tokens = %(prompt_tokens)s, completed_at = %(now)s,
+        state_after = (SELECT state FROM s), error = '',
+        composition = COALESCE(%(composition)s::jsonb, composition),
+        is_demo = is_demo OR %(is_demo)s, truncated = truncated OR %(truncated)s
+    WHERE id = %(turn)s AND status = ANY(%(unfinished)s) AND EXISTS (SELECT 1 FROM s)
+    RETURNING id
+), calls AS (
+    {insert_calls} WHERE EXISTS (SELECT 1 FROM t)
+)
+SELECT (SELECT ok FROM held), (SELECT count(*) FROM t), s.state, s.status, s.version, s.retry_count,
+    s.updated_at, s.data
+FROM (SELECT 1) AS one LEFT JOIN s ON true
+"""
+_RESET_FAILURES = ", retry_count = 0, version = CASE WHEN retry_count > 0 THEN version + 1 ELSE version END"
+
+
+def _complete(
+    session: ChatSession,
+    turn: Turn,
+    fields: dict[str, Any],
+    *,
+    calls: list[Any],
+    resets_failures: bool,
+    now: Any,
+) -> tuple[Any, ...]:
+    lock = SessionTurnLock(session.pk)
+    unsigned = lock.key & 0xFFFFFFFFFFFFFFFF
+    sql = _COMPLETE.format(
+        session_sets=_RESET_FAILURES if resets_failures else "", insert_calls=llm_calls_insert_sql("calls")
+    )
+    params = {
+        "classid": unsigned >> 32,
+        "objid": unsigned & 0xFFFFFFFF,
+        "now": now,
+        "session": session.pk,
+        "turn": turn.pk,
+        "unfinished": [str(s) for s in UNFINISHED],
+        "status": str(fields["status"]),
+        "reply": fields["assistant_message"],
+        "steps": fields["steps"],
+        "retrieval": json.dumps(fields["retrieval"], cls=DjangoJSONEncoder),
+        "prompt_tokens": fields["prompt_tokens"],
+        "composition": json.dumps(fields["composition"], cls=DjangoJSONEncoder) if "composition" in fields else None,
+        "is_demo": bool(fields.get("is_demo")),
+        "truncated": bool(fields.get("truncated")),
+        "calls": llm_calls_json(calls),
+    }
+    for attempt in (1, 2):
+        try:
+            with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                row = cursor.fetchone()
+        except (OperationalError, InterfaceError):
+            # Cut while the model answered: reconnect, take the lock again if it is free, and try once more.
+            if attempt == 2 or not reconnect_if_broken():
+                raise
+            row = (False, 0)
+        held, completed = row[0], row[1]
+        if completed:
+            return tuple(row[2:])
+        if held:
+            break
+        # The lock is not ours on this connection (it was cut, or replaced): retake it when it is free.
+        if attempt == 2 or not lock.holds_or_retakes():
+            raise TurnLockLost("The database connection was lost mid-turn and another request is finishing this turn.")
+    if not ChatSession.objects.filter(pk=session.pk).exists():
+        raise ChatSession.DoesNotExist("The session was deleted while its turn ran.")
+    if Turn.objects.filter(pk=turn.pk).exists():
+        raise TurnLockLost("This turn was finished by another request while this one waited; nothing was written.")
+    raise Turn.DoesNotExist("The turn was deleted while it ran.")
 
 
 def after_turn(

@@ -329,10 +329,12 @@ def _execute(
     ):
         yield {"type": "turn", "turn_id": turn.pk, "seq": turn.seq, "resumed": resumed}
         with llm_calls_held(turn.pk):
-            yield from _run_pipeline(session, turn, fresh=fresh, checkpoint_fresh=checkpoint_fresh)
+            yield from _run_pipeline(session, turn, fresh=fresh, checkpoint_fresh=checkpoint_fresh, resumed=resumed)
 
 
-def _run_pipeline(session: ChatSession, turn: Turn, *, fresh: bool, checkpoint_fresh: bool) -> Iterator[TurnEvent]:
+def _run_pipeline(
+    session: ChatSession, turn: Turn, *, fresh: bool, checkpoint_fresh: bool, resumed: bool
+) -> Iterator[TurnEvent]:
     """The steps of ``PIPELINE`` over a new ``TurnContext``, until one ends the turn; a failure fails the turn."""
     try:
         if not fresh:
@@ -347,6 +349,7 @@ def _run_pipeline(session: ChatSession, turn: Turn, *, fresh: bool, checkpoint_f
             workflow=get_workflow(session.workflow, session.workflow_version),
             counter=counter_for(provider.model),
             checkpoint_fresh=checkpoint_fresh,
+            resumed=resumed,
         )
         for step in PIPELINE:
             yield from step(ctx)

@@ -63,6 +63,8 @@ class TurnContext:
     workflow: Workflow
     counter: Any
     checkpoint_fresh: bool = False
+    # The turn was saved by an earlier request that died mid-turn (or is an orphan being finished).
+    resumed: bool = False
     history: TurnHistory | None = None
     retrieved: Any = None
     retrieval_report: dict[str, Any] = field(default_factory=dict)

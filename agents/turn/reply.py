@@ -238,8 +238,9 @@ def _apply_action(ctx: TurnContext, result: Any) -> bool:
     decision = workflow.decision(
         next_state=success_state, slots=workflow.action_slots(result.data), reasoning=f"{result.name} succeeded"
     )
-    transition_apply(session=session, turn=ctx.turn, decision=decision)
-    ctx.reload()
+    # The session as written (mirrored by ``transition_apply``); its checkpoint stands for the next model call.
+    outcome = transition_apply(session=session, turn=ctx.turn, decision=decision)
+    ctx.checkpoint_fresh = outcome.checkpoint is not None
     return True
 
 

@@ -99,12 +99,15 @@ def decide(ctx: TurnContext) -> Iterator[TurnEvent]:
     session, workflow = ctx.session, ctx.workflow
     if workflow.is_free_chat or not workflow.decides_in(session.state):
         return
-    if session.checkpoints.filter(turn=ctx.turn, reason=Checkpoint.Reason.TRANSITION).exists():
+    if ctx.resumed and session.checkpoints.filter(turn=ctx.turn, reason=Checkpoint.Reason.TRANSITION).exists():
         return  # decided before this turn was cut off and resumed
-    recent = [
-        (t.user_message, t.assistant_message)
-        for t in session.turns.filter(status=Turn.Status.COMPLETED).order_by("-seq")[:3]
-    ][::-1]
+    if ctx.history is not None:  # read by retrieval already
+        recent = [(t.user, t.assistant) for t in ctx.history.newest[-3:]]
+    else:
+        recent = [
+            (t.user_message, t.assistant_message)
+            for t in session.turns.filter(status=Turn.Status.COMPLETED).order_by("-seq")[:3]
+        ][::-1]
     messages = workflow.decision_messages(
         state=session.state, data=session.data, user_message=ctx.message, recent_turns=recent
     )
@@ -167,8 +170,10 @@ def act(ctx: TurnContext) -> Iterator[TurnEvent]:
 
 def _apply(ctx: TurnContext, decision: Any) -> Generator[TurnEvent, None, TransitionOutcome]:
     """Apply a decision to the session and report the state (with what was refused, if it was)."""
+    # The session as written (``transition_apply`` mirrors what it writes on the instance, under the version
+    # check); the checkpoint it wrote holds the state the next model call starts from.
     outcome = transition_apply(session=ctx.session, turn=ctx.turn, decision=decision)
-    ctx.reload()
+    ctx.checkpoint_fresh = outcome.checkpoint is not None
     event = ctx.state_event()
     if not outcome.applied:
         event["rejected"] = list(outcome.errors)

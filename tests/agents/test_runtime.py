@@ -83,10 +83,15 @@ def test_full_booking_on_the_demo_model(alice: Any, booking_agent: Agent) -> Non
     assert booking.depart_date == depart
     assert session.data["booking_reference"] == booking.reference
     assert booking.reference in Turn.objects.filter(session=session).order_by("-seq").first().assistant_message  # type: ignore[union-attr]
-    # A checkpoint before every model call of the turn loop.
-    calls = LLMCall.objects.filter(session=session).count()
-    before = Checkpoint.objects.filter(session=session, reason=Checkpoint.Reason.BEFORE_CALL).count()
-    assert calls > 0 and before >= calls
+    # A checkpoint before every model call of the turn loop: the k-th call of a turn started after at least k
+    # checkpoints of that turn (one taken before the call, or the transition the call before it led to).
+    calls = list(LLMCall.objects.filter(session=session).order_by("created_at"))
+    assert calls
+    for turn in Turn.objects.filter(session=session):
+        marks = sorted(Checkpoint.objects.filter(turn=turn).values_list("created_at", flat=True))
+        for k, call in enumerate((c for c in calls if c.turn_id == turn.pk), start=1):
+            started = call.created_at - timedelta(milliseconds=call.latency_ms)
+            assert sum(1 for m in marks if m <= started) >= k, (turn.seq, k, call.purpose)
     # Every turn's prompt composition is stored for the inspector.
     last = Turn.objects.filter(session=session).order_by("-seq").first()
     assert last is not None and last.composition["total"] <= last.composition["limit"]

@@ -147,22 +147,29 @@ def _unsaved(record: CallRecord) -> LLMCall:
 
 
 def tool_invocation_save(result: ToolResult, context: ToolContext) -> ToolInvocation:
-    """Save the record of one tool call of a session (the registry logs a failure; the turn goes on)."""
+    """Save the record of one tool call of a session (the registry logs a failure; the turn goes on). One
+    statement; in a caller's transaction, a savepoint, so a failed insert cannot poison it."""
+    guard = transaction.atomic() if transaction.get_connection().in_atomic_block else contextlib.nullcontext()
+    with guard:
+        return tool_invocation_insert(result, context)
+
+
+def tool_invocation_insert(result: ToolResult, context: ToolContext) -> ToolInvocation:
+    """The record of one tool call, written as part of the caller's transaction (an action's outcome: a failed
+    insert fails the outcome too, and both are written when the turn is recovered; the action is idempotent)."""
     if context.session is None:  # the registry records only a session's calls
         raise ValueError("a tool invocation is recorded only for a session")
-    # A savepoint, so a failed insert cannot poison a transaction the caller may have open.
-    with transaction.atomic():
-        return ToolInvocation.objects.create(
-            session=context.session,
-            turn=context.turn,
-            name=result.name[:80],
-            arguments=result.arguments,
-            result=result.content,
-            ok=result.ok,
-            error_kind=result.error_kind,
-            attempts=result.attempts,
-            latency_ms=result.latency_ms,
-        )
+    return ToolInvocation.objects.create(
+        session=context.session,
+        turn=context.turn,
+        name=result.name[:80],
+        arguments=result.arguments,
+        result=result.content,
+        ok=result.ok,
+        error_kind=result.error_kind,
+        attempts=result.attempts,
+        latency_ms=result.latency_ms,
+    )
 
 
 def capability_load(key: EndpointKey) -> LearnedMode | None:

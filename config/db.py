@@ -53,16 +53,8 @@ def update_returning(queryset: QuerySet[M], **values: Any) -> list[M]:
     every concrete field through the fields' database converters, as a query's would; no relation is
     cached on them.
     """
-    from django.db.models import sql
-
     model = queryset.model
-    query: Any = queryset.query.chain(sql.UpdateQuery)
-    query.add_update_values(values)
-    query.clear_select_clause()
-    compiler = query.get_compiler(queryset.db)
-    text, params = compiler.as_sql()
-    if not text:
-        raise ValueError("update_returning needs at least one value to set")
+    compiler, text, params = _update_compiled(queryset, values)
     fields = model._meta.concrete_fields
     qn = compiler.connection.ops.quote_name
     table = model._meta.db_table
@@ -75,6 +67,26 @@ def update_returning(queryset: QuerySet[M], **values: Any) -> list[M]:
         rows = compiler.apply_converters(rows, converters)
     names = [f.attname for f in fields]
     return [model.from_db(queryset.db, names, row) for row in rows]
+
+
+def _update_compiled(queryset: QuerySet[Any], values: dict[str, Any]) -> tuple[Any, str, Any]:
+    from django.db.models import sql
+
+    query: Any = queryset.query.chain(sql.UpdateQuery)
+    query.add_update_values(values)
+    query.clear_select_clause()
+    compiler = query.get_compiler(queryset.db)
+    text, params = compiler.as_sql()
+    if not text:
+        raise ValueError("an update needs at least one value to set")
+    return compiler, text, params
+
+
+def update_sql(queryset: QuerySet[Any], **values: Any) -> tuple[str, list[Any]]:
+    """The ``UPDATE`` statement (text, positional parameters) that ``queryset.update(**values)`` would run: to
+    be the first part of a statement that does more (a CTE whose ``RETURNING`` the rest reads)."""
+    _compiler, text, params = _update_compiled(queryset, values)
+    return text, list(params)
 
 
 def refresh_from(instance: M, fresh: M) -> M:

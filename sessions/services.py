@@ -9,6 +9,7 @@ under the session row lock, in a short transaction, so they are gap-free per ses
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
 from agents.workflows import MAX_RETRIES, Workflow, WorkflowDecision, get_workflow
+from config.db import update_sql
 from sessions.locks import SessionBusyError, lock_key
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.selectors import (
@@ -107,6 +109,42 @@ def _compare_and_set(session: ChatSession, **fields: Any) -> None:
         setattr(session, name, value)
     session.version = expected + 1
     session.updated_at = now
+
+
+def _compare_and_set_with_checkpoint(
+    session: ChatSession, fields: dict[str, Any], *, reason: str, turn: Turn | None, transition: str, detail: str
+) -> Checkpoint:
+    """``_compare_and_set`` and ``checkpoint_record`` in one statement: the row written only if it still has
+    ``session.version``, and its checkpoint taken from the row as written. ``StaleSessionError`` when the version
+    moved; when another writer took the checkpoint's number meanwhile, the checkpoint is written alone after."""
+    expected = session.version
+    now = timezone.now()
+    update, update_params = update_sql(
+        ChatSession.objects.filter(pk=session.pk, version=expected), **fields, version=expected + 1, updated_at=now
+    )
+    sql = (
+        f"WITH u AS ({update} RETURNING id, state, data, retry_count), c AS ("
+        "INSERT INTO chat_sessions_checkpoint"
+        " (session_id, seq, turn_id, state, data, retry_count, transition, reason, detail, created_at)"
+        " SELECT u.id, COALESCE((SELECT MAX(k.seq) FROM chat_sessions_checkpoint k WHERE k.session_id = u.id), 0)"
+        " + 1, %s, u.state, u.data, u.retry_count, %s, %s, %s, %s FROM u"
+        f" ON CONFLICT (session_id, seq) DO NOTHING RETURNING {', '.join(_CHECKPOINT_COLUMNS)})"
+        f" SELECT (SELECT count(*) FROM u), {', '.join('c.' + c for c in _CHECKPOINT_COLUMNS)}"
+        " FROM (SELECT 1) AS one LEFT JOIN c ON true"
+    )
+    params = [*update_params, turn.pk if turn is not None else None, transition[:140], reason, detail, now]
+    with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if not row or not row[0]:
+        raise StaleSessionError(session)
+    for name, value in fields.items():
+        setattr(session, name, value)
+    session.version = expected + 1
+    session.updated_at = now
+    if row[1] is None:  # the number was taken meanwhile: the checkpoint alone, numbered after the lock
+        return checkpoint_record(session=session, reason=reason, turn=turn, transition=transition, detail=detail)
+    return _checkpoint_from_row(row[1:])
 
 
 # --- creation -------------------------------------------------------------------------------------------
@@ -226,8 +264,10 @@ def _checkpoint_insert(
     with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
         cursor.execute(_CHECKPOINT_INSERT, params)
         row = cursor.fetchone()
-    if row is None:
-        return None
+    return None if row is None else _checkpoint_from_row(row)
+
+
+def _checkpoint_from_row(row: Any) -> Checkpoint:
     values = dict(zip(_CHECKPOINT_COLUMNS, row, strict=True))
     data = values["data"]
     if isinstance(data, str):  # a driver that leaves jsonb as text
@@ -257,7 +297,12 @@ def _as_decision(workflow: Workflow, decision: Any) -> WorkflowDecision:
 
 
 def transition_apply(
-    *, session: ChatSession, turn: Turn | None, decision: Any, today: date | None = None
+    *,
+    session: ChatSession,
+    turn: Turn | None,
+    decision: Any,
+    today: date | None = None,
+    also: Callable[[], object] | None = None,
 ) -> TransitionOutcome:
     """Apply a validated decision (``next_state`` + ``slots``) to the session, or record why not.
 
@@ -276,6 +321,8 @@ def transition_apply(
         cp = checkpoint_record(
             session=session, reason=Checkpoint.Reason.INVALID_TRANSITION, turn=turn, detail="; ".join(errors)
         )
+        if also is not None:
+            also()
         return TransitionOutcome(False, from_state, from_state, errors, cp)
 
     step = workflow.step(state=from_state, data=session.data or {}, decision=parsed, today=today)
@@ -289,6 +336,8 @@ def transition_apply(
             detail="; ".join(step.errors),
         )
         logger.info("rejected %s on session %s: %s", arrow, session.pk, step.errors)
+        if also is not None:
+            also()
         return TransitionOutcome(False, from_state, from_state, list(step.errors), cp, list(step.slot_errors))
 
     fields: dict[str, Any] = {"state": step.to_state, "data": step.data, "last_transition": arrow}
@@ -302,15 +351,19 @@ def transition_apply(
         detail_parts.append(parsed.reasoning[:300])
     if step.slot_errors:
         detail_parts.append("slots refused: " + "; ".join(step.slot_errors))
-    with transaction.atomic():
-        _compare_and_set(session, **fields)
-        cp = checkpoint_record(
-            session=session,
+    # One statement (the write, then its checkpoint); in a transaction with ``also``, the audit row of what
+    # brought it about (an action's tool call), so the outcome and its record stand or fall together.
+    with transaction.atomic() if also is not None else contextlib.nullcontext():
+        cp = _compare_and_set_with_checkpoint(
+            session,
+            fields,
             reason=Checkpoint.Reason.TRANSITION,
             turn=turn,
             transition=arrow,
             detail=" | ".join(detail_parts),
         )
+        if also is not None:
+            also()
     return TransitionOutcome(True, from_state, step.to_state, list(step.errors), cp, list(step.slot_errors))
 
 

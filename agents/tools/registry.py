@@ -216,13 +216,15 @@ def run_tool_call(
     context: ToolContext,
     enabled: list[str] | None = None,
     registry: ToolRegistry | None = None,
+    record: bool = True,
 ) -> ToolResult:
     """Validate and run one tool call the model asked for; never raises.
 
     ``enabled`` limits which tools may run; None means the context agent's ``tools`` (or every
     registered tool when there is no agent). Retryable failures (timeouts, connection errors, 5xx)
     are retried with exponential backoff and jitter; 4xx and invalid arguments never are. The result
-    is recorded as a ``ToolInvocation`` when the context has a session.
+    is recorded as a ``ToolInvocation`` when the context has a session (``record=False``: the caller records
+    it, with what the call led to, as the turn does an action's call with its outcome).
     """
     started = time.monotonic()
     try:
@@ -237,7 +239,8 @@ def run_tool_call(
         )
     result.call_id = call.id
     result.latency_ms = (time.monotonic() - started) * 1000.0
-    _record(result, context)
+    if record:
+        record_invocation(result, context)
     return result
 
 
@@ -500,7 +503,7 @@ def set_invocation_recorder(recorder: InvocationRecorder | None) -> InvocationRe
     return previous
 
 
-def _record(result: ToolResult, context: ToolContext) -> None:
+def record_invocation(result: ToolResult, context: ToolContext) -> None:
     """Record the call (a ``ToolInvocation`` row); a failure here is logged, never raised (the turn goes on)."""
     recorder = _invocation_recorder
     if context.session is None or recorder is None:

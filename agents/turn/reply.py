@@ -13,10 +13,12 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents.call_records import tool_invocation_insert
 from agents.llm.base import HANDOFF_TOOL, LLMError, Message, ToolCallRequest, ToolSpec, TruncatedOutputError
 from agents.llm.continuation import CONTINUE_INSTRUCTION, MAX_CONTINUATIONS, continuation_messages
 from agents.llm.prompt import BuiltPrompt, ContextBudget, MemoryItem, PromptInputs, build_prompt
 from agents.tools import TOOL_ERROR_POLICY, ToolContext, run_tool_call, tool_specs
+from agents.tools.registry import record_invocation
 from agents.turn.context import TurnContext, TurnEvent, done_event, error_event, write_unfinished
 from agents.turn.finish import complete_turn, fail_turn
 from agents.turn.steps import handoff
@@ -77,15 +79,16 @@ def reply(ctx: TurnContext) -> Iterator[TurnEvent]:
             }
         )
         for call in calls:
+            # An action's call is recorded with the outcome it leads to (``_apply_action``), in one transaction.
+            is_action = bool(action_tool) and call.name == action_tool and session.state in workflow.action_outcomes
             with span("tool", name=call.name):
-                result = run_tool_call(call=call, context=context, enabled=names)
+                result = run_tool_call(call=call, context=context, enabled=names, record=not is_action)
             tool_messages.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
             yield {"type": "tool", "name": call.name, "ok": result.ok, "error_kind": result.error_kind}
             if call.name == action_tool:
                 specs = [dataclasses.replace(spec, forced=False) for spec in specs]
-            if action_tool and call.name == action_tool and session.state in workflow.action_outcomes:
-                if _apply_action(ctx, result):
-                    yield ctx.state_event()
+            if is_action and _apply_action(ctx, result, context):
+                yield ctx.state_event()
 
     composition = dict(built.composition) if built is not None else {}
     composition.update(ctx.composition_extra)
@@ -224,14 +227,18 @@ def _handoff_reason(calls: list[ToolCallRequest]) -> str:
     return str(reason or "the user asked for a person")[:300]
 
 
-def _apply_action(ctx: TurnContext, result: Any) -> bool:
-    """Move the workflow by the outcome of its action state's tool; True when a transition was applied.
+def _apply_action(ctx: TurnContext, result: Any, context: ToolContext) -> bool:
+    """Move the workflow by the outcome of its action state's tool, recording the call with it; True when a
+    transition was applied.
 
-    Success: the decision for the success state, with the slots the tool's structured output sets. Failure:
+    Success: the decision for the success state, with the slots the tool's structured output sets, written in
+    one transaction with the call's ``ToolInvocation`` (a connection lost before it commits loses neither
+    alone: the recovered turn calls the idempotent action again, and writes both). Failure: the call recorded,
     counted as a failed attempt (after the retry limit the session moves to its failed state)."""
     session, workflow = ctx.session, ctx.workflow
     success_state, _failure_state = workflow.action_outcomes[session.state]
     if not result.ok:
+        record_invocation(result, context)
         turn_failure_record(session=session, turn=None, reason=f"{result.name} failed ({result.error_kind or 'error'})")
         ctx.reload()
         return False
@@ -239,7 +246,9 @@ def _apply_action(ctx: TurnContext, result: Any) -> bool:
         next_state=success_state, slots=workflow.action_slots(result.data), reasoning=f"{result.name} succeeded"
     )
     # The session as written (mirrored by ``transition_apply``); its checkpoint stands for the next model call.
-    outcome = transition_apply(session=session, turn=ctx.turn, decision=decision)
+    outcome = transition_apply(
+        session=session, turn=ctx.turn, decision=decision, also=lambda: tool_invocation_insert(result, context)
+    )
     ctx.checkpoint_fresh = outcome.checkpoint is not None
     return True
 

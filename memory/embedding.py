@@ -19,6 +19,7 @@ import math
 import os
 import re
 import threading
+from collections import OrderedDict
 from typing import Any, Protocol, runtime_checkable
 
 from django.conf import settings
@@ -269,13 +270,42 @@ def _forget_query_pool() -> None:
 os.register_at_fork(after_in_child=_forget_query_pool)
 
 
+# The vectors of the latest queries, per process: a query asked again (a retry, the same question in another
+# chat, the memory-search tool repeating the turn's query) skips the model. Small: a query vector is 384 floats.
+QUERY_CACHE_SIZE = 512
+_query_cache: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
+_query_cache_lock = threading.Lock()
+
+
+def _cached_query(key: tuple[str, str]) -> list[float] | None:
+    with _query_cache_lock:
+        vector = _query_cache.get(key)
+        if vector is not None:
+            _query_cache.move_to_end(key)
+        return vector
+
+
+def _cache_query(key: tuple[str, str], vector: list[float]) -> None:
+    with _query_cache_lock:
+        _query_cache[key] = list(vector)
+        _query_cache.move_to_end(key)
+        while len(_query_cache) > QUERY_CACHE_SIZE:
+            _query_cache.popitem(last=False)
+
+
 def embed_query_soon(text: str, backend: str | None = None) -> concurrent.futures.Future[list[float]]:
     """The vector of ``text``, computed on a worker thread; ``.result()`` gives it (or raises its error).
 
     Embedders that are cheap anyway (``hashing``) run at once on the caller's thread: the hop would cost
-    more than it saves.
+    more than it saves. A query embedded lately (``QUERY_CACHE_SIZE``) is answered from this process's cache.
     """
     embedder = get_embedder(backend)
+    key = (backend or settings.EMBEDDING_BACKEND, text)
+    cached = _cached_query(key)
+    if cached is not None:
+        hit: concurrent.futures.Future[list[float]] = concurrent.futures.Future()
+        hit.set_result(list(cached))
+        return hit
     if isinstance(embedder, HashingEmbedder):
         future: concurrent.futures.Future[list[float]] = concurrent.futures.Future()
         try:
@@ -288,17 +318,20 @@ def embed_query_soon(text: str, backend: str | None = None) -> concurrent.future
         with _query_pool_lock:
             if _query_pool is None:
                 _query_pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="embed-query")
-    return _query_pool.submit(_embed_on_query_thread, embedder, text)
+    return _query_pool.submit(_embed_on_query_thread, embedder, text, key)
 
 
 _query_thread = threading.local()
 
 
-def _embed_on_query_thread(embedder: Embedder, text: str) -> list[float]:
+def _embed_on_query_thread(embedder: Embedder, text: str, key: tuple[str, str] | None = None) -> list[float]:
     prepared: set[int] = _query_thread.__dict__.setdefault("prepared", set())
     if id(embedder) not in prepared:  # once per embedder on each thread
         prepare = getattr(embedder, "prepare_query_thread", None)
         if prepare is not None:
             prepare()
         prepared.add(id(embedder))
-    return embedder.embed_query(text)
+    vector = embedder.embed_query(text)
+    if key is not None:  # cached before the caller's future resolves: the next ask finds it
+        _cache_query(key, vector)
+    return vector

@@ -108,3 +108,35 @@ def test_real_query_embeddings_run_on_a_one_thread_worker_and_leave_the_caller_a
     assert vector == pytest.approx(embedder.embed_query("The flight was cancelled"), abs=1e-5)
     assert seen["thread"].startswith("embed-query") and seen["torch_threads"] == 1
     assert torch.get_num_threads() == callers_threads  # per thread: batch embedding keeps every core
+
+
+def test_a_query_embedded_lately_is_answered_from_the_process_cache(monkeypatch: Any) -> None:
+    """``embed_query_soon`` keeps the latest query vectors (LRU): the same query again skips the model."""
+    import memory.embedding as embedding
+
+    class Counting:
+        name, dimensions = "counting", 3
+
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def embed(self, texts: list[str]) -> list[list[float]]:
+            return [self.embed_query(t) for t in texts]
+
+        def embed_query(self, text: str) -> list[float]:
+            self.calls.append(text)
+            return [float(len(text)), 0.0, 1.0]
+
+    model = Counting()
+    monkeypatch.setitem(embedding._instances, "counting", model)
+    monkeypatch.setattr(embedding, "QUERY_CACHE_SIZE", 2)
+    monkeypatch.setattr(embedding, "_query_cache", embedding.OrderedDict())
+    first = embedding.embed_query_soon("trains to Porto", backend="counting").result()
+    again = embedding.embed_query_soon("trains to Porto", backend="counting").result()
+    assert first == again == [15.0, 0.0, 1.0] and model.calls == ["trains to Porto"]
+    again.append(9.0)  # a caller's copy: changing it changes nothing cached
+    assert embedding.embed_query_soon("trains to Porto", backend="counting").result() == first
+    embedding.embed_query_soon("b", backend="counting").result()
+    embedding.embed_query_soon("c", backend="counting").result()  # the oldest goes: two at most
+    embedding.embed_query_soon("trains to Porto", backend="counting").result()
+    assert model.calls == ["trains to Porto", "b", "c", "trains to Porto"]

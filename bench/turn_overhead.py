@@ -516,16 +516,16 @@ def _profile_ours(ours: OurSide, messages: list[str]) -> str:
 
 # The runtime's steps, timed per turn by wrapping them where the runtime looks them up (module attributes).
 _PHASES = (
-    ("agents.runtime", "turn_begin", "turn_begin: lock, session, Turn row, checkpoint"),
-    ("agents.runtime", "_reload_with_last_seq", "  session, last turn number, orphans"),
-    ("sessions.services", "checkpoint_before_call", "  before-call checkpoint"),
-    ("agents.runtime", "_retrieve", "memory retrieval (tiers 1-4)"),
-    ("sessions.context", "turn_history", "history read"),
-    ("sessions.context", "build_prompt", "prompt build and token counts"),
-    ("agents.runtime", "_complete_turn", "completing the turn (incl. after-commit work)"),
-    ("agents.runtime", "_after_turn", "  after-commit work"),
-    ("sessions.summaries", "summary_request_if_due", "    summary check"),
-    ("memory.services", "memory_writes_enqueue", "    memory-write enqueue"),
+    ("agents.runtime", "turn_begin", "turn_begin: lock, session, Turn row with its checkpoint"),
+    ("agents.turn.begin", "_reload_with_last_seq", "  session, last turn number, orphans"),
+    ("agents.turn.begin", "_save_with_checkpoint", "  the turn, its checkpoint and title (one statement)"),
+    ("agents.turn.steps", "turn_history", "history read"),
+    ("agents.turn.steps", "memories_for_prompt", "memory retrieval (tiers 1-4)"),
+    ("agents.turn.reply", "build_prompt", "prompt build and token counts"),
+    ("agents.turn.reply", "complete_turn", "completing the turn (incl. after-commit work)"),
+    ("agents.turn.finish", "after_turn", "  after-commit work"),
+    ("agents.turn.finish", "summary_request_if_due", "    summary check"),
+    ("agents.turn.finish", "memory_writes_enqueue", "    memory-write enqueue"),
 )
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -281,15 +282,44 @@ def forget_user_indexes() -> None:
     _own_index_cache = (0.0, frozenset())
 
 
+# The answer of ``_is_small_history`` per user, kept this long in the process: it only chooses the plan (an exact
+# scan or the HNSW index; both give the right neighbours), and a user's history crosses the cap rarely, so a
+# turn need not count it again (one statement a turn). Bounded: the oldest answers go first.
+HISTORY_SIZE_TTL_SECONDS = 60.0
+_HISTORY_SIZE_CACHE_MAX = 10_000
+_history_size_cache: dict[tuple[int, int], tuple[float, bool]] = {}
+_history_size_lock = threading.Lock()
+
+
+def history_sizes_forget() -> None:
+    """Forget the users' history sizes this process knows (tests; a bulk import that crossed the cap)."""
+    with _history_size_lock:
+        _history_size_cache.clear()
+
+
 def _is_small_history(user_id: int) -> bool:
-    """Fewer than MEMORY_EXACT_SEARCH_MAX memories (counted on the user index, up to the cap)?"""
+    """Fewer than MEMORY_EXACT_SEARCH_MAX memories (counted on the user index, up to the cap)? Answered again
+    at most every ``HISTORY_SIZE_TTL_SECONDS`` per user and process."""
     if user_id in _users_with_own_index():
         return False
     cap = max(1, int(settings.MEMORY_EXACT_SEARCH_MAX))
+    key, now = (user_id, cap), time.monotonic()
+    with _history_size_lock:
+        cached = _history_size_cache.get(key)
+    if cached is not None and now - cached[0] < HISTORY_SIZE_TTL_SECONDS:
+        return cached[1]
     with connection.cursor() as cursor:
         cursor.execute(_HISTORY_SIZE_SQL, {"user": user_id, "cap": cap})
         row = cursor.fetchone()
-    return row is not None and int(row[0]) < cap
+    small = row is not None and int(row[0]) < cap
+    with _history_size_lock:
+        if len(_history_size_cache) >= _HISTORY_SIZE_CACHE_MAX:
+            for stale in sorted(_history_size_cache, key=lambda k: _history_size_cache[k][0])[
+                : _HISTORY_SIZE_CACHE_MAX // 10
+            ]:
+                del _history_size_cache[stale]
+        _history_size_cache[key] = (now, small)
+    return small
 
 
 def _vector_search(

@@ -7,13 +7,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import Error as DatabaseError
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from agents.llm.capabilities import EndpointKey, LearnedMode
@@ -21,6 +22,7 @@ from agents.llm.recording import CallRecord
 from agents.models import EndpointCapability, LLMCall, ToolInvocation
 from agents.tools.registry import ToolContext, ToolResult
 from config.db import reconnect_if_broken
+from config.text import storable_text
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ def llm_calls_held(turn_id: int) -> Iterator[None]:
             rest = _held.pop(turn_id, [])
         if rest:
             try:
-                LLMCall.objects.bulk_create(rest)
+                llm_calls_insert(rest)
             except DatabaseError:
                 logger.exception("could not save the records of %s model calls of turn %s", len(rest), turn_id)
                 reconnect_if_broken()
@@ -72,7 +74,17 @@ def llm_calls_give_back(turn_id: int, calls: list[LLMCall]) -> None:
         if turn_id in _held:
             _held[turn_id][:0] = calls
             return
-    LLMCall.objects.bulk_create(calls)
+    llm_calls_insert(calls)
+
+
+def llm_calls_insert(calls: list[LLMCall]) -> None:
+    """Insert the records in one statement, each with the time of its call (``bulk_create`` would stamp them all
+    with the time of the insert: ``created_at`` is ``auto_now_add``)."""
+    if not calls:
+        return
+    guard = transaction.atomic() if transaction.get_connection().in_atomic_block else contextlib.nullcontext()
+    with guard, connection.cursor() as cursor:
+        cursor.execute(llm_calls_insert_sql("calls"), {"calls": llm_calls_json(calls)})
 
 
 def llm_calls_json(calls: list[LLMCall]) -> str:
@@ -131,17 +143,19 @@ def _unsaved(record: CallRecord) -> LLMCall:
         session_id=ctx.session_id,
         turn_id=ctx.turn_id,
         purpose=ctx.purpose,
-        provider=record.provider[:20],
-        model=record.model[:_MAX_MODEL],
+        # Text from outside (an endpoint's model name, finish reason, error) as PostgreSQL stores it: a NUL there
+        # must not fail the turn whose outcome these records are written with.
+        provider=storable_text(record.provider)[:20],
+        model=storable_text(record.model)[:_MAX_MODEL],
         prompt_tokens=max(0, record.prompt_tokens),
         prompt_sections=dict(ctx.prompt_sections),
         completion_tokens=max(0, record.completion_tokens),
-        latency_ms=record.latency_ms,
-        ttft_ms=record.ttft_ms,
+        latency_ms=record.latency_ms if math.isfinite(record.latency_ms) else 0.0,
+        ttft_ms=record.ttft_ms if record.ttft_ms is not None and math.isfinite(record.ttft_ms) else None,
         retries=record.retries,
         outcome=record.outcome,
-        finish_reason=record.finish_reason[:_MAX_FINISH],
-        error=record.error[:_MAX_ERROR],
+        finish_reason=storable_text(record.finish_reason)[:_MAX_FINISH],
+        error=storable_text(record.error)[:_MAX_ERROR],
         created_at=timezone.now(),
     )
 

@@ -277,6 +277,12 @@ _query_cache: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
 _query_cache_lock = threading.Lock()
 
 
+def query_vectors_forget() -> None:
+    """Forget the cached query vectors (tests; an embedder changed under the same name)."""
+    with _query_cache_lock:
+        _query_cache.clear()
+
+
 def _cached_query(key: tuple[str, str]) -> list[float] | None:
     with _query_cache_lock:
         vector = _query_cache.get(key)

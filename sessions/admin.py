@@ -331,16 +331,21 @@ class ChatSessionAdmin(admin.ModelAdmin):
         if not self.has_change_permission(request, session):
             return HttpResponse(status=403)
         to = request.POST.get("to")
-        if to == "person":
+        if to not in ("person", "agent"):
+            return HttpResponse("Say to=person or to=agent.", status=400, content_type="text/plain")
+        # The page may be older than the session (another tab, another person): act on the status it has now.
+        if session.status == ChatSession.Status.CLOSED:
+            self.message_user(request, "This chat is closed: nothing was changed.", level=messages.WARNING)
+        elif to == "person":
             if handoff_request(session=session, actor=request.user, reason=request.POST.get("reason", "")[:300]):
                 self.message_user(request, "Handed to a person: the agent stops answering; reply below.")
             else:
                 self.message_user(request, "A person has this chat already.", level=messages.WARNING)
-        elif to == "agent":
+        elif session.status != ChatSession.Status.NEEDS_HUMAN:
+            self.message_user(request, "The agent has this chat already: nothing was changed.", level=messages.WARNING)
+        else:
             handoff_resume(session=session, actor=request.user)
             self.message_user(request, "Handed back: the agent answers the next message.")
-        else:
-            return HttpResponse("Say to=person or to=agent.", status=400, content_type="text/plain")
         return HttpResponseRedirect(reverse("admin:chat_sessions_chatsession_live", args=[session.pk]))
 
     def delete_view(self, request: HttpRequest, object_id: str, extra_context: Any = None) -> Any:

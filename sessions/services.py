@@ -18,7 +18,7 @@ from datetime import date
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
@@ -116,7 +116,8 @@ def _compare_and_set_with_checkpoint(
 ) -> Checkpoint:
     """``_compare_and_set`` and ``checkpoint_record`` in one statement: the row written only if it still has
     ``session.version``, and its checkpoint taken from the row as written. ``StaleSessionError`` when the version
-    moved; when another writer took the checkpoint's number meanwhile, the checkpoint is written alone after."""
+    moved; an ``IntegrityError`` (``checkpoint_number_taken``), and nothing written, when another writer took the
+    checkpoint's number while this statement waited for the row."""
     expected = session.version
     now = timezone.now()
     update, update_params = update_sql(
@@ -128,7 +129,7 @@ def _compare_and_set_with_checkpoint(
         " (session_id, seq, turn_id, state, data, retry_count, transition, reason, detail, created_at)"
         " SELECT u.id, COALESCE((SELECT MAX(k.seq) FROM chat_sessions_checkpoint k WHERE k.session_id = u.id), 0)"
         " + 1, %s, u.state, u.data, u.retry_count, %s, %s, %s, %s FROM u"
-        f" ON CONFLICT (session_id, seq) DO NOTHING RETURNING {', '.join(_CHECKPOINT_COLUMNS)})"
+        f" RETURNING {', '.join(_CHECKPOINT_COLUMNS)})"
         f" SELECT (SELECT count(*) FROM u), {', '.join('c.' + c for c in _CHECKPOINT_COLUMNS)}"
         " FROM (SELECT 1) AS one LEFT JOIN c ON true"
     )
@@ -142,9 +143,13 @@ def _compare_and_set_with_checkpoint(
         setattr(session, name, value)
     session.version = expected + 1
     session.updated_at = now
-    if row[1] is None:  # the number was taken meanwhile: the checkpoint alone, numbered after the lock
-        return checkpoint_record(session=session, reason=reason, turn=turn, transition=transition, detail=detail)
     return _checkpoint_from_row(row[1:])
+
+
+def checkpoint_number_taken(exc: IntegrityError) -> bool:
+    """The error of a checkpoint numbered with a number another writer took (``checkpoint_seq_unique``)."""
+    diag = getattr(exc.__cause__, "diag", None)
+    return getattr(diag, "constraint_name", None) == "checkpoint_seq_unique"
 
 
 # --- creation -------------------------------------------------------------------------------------------
@@ -353,17 +358,28 @@ def transition_apply(
         detail_parts.append("slots refused: " + "; ".join(step.slot_errors))
     # One statement (the write, then its checkpoint); in a transaction with ``also``, the audit row of what
     # brought it about (an action's tool call), so the outcome and its record stand or fall together.
-    with transaction.atomic() if also is not None else contextlib.nullcontext():
-        cp = _compare_and_set_with_checkpoint(
-            session,
-            fields,
-            reason=Checkpoint.Reason.TRANSITION,
-            turn=turn,
-            transition=arrow,
-            detail=" | ".join(detail_parts),
-        )
-        if also is not None:
-            also()
+    detail = " | ".join(detail_parts)
+    # A statement alone is atomic; with ``also``, or inside a caller's transaction, a transaction (a savepoint).
+    guard = transaction.atomic() if also is not None or connection.in_atomic_block else contextlib.nullcontext()
+    try:
+        with guard:
+            cp = _compare_and_set_with_checkpoint(
+                session, fields, reason=Checkpoint.Reason.TRANSITION, turn=turn, transition=arrow, detail=detail
+            )
+            if also is not None:
+                also()
+    except IntegrityError as exc:
+        if not checkpoint_number_taken(exc):
+            raise
+        # Another writer numbered a checkpoint while this statement waited for the row: nothing was written.
+        # Again, in a transaction, the number read after the row lock.
+        with transaction.atomic():
+            _compare_and_set(session, **fields)
+            cp = checkpoint_record(
+                session=session, reason=Checkpoint.Reason.TRANSITION, turn=turn, transition=arrow, detail=detail
+            )
+            if also is not None:
+                also()
     return TransitionOutcome(True, from_state, step.to_state, list(step.errors), cp, list(step.slot_errors))
 
 

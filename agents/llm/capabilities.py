@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -133,7 +134,7 @@ def forget(key: EndpointKey) -> None:
     """Forget what this process learned for ``key`` (its stored row was deleted: learn it again)."""
     with _lock:
         _known.pop(key, None)
-        _no_tools.discard(key)
+        _no_tools.pop(key, None)
 
 
 # --- tools --------------------------------------------------------------------------------------------------
@@ -141,18 +142,31 @@ def forget(key: EndpointKey) -> None:
 # "does not support tools"). Only *optional* tools (``ToolSpec.optional``: the hand-to-a-person tool of a
 # free chat) are left out for them; a request that needs its tools fails as before. Kept in this process:
 # the first refused call of each process finds it again.
-_no_tools: set[EndpointKey] = set()
-_TOOLS_REFUSAL = re.compile(r"\btools?\b|tool_choice|function.?call", re.IGNORECASE)
+_no_tools: dict[EndpointKey, float] = {}
+# How long a refusal is believed (a model swapped behind the same name takes tools again after it).
+NO_TOOLS_SECONDS = 3600.0
+# How servers say it: Ollama "does not support tools", vLLM "tool_choice ... requires --enable-auto-tool-choice",
+# OpenAI-style validators "Unrecognized request argument supplied: tools", pydantic "tools: Extra inputs ...".
+_TOOLS_REFUSAL = re.compile(
+    r"(does not|doesn't|do not|cannot|can't) support (tools|tool|function)"
+    r"|(tools?|tool calls|function calling) (are|is) not (supported|enabled|available)"
+    r"|tool_choice|(unrecognized|unsupported|unknown|extra)\b[^.]{0,60}\btools\b|\btools\b[^.]{0,30}extra inputs",
+    re.IGNORECASE,
+)
 
 
 def refuses_tools(key: EndpointKey) -> bool:
     with _lock:
-        return key in _no_tools
+        since = _no_tools.get(key)
+        if since is not None and time.monotonic() - since > NO_TOOLS_SECONDS:
+            del _no_tools[key]
+            return False
+        return since is not None
 
 
 def remember_refuses_tools(key: EndpointKey) -> None:
     with _lock:
-        _no_tools.add(key)
+        _no_tools[key] = time.monotonic()
     logger.info("endpoint %s (%s) refuses tools: optional tools are left out of its requests", key.profile, key.model)
 
 

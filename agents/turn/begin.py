@@ -3,6 +3,7 @@ as a ``Turn`` with a checkpoint, committed before any model call (a crash never 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,7 @@ from config.db import refresh_from
 from config.errors import Refusal
 from sessions.locks import SessionBusyError, SessionTurnLock
 from sessions.models import ChatSession, Checkpoint, Turn
-from sessions.services import checkpoint_before_call
+from sessions.services import checkpoint_before_call, checkpoint_number_taken
 
 
 class MessageRejected(Refusal):
@@ -138,8 +139,13 @@ def turn_begin(
         )
         title = "" if session.title else text.strip().splitlines()[0][:80]
         if not _save_with_checkpoint(turn, title=title):
-            # Another writer took the checkpoint's number meanwhile (a staff action): numbered again, alone.
-            checkpoint_before_call(session=session, turn=turn)
+            # Another writer took the checkpoint's number meanwhile (a staff action), and nothing was written:
+            # again, in a transaction, the number read after the session's row lock.
+            with transaction.atomic():
+                turn.save(force_insert=True)
+                checkpoint_before_call(session=session, turn=turn)
+                if title:
+                    ChatSession.objects.filter(pk=session.pk, title="").update(title=title)
         if title:
             session.title = title
         return TurnHandle(session=session, turn=turn, lock=lock, orphans=orphans, checkpoint_fresh=True)
@@ -162,7 +168,6 @@ _CHECKPOINT_AND_TITLE = """
     SELECT s.id, COALESCE((SELECT MAX(k.seq) FROM chat_sessions_checkpoint k WHERE k.session_id = s.id), 0) + 1,
            t.id, s.state, s.data, s.retry_count, '', %s, %s, %s
     FROM s, t
-    ON CONFLICT (session_id, seq) DO NOTHING
     RETURNING seq
 )
 SELECT t.id, (SELECT count(*) FROM c), (SELECT count(*) FROM titled) FROM t
@@ -171,8 +176,8 @@ SELECT t.id, (SELECT count(*) FROM c), (SELECT count(*) FROM titled) FROM t
 
 def _save_with_checkpoint(turn: Turn, *, title: str) -> bool:
     """Insert the turn, its before-call checkpoint and the session's first title in one statement (one round
-    trip where a transaction took six). False when the checkpoint could not take its number (another writer
-    took it while this waited for the session's row lock): the turn is saved, the caller checkpoints alone."""
+    trip where a transaction took six). False, and nothing written, when the checkpoint could not take its number
+    (another writer took it while this statement waited for the session's row lock)."""
     query = InsertQuery(Turn)
     query.insert_values([f for f in Turn._meta.local_concrete_fields if not f.primary_key], [turn])
     compiler: Any = query.get_compiler(using="default")
@@ -189,13 +194,21 @@ def _save_with_checkpoint(turn: Turn, *, title: str) -> bool:
         f"before a model call, turn #{turn.seq}",
         timezone.now(),
     ]
-    with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        turn_id, checkpointed, _titled = cursor.fetchone()
+    # A statement alone is atomic; inside a caller's transaction (a test's), a savepoint keeps a refusal from
+    # spoiling it.
+    guard = transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext()
+    try:
+        with guard, connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            turn_id, _checkpointed, _titled = cursor.fetchone()
+    except IntegrityError as exc:
+        if checkpoint_number_taken(exc):
+            return False
+        raise  # the Idempotency-Key's turn, saved by a request racing this one: the caller says so
     turn.pk = turn_id
     turn._state.adding = False
     turn._state.db = "default"
-    return bool(checkpointed)
+    return True
 
 
 def _same_message_or_refuse(turn: Turn, text: str) -> None:

@@ -138,16 +138,18 @@ def _complete(
         "truncated": bool(fields.get("truncated")),
         "calls": llm_calls_json(calls),
     }
+    cut = False
     for attempt in (1, 2):
         try:
             with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
                 cursor.execute(sql, params)
                 row = cursor.fetchone()
         except (OperationalError, InterfaceError):
-            # Cut while the model answered: reconnect, take the lock again if it is free, and try once more.
+            # Cut while the model answered (or while this statement's answer came back): reconnect, take the
+            # lock again if it is free, and try once more.
             if attempt == 2 or not reconnect_if_broken():
                 raise
-            row = (False, 0)
+            cut, row = True, (False, 0)
         held, completed = row[0], row[1]
         if completed:
             return tuple(row[2:])
@@ -156,6 +158,15 @@ def _complete(
         # The lock is not ours on this connection (it was cut, or replaced): retake it when it is free.
         if attempt == 2 or not lock.holds_or_retakes():
             raise TurnLockLost("The database connection was lost mid-turn and another request is finishing this turn.")
+    if cut and Turn.objects.filter(pk=turn.pk, status=Turn.Status.COMPLETED, completed_at=now).exists():
+        # The first attempt was committed; only its answer was lost with the connection. Done, as written.
+        written = (
+            ChatSession.objects.filter(pk=session.pk)
+            .values_list("state", "status", "version", "retry_count", "updated_at", "data")
+            .first()
+        )
+        if written is not None:
+            return tuple(written)
     if not ChatSession.objects.filter(pk=session.pk).exists():
         raise ChatSession.DoesNotExist("The session was deleted while its turn ran.")
     if Turn.objects.filter(pk=turn.pk).exists():

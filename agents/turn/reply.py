@@ -63,7 +63,8 @@ def reply(ctx: TurnContext) -> Iterator[TurnEvent]:
         if not calls:
             break
         if HANDOFF_TOOL in specs and any(c.name == HANDOFF_TOOL.name for c in calls):
-            yield from handoff(ctx, reason=f"the model: {_handoff_reason(calls)}")
+            said = "\n\n".join([*reply_parts, text]).strip()
+            yield from handoff(ctx, reason=f"the model: {_handoff_reason(calls)}", said=said)
             return
         if text:
             reply_parts.append(text)
@@ -84,10 +85,12 @@ def reply(ctx: TurnContext) -> Iterator[TurnEvent]:
             with span("tool", name=call.name):
                 result = run_tool_call(call=call, context=context, enabled=names, record=not is_action)
             tool_messages.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
-            yield {"type": "tool", "name": call.name, "ok": result.ok, "error_kind": result.error_kind}
             if call.name == action_tool:
                 specs = [dataclasses.replace(spec, forced=False) for spec in specs]
-            if is_action and _apply_action(ctx, result, context):
+            # The outcome (and the call's record) first: a client gone at the next event cannot come between.
+            applied = is_action and _apply_action(ctx, result, context)
+            yield {"type": "tool", "name": call.name, "ok": result.ok, "error_kind": result.error_kind}
+            if applied:
                 yield ctx.state_event()
 
     composition = dict(built.composition) if built is not None else {}
@@ -242,13 +245,19 @@ def _apply_action(ctx: TurnContext, result: Any, context: ToolContext) -> bool:
         turn_failure_record(session=session, turn=None, reason=f"{result.name} failed ({result.error_kind or 'error'})")
         ctx.reload()
         return False
-    decision = workflow.decision(
-        next_state=success_state, slots=workflow.action_slots(result.data), reasoning=f"{result.name} succeeded"
-    )
-    # The session as written (mirrored by ``transition_apply``); its checkpoint stands for the next model call.
-    outcome = transition_apply(
-        session=session, turn=ctx.turn, decision=decision, also=lambda: tool_invocation_insert(result, context)
-    )
+    try:
+        decision = workflow.decision(
+            next_state=success_state, slots=workflow.action_slots(result.data), reasoning=f"{result.name} succeeded"
+        )
+        # The session as written (mirrored by ``transition_apply``); its checkpoint stands for the next call.
+        outcome = transition_apply(
+            session=session, turn=ctx.turn, decision=decision, also=lambda: tool_invocation_insert(result, context)
+        )
+    except BaseException:
+        # The outcome was not written (a stale session, slots the workflow refuses, a lost connection): the call
+        # ran all the same, so it is recorded on its own, then the turn fails as any turn does.
+        record_invocation(result, context)
+        raise
     ctx.checkpoint_fresh = outcome.checkpoint is not None
     return True
 

@@ -211,14 +211,14 @@ def route(ctx: TurnContext) -> Iterator[TurnEvent]:
         ctx.tool_names = []
 
 
-def handoff(ctx: TurnContext, *, reason: str) -> Iterator[TurnEvent]:
-    """Hand the session to a person: the turn is answered with a notice, and the agent stops answering."""
+def handoff(ctx: TurnContext, *, reason: str, said: str = "") -> Iterator[TurnEvent]:
+    """Hand the session to a person: the turn is answered with a notice (after what the model ``said`` first,
+    which the user has seen streamed), and the agent stops answering."""
     session, turn = ctx.session, ctx.turn
+    reply = f"{said.strip()}\n\n{HANDOFF_NOTICE}" if said.strip() else HANDOFF_NOTICE
     with transaction.atomic():
         # The turn first: a runner that lost the turn to another changes nothing (finish_turn_row).
-        finish_turn_row(
-            turn, status=Turn.Status.COMPLETED, assistant_message=HANDOFF_NOTICE, completed_at=timezone.now()
-        )
+        finish_turn_row(turn, status=Turn.Status.COMPLETED, assistant_message=reply, completed_at=timezone.now())
         ChatSession.objects.filter(pk=session.pk).update(
             status=ChatSession.Status.NEEDS_HUMAN, version=F("version") + 1, updated_at=timezone.now()
         )
@@ -227,7 +227,7 @@ def handoff(ctx: TurnContext, *, reason: str) -> Iterator[TurnEvent]:
         Turn.objects.filter(pk=turn.pk).update(state_after=session.state)
     turn.refresh_from_db()
     ctx.done = True
-    yield {"type": "delta", "text": HANDOFF_NOTICE}
+    yield {"type": "delta", "text": ("\n\n" if said.strip() else "") + HANDOFF_NOTICE}
     yield ctx.state_event()
     yield done_event(turn, session)
 

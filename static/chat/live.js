@@ -18,6 +18,8 @@
     busy = true;
     try {
       const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "text/html" } });
+      // Signed out meanwhile: the read was sent to the sign-in page. Draw the page again (it asks to sign in).
+      if (response.redirected) { window.location.reload(); return; }
       if (!response.ok) return;
       const html = await response.text();
       if (html !== last) {

@@ -97,3 +97,66 @@ def test_a_refusal_of_tools_the_reply_needs_still_fails_the_turn(alice: Any, rem
     session = session_create(user=alice, agent=agent)
     result = turn_run(session=session, message="Flights to Oslo?")
     assert result.turn.status == Turn.Status.FAILED
+
+
+def test_what_the_model_said_before_handing_off_is_kept_with_the_notice(
+    alice: Any, chat_agent: Agent, remote_model: Any
+) -> None:
+    args = json.dumps({"reason": "billing"})
+    remote_model.enqueue(
+        stream(
+            "Let me find someone for you.", tool_calls=[tool_call(HANDOFF_TOOL.name, args)], finish_reason="tool_calls"
+        )
+    )
+    session = session_create(user=alice, agent=chat_agent)
+    events = list(turn_stream(session=session, message="I need a human for my bill"))
+    shown = "".join(e["text"] for e in events if e["type"] == "delta")
+    turn = Turn.objects.get(session=session)
+    assert turn.assistant_message == shown == f"Let me find someone for you.\n\n{HANDOFF_NOTICE}"
+
+
+@pytest.mark.parametrize(
+    ("message", "refused"),
+    [
+        ("registry.ollama.ai/library/gemma:2b does not support tools", True),
+        ('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set; tool_choice', True),
+        ("Unrecognized request argument supplied: tools", True),
+        ("tools: Extra inputs are not permitted", True),
+        ("This model's maximum context length is 4096 tokens; the tools and messages are too long", False),
+        ("Invalid 'messages[1].content': string too long", False),
+    ],
+)
+def test_only_a_refusal_of_tools_leaves_the_optional_tool_out(message: str, refused: bool) -> None:
+    from agents.llm.capabilities import is_tools_refusal
+
+    assert is_tools_refusal(400, message) is refused
+
+
+def test_a_nul_in_an_endpoints_model_name_does_not_fail_the_turn_it_is_recorded_with(
+    alice: Any, chat_agent: Agent, remote_model: Any
+) -> None:
+    from agents.models import LLMCall
+
+    remote_model.enqueue(stream("Fine.", model="fake\x00model"))
+    session = session_create(user=alice, agent=chat_agent)
+    result = turn_run(session=session, message="Hello")
+    assert result.turn.status == Turn.Status.COMPLETED and result.reply == "Fine."
+    assert LLMCall.objects.get(turn=result.turn).model == "fake\ufffdmodel"
+
+
+def test_the_records_of_a_failed_turns_calls_keep_the_time_of_each_call(alice: Any, remote_model: Any) -> None:
+    from agents.models import LLMCall
+
+    agent = Agent.objects.create(
+        name="Flights", slug="flights", system_prompt="x", workflow="free_chat", tools=["search_flights"]
+    )
+    remote_model.enqueue(
+        json_reply({"action": "answer", "reasoning": "chat", "confidence": 0.9}), error(400, "bad request")
+    )
+    session = session_create(user=alice, agent=agent)
+    result = turn_run(session=session, message="Hello")
+    assert result.turn.status == Turn.Status.FAILED
+    calls = list(LLMCall.objects.filter(turn=result.turn).order_by("created_at"))
+    assert [c.purpose for c in calls] == ["route", "reply"]
+    # Written when the turn ended, each with the time of its call, not of the write.
+    assert calls[0].created_at < calls[1].created_at <= result.turn.completed_at

@@ -117,3 +117,46 @@ def test_a_checkpoint_written_while_another_holds_the_session_row_takes_the_next
     seqs = list(Checkpoint.objects.filter(session=session).order_by("seq").values_list("seq", "detail"))
     assert [s for s, _ in seqs] == list(range(1, first + 3))
     assert written[0].seq == first + 1 and mine.seq == first + 2 and seqs[-1] == (first + 2, "mine")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_transition_while_another_writer_numbers_a_checkpoint_is_written_whole(alice: Any) -> None:
+    """The transition's write and its checkpoint are one statement; when another writer took the checkpoint's
+    number while it waited for the row, neither is written, and both are written again in a transaction."""
+    import threading
+    import time
+
+    from django.db import connections, transaction
+
+    from agents.workflows import get_workflow
+    from sessions.services import checkpoint_record, transition_apply
+
+    agent = Agent.objects.create(
+        name="B", slug="b", system_prompt="x", workflow="flight_booking", tools=["book_flight"]
+    )
+    session = session_create(user=alice, agent=agent)
+    workflow = get_workflow("flight_booking")
+    decision = workflow.decision(next_state="GATHERING_DESTINATION", slots={"origin": "London"})
+    holding = threading.Event()
+
+    def other_writer() -> None:
+        try:
+            with transaction.atomic():
+                ChatSession.objects.select_for_update().get(pk=session.pk)
+                holding.set()
+                time.sleep(0.5)  # the transition's statement is queued on the row lock meanwhile
+                checkpoint_record(session=session, reason=Checkpoint.Reason.RESET, detail="other")
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=other_writer)
+    thread.start()
+    assert holding.wait(10)
+    outcome = transition_apply(session=session, turn=None, decision=decision)
+    thread.join(10)
+    assert outcome.applied and outcome.checkpoint is not None
+    session.refresh_from_db()
+    assert session.state == "GATHERING_DESTINATION" and session.data["origin"] == "London"
+    log = list(Checkpoint.objects.filter(session=session).order_by("seq").values_list("seq", "reason"))
+    assert [seq for seq, _ in log] == list(range(1, len(log) + 1))
+    assert log[-2:] == [(log[-2][0], Checkpoint.Reason.RESET), (outcome.checkpoint.seq, Checkpoint.Reason.TRANSITION)]

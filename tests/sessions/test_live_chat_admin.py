@@ -96,3 +96,18 @@ def test_people_who_are_not_staff_never_reach_the_live_chat(alice: Any, session:
     session.refresh_from_db()
     assert session.status == ChatSession.Status.ACTIVE
     assert Turn.objects.filter(session=session).count() == 1
+
+
+def test_an_old_live_page_cannot_hand_back_a_chat_the_agent_has_or_reopen_a_closed_one(
+    staff_client: Client, session: ChatSession
+) -> None:
+    urls = _urls(session)
+    response = staff_client.post(urls["live_hand"], {"to": "agent"}, follow=True)
+    assert "The agent has this chat already" in response.content.decode()
+    assert not Checkpoint.objects.filter(session=session, reason=Checkpoint.Reason.RESUME).exists()
+    ChatSession.objects.filter(pk=session.pk).update(status=ChatSession.Status.CLOSED)
+    for to in ("person", "agent"):
+        response = staff_client.post(urls["live_hand"], {"to": to}, follow=True)
+        assert "This chat is closed" in response.content.decode()
+    session.refresh_from_db()
+    assert session.status == ChatSession.Status.CLOSED

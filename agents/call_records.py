@@ -89,9 +89,7 @@ def llm_calls_insert(calls: list[LLMCall]) -> None:
 
 def llm_calls_json(calls: list[LLMCall]) -> str:
     """The records as a JSON array of their columns (``jsonb_populate_recordset`` inserts them)."""
-    return json.dumps(
-        [{column: value for column, value in _columns(call).items()} for call in calls], cls=DjangoJSONEncoder
-    )
+    return json.dumps([_columns(call) for call in calls], cls=DjangoJSONEncoder)
 
 
 _LLMCALL_COLUMNS = tuple(f.column for f in LLMCall._meta.concrete_fields if not f.primary_key)

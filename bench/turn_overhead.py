@@ -236,7 +236,39 @@ def _analyze(conninfo: str) -> None:
         conn.execute("ANALYZE")
 
 
-class LangGraphSide:
+def _newest_within(history: list[dict[str, str]], counter: Any, budget: int) -> list[dict[str, str]]:
+    """The newest messages of ``history`` whose tokens fit ``budget`` (at least one), oldest first."""
+    kept: list[dict[str, str]] = []
+    used = 0
+    for message in reversed(history):  # newest first, until the budget is spent
+        tokens = counter.count_messages([message])
+        if kept and used + tokens > budget:
+            break
+        kept.append(message)
+        used += tokens
+    return kept[::-1]
+
+
+class _GraphSide:
+    """A LangGraph side: ``graph`` and ``config`` built by the subclass, its resources on ``_stack``."""
+
+    graph: Any
+    config: dict[str, Any]
+    _stack: Any
+
+    def turn(self, message: str) -> float:
+        started = time.perf_counter()
+        out = self.graph.invoke({"messages": [{"role": "user", "content": message}]}, self.config, durability="sync")
+        elapsed = (time.perf_counter() - started) * 1000
+        if out["messages"][-1]["content"] != "ok":
+            raise RuntimeError(f"the {type(self).__name__} turn did not complete")
+        return elapsed
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+class LangGraphSide(_GraphSide):
     def __init__(
         self, *, memories: list[str], system_prompt: str, history_budget: int, memory_budget: int, model: str
     ) -> None:
@@ -290,18 +322,11 @@ class LangGraphSide:
                     break
                 memory_lines.append(line)
                 used += tokens
-            kept: list[dict[str, str]] = []
-            used = 0
-            for message in reversed(history):  # newest first, until the budget is spent
-                tokens = counter.count_messages([message])
-                if kept and used + tokens > history_budget:
-                    break
-                kept.append(message)
-                used += tokens
+            kept = _newest_within(history, counter, history_budget)
             prompt = [
                 {"role": "system", "content": system_prompt},
                 {"role": "system", "content": "What you remember about the user:\n" + "\n".join(memory_lines)},
-                *reversed(kept),
+                *kept,
             ]
             raw = fake._request(prompt, temperature=None, max_tokens=None, tools=None, schema=None, purpose="reply")
             return {"messages": [{"role": "assistant", "content": raw.text}]}
@@ -313,19 +338,8 @@ class LangGraphSide:
         self.graph = builder.compile(checkpointer=self.saver, store=self.store)
         self.config = {"configurable": {"thread_id": f"bench-{uuid.uuid4().hex[:8]}"}}
 
-    def turn(self, message: str) -> float:
-        started = time.perf_counter()
-        out = self.graph.invoke({"messages": [{"role": "user", "content": message}]}, self.config, durability="sync")
-        elapsed = (time.perf_counter() - started) * 1000
-        if out["messages"][-1]["content"] != "ok":
-            raise RuntimeError("the LangGraph turn did not complete")
-        return elapsed
 
-    def close(self) -> None:
-        self._stack.close()
-
-
-class LangGraphLikeForLikeSide:
+class LangGraphLikeForLikeSide(_GraphSide):
     """LangGraph doing the work our turn does, on the same PostgreSQL: a ``retrieve`` node that runs this app's
     own hybrid retrieval (``memory.selectors.memories_for_prompt``, the same SQL over the same memories, with the
     same budgets and threshold) and builds the prompt with the same counter; a checkpoint after it, so one
@@ -376,19 +390,12 @@ class LangGraphLikeForLikeSide:
                 relevance_threshold=agent.relevance_threshold,
                 touch=False,
             )
-            kept: list[dict[str, str]] = []
-            used = 0
-            for message in reversed(history):  # newest first, until the budget is spent
-                tokens = counter.count_messages([message])
-                if kept and used + tokens > history_budget:
-                    break
-                kept.append(message)
-                used += tokens
+            kept = _newest_within(history, counter, history_budget)
             memory_lines = "\n".join(f"- {item.text}" for item in found.items)
             prompt = [
                 {"role": "system", "content": system_prompt},
                 {"role": "system", "content": "What you remember about the user:\n" + memory_lines},
-                *reversed(kept),
+                *kept,
             ]
             return {"prompt": prompt, "prompt_tokens": counter.count_messages(prompt)}
 
@@ -413,17 +420,6 @@ class LangGraphLikeForLikeSide:
         builder.add_edge("call_model", END)
         self.graph = builder.compile(checkpointer=self.saver)
         self.config = {"configurable": {"thread_id": thread}}
-
-    def turn(self, message: str) -> float:
-        started = time.perf_counter()
-        out = self.graph.invoke({"messages": [{"role": "user", "content": message}]}, self.config, durability="sync")
-        elapsed = (time.perf_counter() - started) * 1000
-        if out["messages"][-1]["content"] != "ok":
-            raise RuntimeError("the like-for-like LangGraph turn did not complete")
-        return elapsed
-
-    def close(self) -> None:
-        self._stack.close()
 
 
 class LGFullState(TypedDict, total=False):

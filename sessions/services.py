@@ -125,11 +125,7 @@ def _compare_and_set_with_checkpoint(
     )
     sql = (
         f"WITH u AS ({update} RETURNING id, state, data, retry_count), c AS ("
-        "INSERT INTO chat_sessions_checkpoint"
-        " (session_id, seq, turn_id, state, data, retry_count, transition, reason, detail, created_at)"
-        " SELECT u.id, COALESCE((SELECT MAX(k.seq) FROM chat_sessions_checkpoint k WHERE k.session_id = u.id), 0)"
-        " + 1, %s, u.state, u.data, u.retry_count, %s, %s, %s, %s FROM u"
-        f" RETURNING {', '.join(_CHECKPOINT_COLUMNS)})"
+        f"{checkpoint_insert_sql('u')} RETURNING {', '.join(_CHECKPOINT_COLUMNS)})"
         f" SELECT (SELECT count(*) FROM u), {', '.join('c.' + c for c in _CHECKPOINT_COLUMNS)}"
         " FROM (SELECT 1) AS one LEFT JOIN c ON true"
     )
@@ -223,32 +219,29 @@ def checkpoint_record(
         )
 
 
-_CHECKPOINT_COLUMNS = (
-    "id",
-    "session_id",
-    "seq",
-    "turn_id",
-    "state",
-    "data",
-    "retry_count",
-    "transition",
-    "reason",
-    "detail",
-    "created_at",
+# The checkpoint's columns, in the order a ``RETURNING`` of them gives (``_checkpoint_from_row`` reads it).
+_CHECKPOINT_COLUMNS = tuple(f.column for f in Checkpoint._meta.concrete_fields)
+
+
+def checkpoint_insert_sql(source: str, *, turn: str = "%s", tables: str = "") -> str:
+    """An ``INSERT`` of one checkpoint taken from ``source`` (a CTE with the session's id, state, data and retry
+    count, as written or locked by the same statement), numbered after the session's last one, returning its
+    row. Its parameters, positional: the turn's id (unless ``turn`` is an expression), the transition, the
+    reason, the detail and the time. ``tables``: what to select from, when more than ``source``."""
+    return (
+        "INSERT INTO chat_sessions_checkpoint"
+        " (session_id, seq, turn_id, state, data, retry_count, transition, reason, detail, created_at)"
+        f" SELECT {source}.id, COALESCE((SELECT MAX(k.seq) FROM chat_sessions_checkpoint k"
+        f" WHERE k.session_id = {source}.id), 0) + 1, {turn}, {source}.state, {source}.data, {source}.retry_count,"
+        f" %s, %s, %s, %s FROM {tables or source}"
+    )
+
+
+_CHECKPOINT_INSERT = (
+    "WITH s AS (SELECT id, state, data, retry_count FROM chat_sessions_chatsession WHERE id = %s FOR UPDATE) "
+    + checkpoint_insert_sql("s")
+    + f" ON CONFLICT (session_id, seq) DO NOTHING RETURNING {', '.join(_CHECKPOINT_COLUMNS)}"
 )
-_CHECKPOINT_INSERT = f"""
-WITH s AS (
-    SELECT id, state, data, retry_count FROM chat_sessions_chatsession WHERE id = %(session)s FOR UPDATE
-)
-INSERT INTO chat_sessions_checkpoint
-    (session_id, seq, turn_id, state, data, retry_count, transition, reason, detail, created_at)
-SELECT s.id,
-       COALESCE((SELECT MAX(c.seq) FROM chat_sessions_checkpoint c WHERE c.session_id = s.id), 0) + 1,
-       %(turn)s, s.state, s.data, s.retry_count, %(transition)s, %(reason)s, %(detail)s, %(now)s
-FROM s
-ON CONFLICT (session_id, seq) DO NOTHING
-RETURNING {", ".join(_CHECKPOINT_COLUMNS)}
-"""
 
 
 def _checkpoint_insert(
@@ -258,14 +251,7 @@ def _checkpoint_insert(
     together. None when it wrote nothing: no such session, or a checkpoint committed by another writer while
     this statement waited for the row lock (its snapshot predates it, so its number was taken: the caller reads
     again in statements of their own)."""
-    params = {
-        "session": session_id,
-        "turn": turn.pk if turn is not None else None,
-        "transition": transition[:140],
-        "reason": reason,
-        "detail": detail,
-        "now": timezone.now(),
-    }
+    params = [session_id, turn.pk if turn is not None else None, transition[:140], reason, detail, timezone.now()]
     with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
         cursor.execute(_CHECKPOINT_INSERT, params)
         row = cursor.fetchone()

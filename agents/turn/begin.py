@@ -18,7 +18,7 @@ from config.db import refresh_from
 from config.errors import Refusal
 from sessions.locks import SessionBusyError, SessionTurnLock
 from sessions.models import ChatSession, Checkpoint, Turn
-from sessions.services import checkpoint_before_call, checkpoint_number_taken
+from sessions.services import checkpoint_before_call, checkpoint_insert_sql, checkpoint_number_taken
 
 
 class MessageRejected(Refusal):
@@ -157,21 +157,14 @@ def turn_begin(
         raise
 
 
-_CHECKPOINT_AND_TITLE = """
-, s AS (
-    SELECT id, state, data, retry_count FROM chat_sessions_chatsession WHERE id = %s FOR UPDATE
-), titled AS (
-    UPDATE chat_sessions_chatsession SET title = %s WHERE id = %s AND title = '' AND %s <> '' RETURNING id
-), c AS (
-    INSERT INTO chat_sessions_checkpoint
-        (session_id, seq, turn_id, state, data, retry_count, transition, reason, detail, created_at)
-    SELECT s.id, COALESCE((SELECT MAX(k.seq) FROM chat_sessions_checkpoint k WHERE k.session_id = s.id), 0) + 1,
-           t.id, s.state, s.data, s.retry_count, '', %s, %s, %s
-    FROM s, t
-    RETURNING seq
+# After the turn's INSERT (``t``): the session row locked and read (``s``), its first title, the checkpoint.
+_CHECKPOINT_AND_TITLE = (
+    ", s AS (SELECT id, state, data, retry_count FROM chat_sessions_chatsession WHERE id = %s FOR UPDATE)"
+    ", titled AS (UPDATE chat_sessions_chatsession SET title = %s WHERE id = %s AND title = '' AND %s <> ''"
+    " RETURNING id)"
+    f", c AS ({checkpoint_insert_sql('s', turn='t.id', tables='s, t')} RETURNING seq)"
+    " SELECT t.id FROM t"
 )
-SELECT t.id, (SELECT count(*) FROM c), (SELECT count(*) FROM titled) FROM t
-"""
 
 
 def _save_with_checkpoint(turn: Turn, *, title: str) -> bool:
@@ -190,6 +183,7 @@ def _save_with_checkpoint(turn: Turn, *, title: str) -> bool:
         title,
         turn.session_id,
         title,
+        "",
         Checkpoint.Reason.BEFORE_CALL.value,
         f"before a model call, turn #{turn.seq}",
         timezone.now(),
@@ -200,7 +194,7 @@ def _save_with_checkpoint(turn: Turn, *, title: str) -> bool:
     try:
         with guard, connection.cursor() as cursor:
             cursor.execute(sql, params)
-            turn_id, _checkpointed, _titled = cursor.fetchone()
+            (turn_id,) = cursor.fetchone()
     except IntegrityError as exc:
         if checkpoint_number_taken(exc):
             return False

@@ -17,6 +17,7 @@ import concurrent.futures
 import hashlib
 import math
 import os
+import queue
 import re
 import threading
 from collections import OrderedDict
@@ -145,6 +146,18 @@ class SentenceTransformerEmbedder:
             vector = model.forward(features)["sentence_embedding"]
             return list(torch.nn.functional.normalize(vector, dim=1)[0].tolist())
 
+    def embed_queries(self, texts: list[str]) -> list[list[float]]:
+        """Several queries in one forward pass (``embed_query_soon`` batches the queries that wait together)."""
+        if len(texts) == 1:
+            return [self.embed_query(texts[0])]
+        import torch
+
+        model: Any = self._load()
+        with torch.inference_mode():
+            features = model.preprocess(texts) if hasattr(model, "preprocess") else model.tokenize(texts)
+            vectors = model.forward(features)["sentence_embedding"]
+            return [list(row) for row in torch.nn.functional.normalize(vectors, dim=1).tolist()]
+
     def prepare_query_thread(self) -> None:
         """One intra-op thread on the threads that embed queries (``embed_query_soon``).
 
@@ -254,20 +267,89 @@ def get_embedder(backend: str | None = None) -> Embedder:
     return embedder
 
 
-# Query embeddings that run beside the caller's database reads (``embed_query_soon``). A model forward pass
-# and an HTTP call both let go of the GIL, so the caller's queries proceed meanwhile. A few threads: in a
-# threaded web worker several requests may embed at once.
-_query_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_query_pool_lock = threading.Lock()
+# Query embeddings run beside the caller's database reads (``embed_query_soon``), on one thread per embedder
+# that takes every query waiting at that moment and embeds them together: when several requests of a threaded
+# web worker embed at once, they share one forward pass (or one HTTP call) instead of queueing for the cores
+# one by one. A query that finds the thread idle is embedded at once, alone: batching never waits for company.
+# A model forward pass and an HTTP call both let go of the GIL, so the callers' queries proceed meanwhile.
+QUERY_BATCH_MAX = 16
 
 
-def _forget_query_pool() -> None:
-    # A forked child (a Celery or gunicorn worker) has none of its parent's threads: start a new pool.
-    global _query_pool
-    _query_pool = None
+class _QueryBatcher:
+    def __init__(self, embedder: Embedder) -> None:
+        self.embedder = embedder
+        self.waiting: queue.SimpleQueue[tuple[str, tuple[str, str], concurrent.futures.Future[list[float]]]] = (
+            queue.SimpleQueue()
+        )
+        self.thread = threading.Thread(target=self._run, name="embed-query", daemon=True)
+        self.thread.start()
+
+    def submit(self, text: str, key: tuple[str, str]) -> concurrent.futures.Future[list[float]]:
+        future: concurrent.futures.Future[list[float]] = concurrent.futures.Future()
+        self.waiting.put((text, key, future))
+        return future
+
+    def _run(self) -> None:
+        prepare = getattr(self.embedder, "prepare_query_thread", None)
+        if prepare is not None:
+            prepare()
+        while True:
+            batch = [self.waiting.get()]
+            while len(batch) < QUERY_BATCH_MAX:
+                try:
+                    batch.append(self.waiting.get_nowait())
+                except queue.Empty:
+                    break
+            live = [item for item in batch if item[2].set_running_or_notify_cancel()]
+            if live:
+                self._embed(live)
+
+    def _embed(self, batch: list[tuple[str, tuple[str, str], concurrent.futures.Future[list[float]]]]) -> None:
+        texts = list(dict.fromkeys(text for text, _, _ in batch))  # the same query twice is embedded once
+        try:
+            vectors = embed_queries(self.embedder, texts)
+        except Exception as exc:  # noqa: BLE001 - every caller of this batch gets the error through its future
+            for _, _, future in batch:
+                future.set_exception(exc)
+            return
+        by_text = dict(zip(texts, vectors, strict=True))
+        for text, key, future in batch:
+            _cache_query(key, by_text[text])  # cached before the caller's future resolves: the next ask finds it
+            future.set_result(list(by_text[text]))
 
 
-os.register_at_fork(after_in_child=_forget_query_pool)
+def embed_queries(embedder: Embedder, texts: list[str]) -> list[list[float]]:
+    """The query vectors of ``texts``: the embedder's batched query pass where it has one, its single-query
+    pass for one text, else its batch ``embed``."""
+    batched = getattr(embedder, "embed_queries", None)
+    if batched is not None:
+        return list(batched(texts))
+    if len(texts) == 1:
+        return [embedder.embed_query(texts[0])]
+    return embedder.embed(texts)
+
+
+_batchers: dict[int, _QueryBatcher] = {}
+_batchers_lock = threading.Lock()
+
+
+def _batcher_for(embedder: Embedder) -> _QueryBatcher:
+    batcher = _batchers.get(id(embedder))
+    if batcher is None or batcher.embedder is not embedder:
+        with _batchers_lock:
+            batcher = _batchers.get(id(embedder))
+            if batcher is None or batcher.embedder is not embedder:
+                batcher = _QueryBatcher(embedder)
+                _batchers[id(embedder)] = batcher
+    return batcher
+
+
+def _forget_batchers() -> None:
+    # A forked child (a Celery or gunicorn worker) has none of its parent's threads: it starts its own.
+    _batchers.clear()
+
+
+os.register_at_fork(after_in_child=_forget_batchers)
 
 
 # The vectors of the latest queries, per process: a query asked again (a retry, the same question in another
@@ -319,25 +401,4 @@ def embed_query_soon(text: str, backend: str | None = None) -> concurrent.future
         except Exception as exc:  # noqa: BLE001 - handed to the caller through the future, as a thread would
             future.set_exception(exc)
         return future
-    global _query_pool
-    if _query_pool is None:
-        with _query_pool_lock:
-            if _query_pool is None:
-                _query_pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="embed-query")
-    return _query_pool.submit(_embed_on_query_thread, embedder, text, key)
-
-
-_query_thread = threading.local()
-
-
-def _embed_on_query_thread(embedder: Embedder, text: str, key: tuple[str, str] | None = None) -> list[float]:
-    prepared: set[int] = _query_thread.__dict__.setdefault("prepared", set())
-    if id(embedder) not in prepared:  # once per embedder on each thread
-        prepare = getattr(embedder, "prepare_query_thread", None)
-        if prepare is not None:
-            prepare()
-        prepared.add(id(embedder))
-    vector = embedder.embed_query(text)
-    if key is not None:  # cached before the caller's future resolves: the next ask finds it
-        _cache_query(key, vector)
-    return vector
+    return _batcher_for(embedder).submit(text, key)

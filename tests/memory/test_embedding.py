@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
+from conftest import wait_for
 from memory.embedding import Embedder, HashingEmbedder, get_embedder
 from memory.models import Memory
 from memory.services import memory_create
@@ -140,3 +141,68 @@ def test_a_query_embedded_lately_is_answered_from_the_process_cache(monkeypatch:
     embedding.embed_query_soon("c", backend="counting").result()  # the oldest goes: two at most
     embedding.embed_query_soon("trains to Porto", backend="counting").result()
     assert model.calls == ["trains to Porto", "b", "c", "trains to Porto"]
+
+
+def test_queries_that_wait_together_are_embedded_in_one_batch(monkeypatch: Any) -> None:
+    """While the query thread embeds one query, the others that arrive wait and then go in one call: several
+    turns embedding at once share a forward pass. Each caller gets its own vector, the same text is embedded
+    once, and an error reaches every caller of its batch."""
+    import threading
+
+    import memory.embedding as embedding
+
+    class Gated:
+        name, dimensions = "gated", 3
+
+        def __init__(self) -> None:
+            self.batches: list[list[str]] = []
+            self.gate = threading.Event()
+            self.fail = False
+
+        def embed(self, texts: list[str]) -> list[list[float]]:
+            raise AssertionError("queries go through embed_queries")
+
+        def embed_query(self, text: str) -> list[float]:
+            raise AssertionError("queries go through embed_queries")
+
+        def embed_queries(self, texts: list[str]) -> list[list[float]]:
+            self.batches.append(list(texts))
+            self.gate.wait(10)
+            if self.fail:
+                raise RuntimeError("embedding service down")
+            return [[float(len(t)), 1.0, 0.0] for t in texts]
+
+    model = Gated()
+    monkeypatch.setitem(embedding._instances, "gated", model)
+    monkeypatch.setattr(embedding, "_query_cache", embedding.OrderedDict())
+    first = embedding.embed_query_soon("a", backend="gated")
+    wait_for(lambda: model.batches, message="the first query to reach the model")
+    later = {t: embedding.embed_query_soon(t, backend="gated") for t in ("bb", "ccc", "dddd")}
+    again = embedding.embed_query_soon("ccc", backend="gated")
+    model.gate.set()
+    assert first.result(10) == [1.0, 1.0, 0.0]
+    assert {t: f.result(10) for t, f in later.items()} == {t: [float(len(t)), 1.0, 0.0] for t in later}
+    assert again.result(10) == [3.0, 1.0, 0.0]
+    assert model.batches == [["a"], ["bb", "ccc", "dddd"]]
+    assert embedding._cached_query(("gated", "dddd")) == [4.0, 1.0, 0.0]
+
+    model.gate.clear()
+    model.fail = True
+    blocked = embedding.embed_query_soon("e", backend="gated")
+    wait_for(lambda: len(model.batches) == 3, message="the blocking query to reach the model")
+    doomed = [embedding.embed_query_soon(t, backend="gated") for t in ("ff", "ggg")]
+    model.gate.set()
+    for future in (blocked, *doomed):
+        with pytest.raises(RuntimeError, match="embedding service down"):
+            future.result(10)
+    model.fail = False
+    assert embedding.embed_query_soon("hhhhh", backend="gated").result(10) == [5.0, 1.0, 0.0]  # the thread lives on
+
+
+@pytest.mark.real_embedder
+def test_a_batch_of_real_queries_gives_each_its_own_vector() -> None:
+    embedder = get_embedder()
+    texts = ["The flight was cancelled", "I live in Lisbon and love the sea", "ok"]
+    batched = embedder.embed_queries(texts)  # type: ignore[attr-defined]
+    for text, vector in zip(texts, batched, strict=True):
+        assert vector == pytest.approx(embedder.embed_query(text), abs=1e-5)

@@ -289,10 +289,11 @@ class _QueryBatcher:
         self.waiting.put((text, key, future))
         return future
 
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
     def _run(self) -> None:
-        prepare = getattr(self.embedder, "prepare_query_thread", None)
-        if prepare is not None:
-            prepare()
+        prepared = False
         while True:
             batch = [self.waiting.get()]
             while len(batch) < QUERY_BATCH_MAX:
@@ -301,21 +302,48 @@ class _QueryBatcher:
                 except queue.Empty:
                     break
             live = [item for item in batch if item[2].set_running_or_notify_cancel()]
-            if live:
-                self._embed(live)
+            try:
+                if not prepared:
+                    prepared = True
+                    prepare = getattr(self.embedder, "prepare_query_thread", None)
+                    if prepare is not None:
+                        prepare()
+                if live:
+                    self._embed(live)
+            except BaseException as exc:  # no caller may wait forever: each gets the error
+                for _, _, future in live:
+                    if not future.done():
+                        future.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise  # the thread ends (interpreter exit); the next query starts another
 
     def _embed(self, batch: list[tuple[str, tuple[str, str], concurrent.futures.Future[list[float]]]]) -> None:
         texts = list(dict.fromkeys(text for text, _, _ in batch))  # the same query twice is embedded once
         try:
-            vectors = embed_queries(self.embedder, texts)
-        except Exception as exc:  # noqa: BLE001 - every caller of this batch gets the error through its future
-            for _, _, future in batch:
-                future.set_exception(exc)
-            return
-        by_text = dict(zip(texts, vectors, strict=True))
+            by_text = dict(zip(texts, _checked(embed_queries(self.embedder, texts), len(texts)), strict=True))
+        except Exception as exc:  # noqa: BLE001 - one bad query must not fail the others of its batch
+            if len(texts) == 1:
+                for _, _, future in batch:
+                    future.set_exception(exc)
+                return
+            by_text = {}
+            for text in texts:  # one by one: only the query that fails gets the error
+                try:
+                    by_text[text] = _checked(embed_queries(self.embedder, [text]), 1)[0]
+                except Exception as single:  # noqa: BLE001 - handed to the callers of this text
+                    for t, _, future in batch:
+                        if t == text:
+                            future.set_exception(single)
         for text, key, future in batch:
-            _cache_query(key, by_text[text])  # cached before the caller's future resolves: the next ask finds it
-            future.set_result(list(by_text[text]))
+            if text in by_text and not future.done():
+                _cache_query(key, by_text[text])  # cached before the caller's future resolves: the next ask finds it
+                future.set_result(list(by_text[text]))
+
+
+def _checked(vectors: list[list[float]], expected: int) -> list[list[float]]:
+    if len(vectors) != expected:
+        raise ValueError(f"the embedder returned {len(vectors)} vectors for {expected} queries")
+    return vectors
 
 
 def embed_queries(embedder: Embedder, texts: list[str]) -> list[list[float]]:
@@ -335,18 +363,22 @@ _batchers_lock = threading.Lock()
 
 def _batcher_for(embedder: Embedder) -> _QueryBatcher:
     batcher = _batchers.get(id(embedder))
-    if batcher is None or batcher.embedder is not embedder:
+    if batcher is None or batcher.embedder is not embedder or not batcher.alive():
         with _batchers_lock:
             batcher = _batchers.get(id(embedder))
-            if batcher is None or batcher.embedder is not embedder:
+            if batcher is None or batcher.embedder is not embedder or not batcher.alive():
                 batcher = _QueryBatcher(embedder)
                 _batchers[id(embedder)] = batcher
     return batcher
 
 
 def _forget_batchers() -> None:
-    # A forked child (a Celery or gunicorn worker) has none of its parent's threads: it starts its own.
+    # A forked child (a Celery or gunicorn worker) has none of its parent's threads: it starts its own, with
+    # new locks (a lock that a parent's thread held at the fork would stay held in the child).
+    global _batchers_lock, _query_cache_lock
     _batchers.clear()
+    _batchers_lock = threading.Lock()
+    _query_cache_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_batchers)

@@ -170,6 +170,10 @@ def test_queries_that_wait_together_are_embedded_in_one_batch(monkeypatch: Any) 
             self.gate.wait(10)
             if self.fail:
                 raise RuntimeError("embedding service down")
+            if any("too long" in t for t in texts):
+                raise ValueError("input too long")
+            if any("short" in t for t in texts):
+                return [[1.0, 1.0, 1.0] for _ in texts][1:]  # a vector short: an error, not a hang
             return [[float(len(t)), 1.0, 0.0] for t in texts]
 
     model = Gated()
@@ -197,6 +201,18 @@ def test_queries_that_wait_together_are_embedded_in_one_batch(monkeypatch: Any) 
             future.result(10)
     model.fail = False
     assert embedding.embed_query_soon("hhhhh", backend="gated").result(10) == [5.0, 1.0, 0.0]  # the thread lives on
+
+    # One query the embedder refuses fails alone: the others of its batch are embedded one by one.
+    model.gate.clear()
+    blocked = embedding.embed_query_soon("iiiiii", backend="gated")
+    wait_for(lambda: model.batches[-1] == ["iiiiii"], message="the blocking query to reach the model")
+    mixed = {t: embedding.embed_query_soon(t, backend="gated") for t in ("a too long one", "jj", "kkk short")}
+    model.gate.set()
+    assert blocked.result(10) == [6.0, 1.0, 0.0] and mixed["jj"].result(10) == [2.0, 1.0, 0.0]
+    with pytest.raises(ValueError, match="input too long"):
+        mixed["a too long one"].result(10)
+    with pytest.raises(ValueError, match="returned 0 vectors for 1 queries"):
+        mixed["kkk short"].result(10)
 
 
 @pytest.mark.real_embedder

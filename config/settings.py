@@ -386,7 +386,10 @@ EMBEDDING_API_KEY_ENV = env_str("EMBEDDING_API_KEY_ENV", "EMBEDDING_API_KEY") or
 EMBEDDING_TIMEOUT = env_float("EMBEDDING_TIMEOUT", 30.0, minimum=0.1)
 # Memory retrieval: candidates per search arm, HNSW search breadth, the relevance model's time budget.
 MEMORY_CANDIDATES = env_int("MEMORY_CANDIDATES", 40, minimum=1, maximum=1000)
-MEMORY_VECTOR_CANDIDATES = env_int("MEMORY_VECTOR_CANDIDATES", 24, minimum=1, maximum=1000)
+MEMORY_VECTOR_CANDIDATES = env_int("MEMORY_VECTOR_CANDIDATES", 40, minimum=1, maximum=1000)
+# At most this many from an HNSW index (histories past MEMORY_EXACT_SEARCH_MAX): each extra row of a filtered
+# graph walk costs steps, where an exact search costs the same for any number (bench/memory_scale.py).
+MEMORY_HNSW_CANDIDATES = env_int("MEMORY_HNSW_CANDIDATES", 24, minimum=1, maximum=1000)
 MEMORY_HNSW_EF_SEARCH = env_int("MEMORY_HNSW_EF_SEARCH", 40, minimum=10, maximum=1000)
 # Users with fewer memories than this get an exact vector search (their rows via the user index, every
 # distance computed); bigger histories get an HNSW index of their own (the daily sync_user_indexes task,

@@ -55,6 +55,11 @@ FUSION = "cc"  # "rrf": reciprocal rank fusion; "cc": convex combination of the 
 VECTOR_SHARE = 0.6  # "cc": the cosine's share of the fused score
 RRF_K = 10  # reciprocal-rank-fusion constant: lower than the usual 60, so top ranks dominate
 VECTOR_WEIGHT, TEXT_WEIGHT = 1.0, 1.5  # the arms' shares in the fusion
+# Hubness: some memories sit close to everything (generic, long or chatty ones) and so come near the top
+# for any query. A candidate's cosine is discounted by HUB_WEIGHT times its crowding: its mean cosine to
+# its HUB_K nearest fellow candidates of this query (a local CSLS-style correction; 0 = off).
+HUB_WEIGHT = 0.5
+HUB_K = 10
 NEIGHBOUR_WEIGHT = 0.3  # share of a candidate's score given to the episodes next to it in its session (0 = off)
 NEIGHBOUR_SOURCES = 20  # how many of the best candidates spread to their neighbours
 NEIGHBOUR_MAX_GAP = timedelta(hours=1)  # episodes further apart than this are not neighbours
@@ -167,6 +172,8 @@ class HybridCandidate:
     vector_rank: int | None = None
     text_rank: int | None = None
     similarity: float = 0.0  # cosine similarity to the query
+    crowding: float = 0.0  # mean cosine to its HUB_K nearest fellow candidates (hubness; see HUB_WEIGHT)
+    has_vector: bool = True  # a memory not embedded yet has no meaning to compare: the word arm found it
     text_share: float = 0.0  # idf-weighted share of the query's words the memory contains
     fused: float = 0.0
 
@@ -332,7 +339,19 @@ def _vector_search(
     window: RecentWindow | None = None,
 ) -> list[tuple[int, float]]:
     """The user's ``limit`` nearest memories by cosine distance: exact for small histories, HNSW for big ones."""
-    return _vector_arm(user_id=user_id, vector=vector, now=now, limit=limit, exact=exact, also=[], window=window)[0]
+    return _vector_arm(user_id=user_id, vector=vector, now=now, limit=limit, exact=exact, window=window).nearest
+
+
+@dataclass
+class VectorArm:
+    """The vector arm's answer: the nearest memories (id, distance), best first; the distance of each word
+    candidate (1.0 for one without a vector); the ids among those without a vector; and, when asked for,
+    each candidate's crowding (hubness)."""
+
+    nearest: list[tuple[int, float]]
+    word_distance: dict[int, float]
+    no_vector: set[int]
+    crowding: dict[int, float]
 
 
 def _vector_arm(
@@ -342,32 +361,72 @@ def _vector_arm(
     now: datetime,
     limit: int,
     exact: bool | None,
-    also: list[int],
+    also: list[tuple[int, float]] | None = None,
+    also_limit: int = 0,
     window: RecentWindow | None = None,
-) -> tuple[list[tuple[int, float]], dict[int, float]]:
-    """The nearest memories (as ``_vector_search``) and, in the same round trip, the distance of each memory
-    in ``also`` (the word arm's candidates; 1.0 for one without a vector)."""
+    crowding_k: int = 0,
+) -> VectorArm:
+    """The nearest memories (as ``_vector_search``) and, in the same round trip, the distance of each word
+    candidate in ``also`` ((id, share)) and, with ``crowding_k``, each candidate's crowding: its mean cosine
+    to its ``crowding_k`` nearest fellow candidates. The fellows are the vector arm's rows and the word arm's
+    best ``also_limit`` (share, then closeness to the query: the cut ``hybrid_candidates`` makes), so the
+    word arm's ties (up to TEXT_POOL rows when one word decides) never make the pairs many."""
     if exact is None:
         exact = _is_small_history(user_id)
+    words = also or []
     params: dict[str, Any] = {
         "user": user_id,
         "vector": vector_literal(vector),
         "now": now,
         "limit": limit,
-        "also": also,
+        "also": [i for i, _ in words],
+        "shares": [float(share) for _, share in words],
+        "also_limit": also_limit,
+        "k": crowding_k,
         **_window_params(window),
     }
-    sql = (
-        f"SELECT 0, id, distance FROM ({_EXACT_VECTOR_SQL if exact else _VECTOR_SQL}) nearest UNION ALL "
-        "SELECT 1, id, COALESCE(embedding <=> %(vector)s::vector, 1.0) FROM memory_memory "
-        "WHERE id = ANY(%(also)s::bigint[]) AND user_id = %(user)s"
+    pool = (
+        f"SELECT 0 AS arm, id, distance, NULL::float8 AS share, true AS has_vector "
+        f"FROM ({_EXACT_VECTOR_SQL if exact else _VECTOR_SQL}) nearest UNION ALL "
+        "SELECT 1, m.id, COALESCE(m.embedding <=> %(vector)s::vector, 1.0), w.share, m.embedding IS NOT NULL "
+        "FROM unnest(%(also)s::bigint[], %(shares)s::float8[]) AS w(id, share) "
+        "JOIN memory_memory m ON m.id = w.id WHERE m.user_id = %(user)s"
     )
+    if crowding_k > 0:
+        sql = f"""
+            WITH pool AS MATERIALIZED ({pool}),
+            fellows AS MATERIALIZED (
+                SELECT id FROM pool WHERE arm = 0
+                UNION (SELECT id FROM pool WHERE arm = 1 ORDER BY share DESC, distance, id LIMIT %(also_limit)s)
+            ),
+            vecs AS MATERIALIZED (
+                -- detoasted once here (a rebuilt value), not once per pair below
+                SELECT id, embedding::real[]::vector AS embedding FROM memory_memory
+                WHERE user_id = %(user)s AND embedding IS NOT NULL AND id IN (SELECT id FROM fellows)
+            ),
+            crowd AS (
+                SELECT id, avg(1 - distance) AS crowding FROM (
+                    SELECT a.id, a.embedding <=> b.embedding AS distance,
+                           row_number() OVER (PARTITION BY a.id ORDER BY a.embedding <=> b.embedding) AS n
+                    FROM vecs a JOIN vecs b ON a.id <> b.id
+                ) pairs
+                WHERE n <= %(k)s GROUP BY id
+            )
+            SELECT pool.arm, pool.id, pool.distance, pool.has_vector, crowd.crowding
+            FROM pool LEFT JOIN crowd USING (id)
+        """
+    else:
+        sql = f"SELECT arm, id, distance, has_vector, NULL FROM ({pool}) pool"
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     # relaxed_order may return neighbours slightly out of order: sort them by distance here.
-    nearest = sorted(((int(i), float(d)) for arm, i, d in rows if arm == 0), key=lambda r: r[1])
-    return nearest, {int(i): float(d) for arm, i, d in rows if arm == 1}
+    return VectorArm(
+        nearest=sorted(((int(i), float(d)) for arm, i, d, _, _ in rows if arm == 0), key=lambda r: r[1]),
+        word_distance={int(i): float(d) for arm, i, d, _, _ in rows if arm == 1},
+        no_vector={int(i) for _, i, _, has_vector, _ in rows if not has_vector},
+        crowding={int(i): float(c) for _, i, _, _, c in rows if c is not None},
+    )
 
 
 def query_terms(query: str) -> list[str]:
@@ -474,32 +533,40 @@ def hybrid_candidates(
         started = time.perf_counter()
     if small is None:
         small = _is_small_history(user.pk)
-    # The vector arm asks for fewer rows: with a filtered HNSW scan every extra row of a big user's
-    # history costs graph steps, while full-text candidates are cheap (bench/memory_scale.py).
+    # The vector arm asks for fewer rows from an HNSW index: with a filtered HNSW scan every extra row of a
+    # big user's history costs graph steps, while full-text candidates are cheap (bench/memory_scale.py). An
+    # exact search costs the same for any LIMIT.
     vector_limit = min(limit, settings.MEMORY_VECTOR_CANDIDATES)
-    nearest, word_distance = _vector_arm(
+    if not small:
+        vector_limit = min(vector_limit, settings.MEMORY_HNSW_CANDIDATES)
+    arm = _vector_arm(
         user_id=user.pk,
         vector=vector,
         now=now,
         limit=vector_limit,
         exact=small,
-        also=[i for i, _ in words],
+        also=words,
+        also_limit=limit,
         window=window,
+        crowding_k=HUB_K if HUB_WEIGHT and FUSION == "cc" else 0,
     )
     timings["exact_search" if small else "vector_search"] = (time.perf_counter() - started) * 1000
     # The word arm's ties at its cut go to the memories nearer the query.
-    words = sorted(words, key=lambda w: (-w[1], word_distance.get(w[0], 1.0), w[0]))[:limit]
+    words = sorted(words, key=lambda w: (-w[1], arm.word_distance.get(w[0], 1.0), w[0]))[:limit]
     by_id: dict[int, HybridCandidate] = {}
-    for rank, (memory_id, distance) in enumerate(nearest, start=1):
+    for rank, (memory_id, distance) in enumerate(arm.nearest, start=1):
         cand = by_id.setdefault(memory_id, HybridCandidate(memory_id))
         cand.vector_rank = rank
         cand.similarity = 1.0 - distance
     for rank, (memory_id, share) in enumerate(words, start=1):
         cand = by_id.setdefault(
-            memory_id, HybridCandidate(memory_id, similarity=1.0 - word_distance.get(memory_id, 1.0))
+            memory_id, HybridCandidate(memory_id, similarity=1.0 - arm.word_distance.get(memory_id, 1.0))
         )
         cand.text_rank = rank
         cand.text_share = share
+    for memory_id, cand in by_id.items():
+        cand.crowding = arm.crowding.get(memory_id, 0.0)
+        cand.has_vector = memory_id not in arm.no_vector
     (_convex_fusion if FUSION == "cc" else _rank_fusion)(list(by_id.values()))
     started = time.perf_counter()
     rows = _neighbours_and_rows(user_id=user.pk, by_id=by_id, window=window)
@@ -519,14 +586,19 @@ def _rank_fusion(candidates: list[HybridCandidate]) -> None:
 
 def _convex_fusion(candidates: list[HybridCandidate]) -> None:
     """Fused score as a convex combination of the two arms' scores, each on this query's own scale: the
-    cosine between the worst and the best candidate's (every candidate has one: the word arm's are measured
-    too), the word share as a part of the best. A memory passes the vector arm's best only where its words
-    make up for more than the cosine it lacks."""
-    sims = [c.similarity for c in candidates]
-    low, high = min(sims, default=0.0), max(sims, default=0.0)
+    cosine, less HUB_WEIGHT times the candidate's crowding, between the worst and the best candidate's (every
+    candidate with a vector has one: the word arm's are measured too; one without a vector scores 0 there),
+    the word share as a part of the best. A memory passes the vector arm's best only where its words make
+    up for more than the meaning it lacks."""
+    sims = {c.memory_id: c.similarity - HUB_WEIGHT * c.crowding for c in candidates if c.has_vector}
+    low, high = min(sims.values(), default=0.0), max(sims.values(), default=0.0)
     share_high = max((c.text_share for c in candidates), default=0.0)
     for c in candidates:
-        meaning = (c.similarity - low) / (high - low) if high > low else 1.0
+        sim = sims.get(c.memory_id)
+        if sim is None:
+            meaning = 0.0  # no vector: it competes on its words alone
+        else:
+            meaning = (sim - low) / (high - low) if high > low else 1.0
         wording = c.text_share / share_high if share_high > 0 else 0.0
         c.fused = VECTOR_SHARE * meaning + (1.0 - VECTOR_SHARE) * wording
 
@@ -893,7 +965,8 @@ def memories_for_prompt(
         tier2_ms = (time.perf_counter() - started) * 1000
         timings["text_search"] = tier2_ms - timings["history_size"]
         started = time.perf_counter()
-        vector = pending.result()
+        # Bounded: an embedding endpoint times out by itself (EMBEDDING_TIMEOUT), and a batch may wait behind one.
+        vector = pending.result(timeout=2 * float(settings.EMBEDDING_TIMEOUT))
         timings["embed_wait"] = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
         search = hybrid_candidates(

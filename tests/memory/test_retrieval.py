@@ -522,3 +522,64 @@ def test_the_query_carries_the_users_earlier_messages_without_a_cheap_model() ->
     assert retrieval_query(message="I want to beat my half marathon time", earlier=["x"]).source == "message"
     assert follow_up.source == "conversation"
     assert follow_up.text == "and when was that?\nI went to Kyoto with Rui"  # the newest two, message first
+
+
+def test_fusion_discounts_crowded_candidates_and_leaves_vectorless_ones_to_their_words() -> None:
+    """Hubness: a memory close to all the other candidates (a generic one) loses HUB_WEIGHT times that
+    closeness from its cosine; one without a vector has no meaning to compare and competes on its words."""
+    from memory.selectors import HUB_WEIGHT, VECTOR_SHARE, HybridCandidate, _convex_fusion
+
+    assert HUB_WEIGHT > 0
+    hub = HybridCandidate(1, vector_rank=1, similarity=0.60, crowding=0.90)
+    specific = HybridCandidate(2, vector_rank=2, similarity=0.55, crowding=0.20)
+    unembedded = HybridCandidate(3, text_rank=1, similarity=0.0, text_share=0.5, has_vector=False)
+    _convex_fusion([hub, specific, unembedded])
+    assert specific.fused > hub.fused  # 0.55 - 0.5 x 0.2 beats 0.60 - 0.5 x 0.9
+    assert specific.fused == pytest.approx(VECTOR_SHARE)  # the best meaning, no words
+    assert hub.fused == pytest.approx(0.0)
+    assert unembedded.fused == pytest.approx(1.0 - VECTOR_SHARE)  # the best words, no meaning
+
+
+def test_crowding_is_measured_among_the_queries_candidates_only(alice: Any, bob: Any) -> None:
+    """Each candidate's crowding is its mean cosine to its nearest fellow candidates: near-copies crowd each
+    other, a lone memory does not; the word arm's ties past its cut are not fellows (they would make the
+    pairs many), and another user's memories are never read."""
+    from memory.selectors import _vector_arm
+
+    def unit(*xs: float) -> list[float]:
+        v = [0.0] * 384
+        for i, x in enumerate(xs):
+            v[i] = x
+        n = sum(x * x for x in v) ** 0.5
+        return [x / n for x in v]
+
+    def write(user: Any, text: str, vector: list[float] | None) -> Memory:
+        m = memory_create(user=user, kind="semantic", text=text)
+        Memory.objects.filter(pk=m.pk).update(embedding=vector)
+        return m
+
+    twins = [write(alice, f"twin {i}", unit(1, 0.05 * i)) for i in range(3)]
+    lone = write(alice, "lone", unit(0, 0, 1))
+    unembedded = write(alice, "no vector yet", None)
+    ties = [write(alice, f"tie {i}", unit(0, 1, 0.1 * i)) for i in range(5)]
+    write(bob, "bob's twin", unit(1, 0.01))
+    arm = _vector_arm(
+        user_id=alice.pk,
+        vector=unit(1, 0.1, 0.5),
+        now=timezone.now(),
+        limit=4,
+        exact=True,
+        also=[(unembedded.pk, 1.0)] + [(t.pk, 0.5) for t in ties],
+        also_limit=2,
+        crowding_k=2,
+    )
+    assert {i for i, _ in arm.nearest[:3]} == {t.pk for t in twins} and arm.nearest[3][0] == lone.pk
+    assert arm.no_vector == {unembedded.pk}
+    assert arm.word_distance[unembedded.pk] == 1.0
+    for t in twins:
+        assert arm.crowding[t.pk] > 0.99  # its two nearest fellows are its twins
+    assert arm.crowding[lone.pk] < 0.4
+    # The word arm's cut: the unembedded memory (best share) and the tie nearest the query; the rest are no
+    # fellows and get no crowding.
+    nearest_tie = min(ties, key=lambda t: arm.word_distance[t.pk])
+    assert set(arm.crowding) == {t.pk for t in twins} | {lone.pk, nearest_tie.pk}

@@ -99,6 +99,11 @@ class CandidateReport:
     relevance: float | None = None
     kept: bool = False
     reason: str = ""
+    # What the fused score is made of (tier 2): the cosine to the query, the crowding it lost HUB_WEIGHT of,
+    # and the idf-weighted share of the query's words. None where tier 2 did not score the memory.
+    cosine: float | None = None
+    crowding: float | None = None
+    word_share: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -112,7 +117,18 @@ class CandidateReport:
             "relevance": None if self.relevance is None else round(self.relevance, 4),
             "kept": self.kept,
             "reason": self.reason,
+            "cosine": None if self.cosine is None else round(self.cosine, 4),
+            "crowding": None if self.crowding is None else round(self.crowding, 4),
+            "word_share": None if self.word_share is None else round(self.word_share, 4),
         }
+
+    def scored_by(self, cand: HybridCandidate) -> None:
+        self.vector_rank, self.text_rank, self.fused_score = cand.vector_rank, cand.text_rank, cand.fused
+        if cand.vector_rank is None and cand.text_rank is None:
+            return  # a neighbour of a strong candidate: its score is a share of that one's, not its own
+        self.cosine = cand.similarity if cand.has_vector else None
+        self.crowding = cand.crowding if cand.has_vector else None
+        self.word_share = cand.text_share
 
 
 @dataclass
@@ -1022,19 +1038,11 @@ def memories_for_prompt(
     for cand in fused:
         if cand.memory_id in tier1_reports:
             # Each memory is reported once: tier 1's entry, with what tier 2 found too.
-            report = tier1_reports[cand.memory_id]
-            report.vector_rank, report.text_rank, report.fused_score = cand.vector_rank, cand.text_rank, cand.fused
+            tier1_reports[cand.memory_id].scored_by(cand)
             continue
         memory = loaded[cand.memory_id]
-        report = CandidateReport(
-            id=memory.id,
-            kind=memory.kind,
-            preview=memory.text[:PREVIEW_CHARS],
-            tier=2,
-            vector_rank=cand.vector_rank,
-            text_rank=cand.text_rank,
-            fused_score=cand.fused,
-        )
+        report = CandidateReport(id=memory.id, kind=memory.kind, preview=memory.text[:PREVIEW_CHARS], tier=2)
+        report.scored_by(cand)
         if mode == "model":
             relevance = scores.get(cand.memory_id, 0.0)
             base_score = relevance

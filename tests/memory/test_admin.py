@@ -242,3 +242,21 @@ def test_merge_asks_first_showing_the_combined_text_then_merges_it(staff_client:
     b.refresh_from_db()
     assert a.text == "The user likes tea. The user drinks green tea every morning." and not a.archived
     assert b.archived
+
+
+def test_try_retrieval_shows_what_each_fused_score_is_made_of(staff_client: Client, alice: Any) -> None:
+    """Cosine, crowding (the hubness discount) and word share per candidate: an operator can see why one
+    memory outranks another."""
+    from memory.selectors import memories_for_prompt
+
+    for text in ("User: I sail on Sundays", "User: my boat is called Wren", "User: I bake bread"):
+        memory_create(user=alice, kind="episodic", text=text)
+    result = memories_for_prompt(user=alice, query="sailing boat", budget_tokens=500, use_model_filter=False)
+    scored = [c.as_dict() for c in result.candidates]
+    assert scored and all(isinstance(c["cosine"], float) and isinstance(c["crowding"], float) for c in scored)
+    assert all(c["word_share"] is not None for c in scored)
+
+    body = staff_client.get(reverse(TRY_URL), {"user": alice.pk, "query": "sailing boat", "budget_tokens": 500})
+    html = body.content.decode()
+    assert ">cosine</th>" in html and ">crowding</th>" in html and ">words</th>" in html
+    assert f"<td>{scored[0]['cosine']:.3f}</td>" in html

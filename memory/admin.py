@@ -30,7 +30,7 @@ from config.admin_lists import LogAdmin
 from memory.desk import desk_index, desk_user
 from memory.embedding import get_embedder
 from memory.models import Memory, MemoryReview
-from memory.selectors import current_q, memories_for_prompt
+from memory.selectors import HUB_WEIGHT, current_q, memories_for_prompt
 from memory.services import (
     current_duplicate,
     duplicate_message,
@@ -349,6 +349,7 @@ class MemoryAdmin(LogAdmin):
             "form": form,
             "result": result,
             "rows": rows,
+            "hub_weight": HUB_WEIGHT,
         }
         return TemplateResponse(request, "admin/memory/try_retrieval.html", context)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import re
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ VECTOR_WEIGHT, TEXT_WEIGHT = 1.0, 1.5  # the arms' shares in the fusion
 # its HUB_K nearest fellow candidates of this query (a local CSLS-style correction; 0 = off).
 HUB_WEIGHT = 0.5
 HUB_K = 10
+HUB_FELLOWS = 64  # at most this many of each arm's best are fellows (the pairs grow with its square)
 NEIGHBOUR_WEIGHT = 0.3  # share of a candidate's score given to the episodes next to it in its session (0 = off)
 NEIGHBOUR_SOURCES = 20  # how many of the best candidates spread to their neighbours
 NEIGHBOUR_MAX_GAP = timedelta(hours=1)  # episodes further apart than this are not neighbours
@@ -124,11 +126,8 @@ class CandidateReport:
 
     def scored_by(self, cand: HybridCandidate) -> None:
         self.vector_rank, self.text_rank, self.fused_score = cand.vector_rank, cand.text_rank, cand.fused
-        if cand.vector_rank is None and cand.text_rank is None:
-            return  # a neighbour of a strong candidate: its score is a share of that one's, not its own
-        self.cosine = cand.similarity if cand.has_vector else None
-        self.crowding = cand.crowding if cand.has_vector else None
-        self.word_share = cand.text_share
+        if cand.scored is not None:  # None: only a neighbour of a strong candidate (a share of that one's score)
+            self.cosine, self.crowding, self.word_share = cand.scored
 
 
 @dataclass
@@ -139,6 +138,7 @@ class RetrievedMemories:
     total_tokens: int = 0
     budget_tokens: int = 0
     filter_mode: str = "calibrated"
+    degraded: str = ""  # why a part of the search was skipped (the query's embedding failed), or empty
     query: str = ""  # the text searched for (see retrieval_query)
     query_source: str = "message"
     timings_ms: dict[str, float] = field(default_factory=dict)
@@ -165,6 +165,7 @@ class RetrievedMemories:
             "total_tokens": self.total_tokens,
             "budget_tokens": self.budget_tokens,
             "filter_mode": self.filter_mode,
+            "degraded": self.degraded,
             "timings_ms": {k: round(v, 2) for k, v in self.timings_ms.items()},
         }
 
@@ -190,6 +191,9 @@ class HybridCandidate:
     similarity: float = 0.0  # cosine similarity to the query
     crowding: float = 0.0  # mean cosine to its HUB_K nearest fellow candidates (hubness; see HUB_WEIGHT)
     has_vector: bool = True  # a memory not embedded yet has no meaning to compare: the word arm found it
+    # What fusion scored it on, for the report (cosine, crowding, word share), before a neighbour's share of
+    # another candidate's score raised any of them; None where it was not measured.
+    scored: tuple[float | None, float | None, float] | None = None
     text_share: float = 0.0  # idf-weighted share of the query's words the memory contains
     fused: float = 0.0
 
@@ -385,8 +389,9 @@ def _vector_arm(
     """The nearest memories (as ``_vector_search``) and, in the same round trip, the distance of each word
     candidate in ``also`` ((id, share)) and, with ``crowding_k``, each candidate's crowding: its mean cosine
     to its ``crowding_k`` nearest fellow candidates. The fellows are the vector arm's rows and the word arm's
-    best ``also_limit`` (share, then closeness to the query: the cut ``hybrid_candidates`` makes), so the
-    word arm's ties (up to TEXT_POOL rows when one word decides) never make the pairs many."""
+    best ``also_limit`` (share, then closeness to the query: the cut ``hybrid_candidates`` makes), at most
+    HUB_FELLOWS of each, so neither the word arm's ties (up to TEXT_POOL rows when one word decides) nor
+    large candidate settings make the pairs many. Candidates that are no fellows get no crowding."""
     if exact is None:
         exact = _is_small_history(user_id)
     words = also or []
@@ -397,7 +402,8 @@ def _vector_arm(
         "limit": limit,
         "also": [i for i, _ in words],
         "shares": [float(share) for _, share in words],
-        "also_limit": also_limit,
+        "also_limit": min(also_limit, HUB_FELLOWS),
+        "fellows": HUB_FELLOWS,
         "k": crowding_k,
         **_window_params(window),
     }
@@ -412,7 +418,7 @@ def _vector_arm(
         sql = f"""
             WITH pool AS MATERIALIZED ({pool}),
             fellows AS MATERIALIZED (
-                SELECT id FROM pool WHERE arm = 0
+                (SELECT id FROM pool WHERE arm = 0 ORDER BY distance, id LIMIT %(fellows)s)
                 UNION (SELECT id FROM pool WHERE arm = 1 ORDER BY share DESC, distance, id LIMIT %(also_limit)s)
             ),
             vecs AS MATERIALIZED (
@@ -526,7 +532,7 @@ def hybrid_candidates(
     *,
     user: Any,
     query: str,
-    vector: list[float],
+    vector: list[float] | None,
     now: datetime,
     limit: int | None = None,
     small: bool | None = None,
@@ -555,18 +561,21 @@ def hybrid_candidates(
     vector_limit = min(limit, settings.MEMORY_VECTOR_CANDIDATES)
     if not small:
         vector_limit = min(vector_limit, settings.MEMORY_HNSW_CANDIDATES)
-    arm = _vector_arm(
-        user_id=user.pk,
-        vector=vector,
-        now=now,
-        limit=vector_limit,
-        exact=small,
-        also=words,
-        also_limit=limit,
-        window=window,
-        crowding_k=HUB_K if HUB_WEIGHT and FUSION == "cc" else 0,
-    )
-    timings["exact_search" if small else "vector_search"] = (time.perf_counter() - started) * 1000
+    if vector is None:  # the query could not be embedded: the word arm alone, no meaning to compare
+        arm = VectorArm(nearest=[], word_distance={}, no_vector={i for i, _ in words}, crowding={})
+    else:
+        arm = _vector_arm(
+            user_id=user.pk,
+            vector=vector,
+            now=now,
+            limit=vector_limit,
+            exact=small,
+            also=words,
+            also_limit=limit,
+            window=window,
+            crowding_k=HUB_K if HUB_WEIGHT and FUSION == "cc" else 0,
+        )
+        timings["exact_search" if small else "vector_search"] = (time.perf_counter() - started) * 1000
     # The word arm's ties at its cut go to the memories nearer the query.
     words = sorted(words, key=lambda w: (-w[1], arm.word_distance.get(w[0], 1.0), w[0]))[:limit]
     by_id: dict[int, HybridCandidate] = {}
@@ -580,9 +589,21 @@ def hybrid_candidates(
         )
         cand.text_rank = rank
         cand.text_share = share
+    nearest_ids = {i for i, _ in arm.nearest}
+    # A candidate with a vector that was no fellow (past HUB_FELLOWS) is neither discounted nor spared: it
+    # gets the fellows' mean crowding.
+    typical = statistics.fmean(arm.crowding.values()) if arm.crowding else 0.0
     for memory_id, cand in by_id.items():
-        cand.crowding = arm.crowding.get(memory_id, 0.0)
-        cand.has_vector = memory_id not in arm.no_vector
+        cand.has_vector = memory_id in nearest_ids or (
+            memory_id in arm.word_distance and memory_id not in arm.no_vector
+        )
+        measured = arm.crowding.get(memory_id)
+        cand.crowding = measured if measured is not None else typical
+        cand.scored = (
+            cand.similarity if cand.has_vector else None,
+            measured if cand.has_vector else None,
+            cand.text_share,
+        )
     (_convex_fusion if FUSION == "cc" else _rank_fusion)(list(by_id.values()))
     started = time.perf_counter()
     rows = _neighbours_and_rows(user_id=user.pk, by_id=by_id, window=window)
@@ -982,7 +1003,13 @@ def memories_for_prompt(
         timings["text_search"] = tier2_ms - timings["history_size"]
         started = time.perf_counter()
         # Bounded: an embedding endpoint times out by itself (EMBEDDING_TIMEOUT), and a batch may wait behind one.
-        vector = pending.result(timeout=2 * float(settings.EMBEDDING_TIMEOUT))
+        # A query that cannot be embedded is searched by its words alone, and the report says so.
+        vector: list[float] | None
+        try:
+            vector = pending.result(timeout=2 * float(settings.EMBEDDING_TIMEOUT))
+        except Exception as exc:  # noqa: BLE001 - retrieval degrades to the word arm, never fails for this
+            logger.warning("query embedding failed (%s): searching by words alone", type(exc).__name__)
+            vector, result.degraded = None, f"words only: the query could not be embedded ({type(exc).__name__})"
         timings["embed_wait"] = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
         search = hybrid_candidates(

@@ -247,6 +247,8 @@ def test_merge_asks_first_showing_the_combined_text_then_merges_it(staff_client:
 def test_try_retrieval_shows_what_each_fused_score_is_made_of(staff_client: Client, alice: Any) -> None:
     """Cosine, crowding (the hubness discount) and word share per candidate: an operator can see why one
     memory outranks another."""
+    from django.template.defaultfilters import floatformat
+
     from memory.selectors import memories_for_prompt
 
     for text in ("User: I sail on Sundays", "User: my boat is called Wren", "User: I bake bread"):
@@ -259,4 +261,4 @@ def test_try_retrieval_shows_what_each_fused_score_is_made_of(staff_client: Clie
     body = staff_client.get(reverse(TRY_URL), {"user": alice.pk, "query": "sailing boat", "budget_tokens": 500})
     html = body.content.decode()
     assert ">cosine</th>" in html and ">crowding</th>" in html and ">words</th>" in html
-    assert f"<td>{scored[0]['cosine']:.3f}</td>" in html
+    assert f"<td>{floatformat(scored[0]['cosine'], 3)}</td>" in html

@@ -583,3 +583,51 @@ def test_crowding_is_measured_among_the_queries_candidates_only(alice: Any, bob:
     # fellows and get no crowding.
     nearest_tie = min(ties, key=lambda t: arm.word_distance[t.pk])
     assert set(arm.crowding) == {t.pk for t in twins} | {lone.pk, nearest_tie.pk}
+
+
+def test_a_query_that_cannot_be_embedded_is_searched_by_its_words(alice: Any, monkeypatch: Any) -> None:
+    """The embedder down or late: retrieval degrades to the word arm (the turn, the API, the admin and the
+    tools all get memories), and the report says why."""
+    import concurrent.futures
+
+    import memory.selectors as selectors
+
+    memory_create(user=alice, kind="semantic", text="The user's sailing boat is called Wren.")
+    memory_create(user=alice, kind="semantic", text="The user bakes rye bread on Sundays.")
+
+    def down(text: str, backend: str | None = None) -> concurrent.futures.Future[list[float]]:
+        future: concurrent.futures.Future[list[float]] = concurrent.futures.Future()
+        future.set_exception(TimeoutError("embedding endpoint too slow"))
+        return future
+
+    monkeypatch.setattr(selectors, "embed_query_soon", down)
+    found = memories_for_prompt(user=alice, query="what is my boat called", budget_tokens=500, use_model_filter=False)
+    assert [m.memory.text for m in found.items] == ["The user's sailing boat is called Wren."]
+    report = found.as_report()
+    assert report["degraded"] == "words only: the query could not be embedded (TimeoutError)"
+    assert all(c["cosine"] is None and c["crowding"] is None for c in report["candidates"])
+
+
+def test_the_report_shows_a_candidates_own_scores_not_its_neighbours(alice: Any, agent: Agent, settings: Any) -> None:
+    """A neighbour's share of a strong candidate's score raises its fused score; the reported cosine, crowding
+    and word share stay what fusion measured of the memory itself."""
+    settings.MEMORY_RECENT_ACTIONS = 0
+    question, answer, _ = _episodes(alice, agent, HONEYMOON, gap=timedelta(minutes=1))
+    result = _retrieve(alice, "honeymoon", relevance_threshold=0.0)
+    report = {c.id: c.as_dict() for c in result.candidates}
+    assert report[question.id]["word_share"] and report[question.id]["word_share"] > 0
+    # The answer has none of the query's words: its share is its own 0, not 0.3 of the question's.
+    if report[answer.id]["text_rank"] is None and report[answer.id]["vector_rank"] is None:
+        assert report[answer.id]["word_share"] is None  # found only as a neighbour
+    else:
+        assert report[answer.id]["word_share"] == 0.0
+
+
+def test_crowding_is_not_reported_when_the_correction_is_off(alice: Any, monkeypatch: Any) -> None:
+    import memory.selectors as selectors
+
+    memory_create(user=alice, kind="semantic", text="The user's sailing boat is called Wren.")
+    memory_create(user=alice, kind="semantic", text="The user sails on Sundays.")
+    monkeypatch.setattr(selectors, "HUB_WEIGHT", 0.0)
+    found = memories_for_prompt(user=alice, query="sailing", budget_tokens=500, use_model_filter=False)
+    assert found.candidates and all(c.crowding is None and c.cosine is not None for c in found.candidates)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 from django.db import connection, connections, transaction
@@ -62,11 +63,40 @@ def update_returning(queryset: QuerySet[M], **values: Any) -> list[M]:
     with transaction.mark_for_rollback_on_error(using=queryset.db), compiler.connection.cursor() as cursor:
         cursor.execute(text, params)
         rows: Any = cursor.fetchall()
-    converters = compiler.get_converters([f.get_col(table) for f in fields])
-    if converters:
-        rows = compiler.apply_converters(rows, converters)
+    return instances_from_rows(model, rows, using=queryset.db)
+
+
+def select_columns(model: type[Model], alias: str) -> str:
+    """The model's concrete columns, qualified by ``alias``, in the order ``instances_from_rows`` reads them."""
+    qn = connection.ops.quote_name
+    return ", ".join(f"{alias}.{qn(f.column)}" for f in model._meta.concrete_fields)
+
+
+_converters: dict[tuple[type[Model], str], list[tuple[Any, list[Any]]]] = {}
+
+
+def instances_from_rows(model: type[M], rows: Iterable[Sequence[Any]], *, using: str = "default") -> list[M]:
+    """Instances of ``model`` from rows of its concrete columns in field order (``select_columns``), through
+    the backend's and the fields' database converters (a JSON field's text parsed), as a query's would be.
+    The converters are looked up once per model."""
+    conn = connections[using]
+    fields: Any = model._meta.concrete_fields
+    if (model, using) not in _converters:
+        cols = [f.get_col(model._meta.db_table) for f in fields]
+        _converters[(model, using)] = [
+            (col, conn.ops.get_db_converters(col) + f.get_db_converters(conn))
+            for f, col in zip(fields, cols, strict=True)
+        ]
+    converters = _converters[(model, using)]
     names = [f.attname for f in fields]
-    return [model.from_db(queryset.db, names, row) for row in rows]
+    out = []
+    for row in rows:
+        values = list(row)
+        for i, (col, functions) in enumerate(converters):
+            for function in functions:
+                values[i] = function(values[i], col, conn)
+        out.append(model.from_db(using, names, values))
+    return out
 
 
 def _update_compiled(queryset: QuerySet[Any], values: dict[str, Any]) -> tuple[Any, str, Any]:

@@ -365,12 +365,12 @@ def _vector_search(
 @dataclass
 class VectorArm:
     """The vector arm's answer: the nearest memories (id, distance), best first; the distance of each word
-    candidate (1.0 for one without a vector); the ids among those without a vector; and, when asked for,
-    each candidate's crowding (hubness)."""
+    candidate (1.0 for one without a vector); the ids of every candidate that has a vector; and, when asked
+    for, each candidate's crowding (hubness)."""
 
     nearest: list[tuple[int, float]]
     word_distance: dict[int, float]
-    no_vector: set[int]
+    with_vector: set[int]
     crowding: dict[int, float]
 
 
@@ -446,7 +446,7 @@ def _vector_arm(
     return VectorArm(
         nearest=sorted(((int(i), float(d)) for arm, i, d, _, _ in rows if arm == 0), key=lambda r: r[1]),
         word_distance={int(i): float(d) for arm, i, d, _, _ in rows if arm == 1},
-        no_vector={int(i) for _, i, _, has_vector, _ in rows if not has_vector},
+        with_vector={int(i) for _, i, _, has_vector, _ in rows if has_vector},
         crowding={int(i): float(c) for _, i, _, _, c in rows if c is not None},
     )
 
@@ -562,7 +562,7 @@ def hybrid_candidates(
     if not small:
         vector_limit = min(vector_limit, settings.MEMORY_HNSW_CANDIDATES)
     if vector is None:  # the query could not be embedded: the word arm alone, no meaning to compare
-        arm = VectorArm(nearest=[], word_distance={}, no_vector={i for i, _ in words}, crowding={})
+        arm = VectorArm(nearest=[], word_distance={}, with_vector=set(), crowding={})
     else:
         arm = _vector_arm(
             user_id=user.pk,
@@ -589,14 +589,11 @@ def hybrid_candidates(
         )
         cand.text_rank = rank
         cand.text_share = share
-    nearest_ids = {i for i, _ in arm.nearest}
     # A candidate with a vector that was no fellow (past HUB_FELLOWS) is neither discounted nor spared: it
     # gets the fellows' mean crowding.
     typical = statistics.fmean(arm.crowding.values()) if arm.crowding else 0.0
     for memory_id, cand in by_id.items():
-        cand.has_vector = memory_id in nearest_ids or (
-            memory_id in arm.word_distance and memory_id not in arm.no_vector
-        )
+        cand.has_vector = memory_id in arm.with_vector
         measured = arm.crowding.get(memory_id)
         cand.crowding = measured if measured is not None else typical
         cand.scored = (

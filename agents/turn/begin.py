@@ -13,7 +13,7 @@ from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from agents.turn.context import AGENT_SWITCHED_OFF, FINISHED, UNFINISHED
-from config.db import refresh_from
+from config.db import instances_from_rows, refresh_from, select_columns
 from config.errors import Refusal
 from sessions.locks import SessionBusyError, SessionTurnLock
 from sessions.models import ChatSession, Checkpoint, Turn
@@ -216,32 +216,15 @@ def _same_message_or_refuse(turn: Turn, text: str) -> None:
         )
 
 
-def _columns(model: Any, alias: str) -> tuple[list[str], str]:
-    fields = list(model._meta.concrete_fields)
-    return [f.attname for f in fields], ", ".join(f'{alias}."{f.column}"' for f in fields)
-
-
-def _instance(model: Any, attnames: list[str], values: tuple[Any, ...] | list[Any]) -> Any:
-    """A model instance from a row of its concrete columns, through the fields' converters (a JSON field's
-    text parsed) as a queryset would."""
-    converted = []
-    for column, value in zip(model._meta.concrete_fields, values, strict=True):
-        for converter in column.get_db_converters(connection):
-            value = converter(value, column.get_col(model._meta.db_table), connection)
-        converted.append(value)
-    return model.from_db("default", attnames, converted)
-
-
-_SESSION_ATTRS, _SESSION_COLUMNS = _columns(ChatSession, "s")
 _AGENT_MODEL: Any = ChatSession._meta.get_field("agent").related_model
 _USER_MODEL: Any = ChatSession._meta.get_field("user").related_model
-_AGENT_ATTRS, _AGENT_COLUMNS = _columns(_AGENT_MODEL, "a")
-_USER_ATTRS, _USER_COLUMNS = _columns(_USER_MODEL, "u")
+_WIDTHS = (len(ChatSession._meta.concrete_fields), len(_AGENT_MODEL._meta.concrete_fields))
+_UNFINISHED = [str(status) for status in UNFINISHED]
 # The session with its agent and user, its last turn number and whether a turn of it is unfinished: what
 # ``ChatSession.objects.select_related("agent", "user").annotate(...)`` reads, written once here because
 # building and compiling that queryset cost more than running it, on every turn.
 _RELOAD_SQL = f"""
-    SELECT {_SESSION_COLUMNS}, {_AGENT_COLUMNS}, {_USER_COLUMNS},
+    SELECT {select_columns(ChatSession, "s")}, {select_columns(_AGENT_MODEL, "a")}, {select_columns(_USER_MODEL, "u")},
            (SELECT t.seq FROM {Turn._meta.db_table} t WHERE t.session_id = s.id ORDER BY t.seq DESC LIMIT 1),
            EXISTS (SELECT 1 FROM {Turn._meta.db_table} t WHERE t.session_id = s.id AND t.status = ANY(%(unfinished)s))
     FROM {ChatSession._meta.db_table} s
@@ -255,14 +238,14 @@ def _reload_with_last_seq(session: ChatSession) -> tuple[int, list[Turn]]:
     """Read the session again (with its agent and user), its last turn number and its orphaned turns, in
     one query (orphans are rare)."""
     with connection.cursor() as cursor:
-        cursor.execute(_RELOAD_SQL, {"session": session.pk, "unfinished": [str(s) for s in UNFINISHED]})
+        cursor.execute(_RELOAD_SQL, {"session": session.pk, "unfinished": _UNFINISHED})
         row = cursor.fetchone()
     if row is None:
         raise ChatSession.DoesNotExist("the session was deleted")
-    n_session, n_agent = len(_SESSION_ATTRS), len(_AGENT_ATTRS)
-    fresh = _instance(ChatSession, _SESSION_ATTRS, row[:n_session])
-    agent = _instance(_AGENT_MODEL, _AGENT_ATTRS, row[n_session : n_session + n_agent])
-    user = _instance(_USER_MODEL, _USER_ATTRS, row[n_session + n_agent : -2])
+    n_session, n_agent = _WIDTHS
+    (fresh,) = instances_from_rows(ChatSession, [row[:n_session]])
+    (agent,) = instances_from_rows(_AGENT_MODEL, [row[n_session : n_session + n_agent]])
+    (user,) = instances_from_rows(_USER_MODEL, [row[n_session + n_agent : -2]])
     ChatSession._meta.get_field("agent").set_cached_value(fresh, agent)
     ChatSession._meta.get_field("user").set_cached_value(fresh, user)
     refresh_from(session, fresh)

@@ -620,3 +620,36 @@ def test_the_curation_desk_for_a_user_with_many_memories(
     page.wait_for_load_state("networkidle")
     assert "pinned" in page.locator(f"#memory-{pinned_target.pk}").inner_text()
     context.close()
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+def test_try_retrieval_shows_each_candidates_scores_at_desktop_and_phone_sizes(
+    browser: Any, live_server: Any, staff: Any, alice: Any, viewport: dict[str, int]
+) -> None:
+    """The scores a fused score is made of (cosine, crowding, words) are columns of the candidates' table:
+    the table scrolls inside its own box, the page itself never scrolls sideways, and the columns can be
+    reached at a phone's width."""
+    from memory.services import memory_create
+
+    for text in ("User: I sail on Sundays", "User: my boat is called Wren", "User: I bake rye bread"):
+        memory_create(user=alice, kind="episodic", text=text)
+    context = browser.new_context(viewport=viewport)
+    page = context.new_page()
+    _sign_in(page, live_server.url, "staff", "staff-pass-123")
+    page.goto(
+        f"{live_server.url}/admin/memory/memory/try-retrieval/?user={alice.pk}&query=sailing+boat&budget_tokens=500"
+    )
+    headers = [h.strip() for h in page.locator("#candidates thead th").all_text_contents()]
+    assert [h for h in headers if h in ("cosine", "crowding", "words")] == ["cosine", "crowding", "words"]
+    first = page.locator("#candidates tbody tr").first
+    cells = [c.strip() for c in first.locator("td").all_text_contents()]
+    cosine = cells[headers.index("cosine")]
+    assert cosine != "—" and 0.0 <= float(cosine) <= 1.0
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    crowding_header = page.locator("#candidates thead th", has_text="crowding")
+    crowding_header.scroll_into_view_if_needed()
+    box = crowding_header.bounding_box()
+    assert box is not None and 0 <= box["x"] and box["x"] + box["width"] <= viewport["width"] + 1
+    name = "desktop" if viewport is DESKTOP else "phone"
+    page.screenshot(path=str(SCREENSHOTS / f"try-retrieval-{name}.png"))
+    context.close()

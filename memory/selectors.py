@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import Q
@@ -415,6 +416,9 @@ def _vector_arm(
         "JOIN memory_memory m ON m.id = w.id WHERE m.user_id = %(user)s"
     )
     if crowding_k > 0:
+        # The fellows' vectors come back in pgvector's binary form (vector_send: a 4-byte header, then
+        # big-endian float4s) and their pairs are scored here, in one matrix product: in SQL, the pairs and
+        # their window sort cost 2.3 ms a query (bench: LoCoMo users, ~80 fellows), here about 0.1.
         sql = f"""
             WITH pool AS MATERIALIZED ({pool}),
             fellows AS MATERIALIZED (
@@ -422,20 +426,11 @@ def _vector_arm(
                 UNION (SELECT id FROM pool WHERE arm = 1 ORDER BY share DESC, distance, id LIMIT %(also_limit)s)
             ),
             vecs AS MATERIALIZED (
-                -- detoasted once here (a rebuilt value), not once per pair below
-                SELECT id, embedding::real[]::vector AS embedding FROM memory_memory
+                SELECT id, vector_send(embedding) AS raw FROM memory_memory
                 WHERE user_id = %(user)s AND embedding IS NOT NULL AND id IN (SELECT id FROM fellows)
-            ),
-            crowd AS (
-                SELECT id, avg(1 - distance) AS crowding FROM (
-                    SELECT a.id, a.embedding <=> b.embedding AS distance,
-                           row_number() OVER (PARTITION BY a.id ORDER BY a.embedding <=> b.embedding) AS n
-                    FROM vecs a JOIN vecs b ON a.id <> b.id
-                ) pairs
-                WHERE n <= %(k)s GROUP BY id
             )
-            SELECT pool.arm, pool.id, pool.distance, pool.has_vector, crowd.crowding
-            FROM pool LEFT JOIN crowd USING (id)
+            SELECT pool.arm, pool.id, pool.distance, pool.has_vector, vecs.raw
+            FROM pool LEFT JOIN vecs USING (id)
         """
     else:
         sql = f"SELECT arm, id, distance, has_vector, NULL FROM ({pool}) pool"
@@ -447,8 +442,25 @@ def _vector_arm(
         nearest=sorted(((int(i), float(d)) for arm, i, d, _, _ in rows if arm == 0), key=lambda r: r[1]),
         word_distance={int(i): float(d) for arm, i, d, _, _ in rows if arm == 1},
         with_vector={int(i) for _, i, _, has_vector, _ in rows if has_vector},
-        crowding={int(i): float(c) for _, i, _, _, c in rows if c is not None},
+        crowding=_crowding({int(i): bytes(raw) for _, i, _, _, raw in rows if raw is not None}, crowding_k),
     )
+
+
+def _crowding(raw_vectors: dict[int, bytes], k: int) -> dict[int, float]:
+    """Each fellow's mean cosine to its ``k`` nearest other fellows (fewer when there are fewer), from the
+    vectors as pgvector's ``vector_send`` writes them. Cosine of the normalised vectors, as ``<=>`` measures
+    it (1 - distance); a zero vector has cosine 0 to everything."""
+    if len(raw_vectors) < 2:
+        return {}
+    ids = list(raw_vectors)
+    matrix = np.stack([np.frombuffer(raw_vectors[i], dtype=">f4", offset=4) for i in ids]).astype(np.float64)
+    norms = np.linalg.norm(matrix, axis=1)
+    matrix /= np.where(norms > 0, norms, 1.0)[:, None]
+    sims = matrix @ matrix.T
+    np.fill_diagonal(sims, -np.inf)
+    take = min(k, len(ids) - 1)
+    nearest = -np.partition(-sims, take - 1, axis=1)[:, :take]
+    return dict(zip(ids, nearest.mean(axis=1).tolist(), strict=True))
 
 
 def query_terms(query: str) -> list[str]:

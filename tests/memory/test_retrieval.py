@@ -583,6 +583,13 @@ def test_crowding_is_measured_among_the_queries_candidates_only(alice: Any, bob:
     # fellows and get no crowding.
     nearest_tie = min(ties, key=lambda t: arm.word_distance[t.pk])
     assert set(arm.crowding) == {t.pk for t in twins} | {lone.pk, nearest_tie.pk}
+    # The exact figure: the mean of its two best cosines among the other fellows.
+    vectors = {m.pk: Memory.objects.get(pk=m.pk).embedding for m in [*twins, lone, nearest_tie]}
+    cosines = sorted(
+        (sum(a * b for a, b in zip(vectors[lone.pk], v, strict=True)) for pk, v in vectors.items() if pk != lone.pk),
+        reverse=True,
+    )
+    assert arm.crowding[lone.pk] == pytest.approx((cosines[0] + cosines[1]) / 2, abs=1e-6)
 
 
 def test_a_query_that_cannot_be_embedded_is_searched_by_its_words(alice: Any, monkeypatch: Any) -> None:

@@ -273,6 +273,9 @@ def get_embedder(backend: str | None = None) -> Embedder:
 # one by one. A query that finds the thread idle is embedded at once, alone: batching never waits for company.
 # A model forward pass and an HTTP call both let go of the GIL, so the callers' queries proceed meanwhile.
 QUERY_BATCH_MAX = 16
+# A thread with nothing to embed for this long ends (and lets go of its embedder): an embedder that was
+# replaced, or one asked only once, leaves no idle thread behind. The next query starts another.
+QUERY_THREAD_IDLE = 300.0
 
 
 class _QueryBatcher:
@@ -281,21 +284,45 @@ class _QueryBatcher:
         self.waiting: queue.SimpleQueue[tuple[str, tuple[str, str], concurrent.futures.Future[list[float]]]] = (
             queue.SimpleQueue()
         )
+        self.closed = False
+        self.lock = threading.Lock()  # a query is queued only while the thread has not decided to end
         self.thread = threading.Thread(target=self._run, name="embed-query", daemon=True)
         self.thread.start()
 
-    def submit(self, text: str, key: tuple[str, str]) -> concurrent.futures.Future[list[float]]:
+    def submit(self, text: str, key: tuple[str, str]) -> concurrent.futures.Future[list[float]] | None:
+        """The query's future, or None when this thread has ended (ask ``_batcher_for`` for a new one)."""
         future: concurrent.futures.Future[list[float]] = concurrent.futures.Future()
-        self.waiting.put((text, key, future))
+        with self.lock:
+            if self.closed:
+                return None
+            self.waiting.put((text, key, future))
         return future
 
     def alive(self) -> bool:
-        return self.thread.is_alive()
+        return not self.closed and self.thread.is_alive()
+
+    def _next(self) -> tuple[str, tuple[str, str], concurrent.futures.Future[list[float]]] | None:
+        """The next query, waiting at most QUERY_THREAD_IDLE; None when the thread should end (closed)."""
+        while True:
+            try:
+                return self.waiting.get(timeout=QUERY_THREAD_IDLE)
+            except queue.Empty:
+                with self.lock:
+                    if self.waiting.empty():
+                        self.closed = True
+                        break
+        with _batchers_lock:
+            if _batchers.get(id(self.embedder)) is self:
+                del _batchers[id(self.embedder)]
+        return None
 
     def _run(self) -> None:
         prepared = False
         while True:
-            batch = [self.waiting.get()]
+            first = self._next()
+            if first is None:
+                return
+            batch = [first]
             while len(batch) < QUERY_BATCH_MAX:
                 try:
                     batch.append(self.waiting.get_nowait())
@@ -433,4 +460,7 @@ def embed_query_soon(text: str, backend: str | None = None) -> concurrent.future
         except Exception as exc:  # noqa: BLE001 - handed to the caller through the future, as a thread would
             future.set_exception(exc)
         return future
-    return _batcher_for(embedder).submit(text, key)
+    while True:
+        submitted = _batcher_for(embedder).submit(text, key)
+        if submitted is not None:
+            return submitted

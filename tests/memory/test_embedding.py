@@ -222,3 +222,31 @@ def test_a_batch_of_real_queries_gives_each_its_own_vector() -> None:
     batched = embedder.embed_queries(texts)  # type: ignore[attr-defined]
     for text, vector in zip(texts, batched, strict=True):
         assert vector == pytest.approx(embedder.embed_query(text), abs=1e-5)
+
+
+def test_an_idle_query_thread_ends_and_lets_go_of_its_embedder(monkeypatch: Any) -> None:
+    """A query thread with nothing to do for QUERY_THREAD_IDLE ends and leaves the registry (a replaced
+    embedder leaves no thread behind); the next query starts a new thread and is answered."""
+    import memory.embedding as embedding
+
+    class Plain:
+        name, dimensions = "plain-idle", 3
+
+        def embed(self, texts: list[str]) -> list[list[float]]:
+            return [self.embed_query(t) for t in texts]
+
+        def embed_query(self, text: str) -> list[float]:
+            return [float(len(text)), 0.0, 1.0]
+
+    model = Plain()
+    monkeypatch.setitem(embedding._instances, "plain-idle", model)
+    monkeypatch.setattr(embedding, "_query_cache", embedding.OrderedDict())
+    monkeypatch.setattr(embedding, "QUERY_THREAD_IDLE", 0.2)
+    assert embedding.embed_query_soon("one", backend="plain-idle").result(10) == [3.0, 0.0, 1.0]
+    first = embedding._batchers[id(model)]
+    first.thread.join(10)
+    assert not first.thread.is_alive() and first.closed and id(model) not in embedding._batchers
+    assert first.submit("late", ("plain-idle", "late")) is None  # a closed thread takes no query
+    assert embedding.embed_query_soon("three", backend="plain-idle").result(10) == [5.0, 0.0, 1.0]
+    second = embedding._batchers[id(model)]
+    assert second is not first and second.thread.is_alive()

@@ -302,7 +302,7 @@ class _QueryBatcher:
         return not self.closed and self.thread.is_alive()
 
     def _next(self) -> tuple[str, tuple[str, str], concurrent.futures.Future[list[float]]] | None:
-        """The next query, waiting at most QUERY_THREAD_IDLE; None when the thread should end (closed)."""
+        """The next query, waiting at most QUERY_THREAD_IDLE; None when the thread should end."""
         while True:
             try:
                 return self.waiting.get(timeout=QUERY_THREAD_IDLE)
@@ -310,13 +310,36 @@ class _QueryBatcher:
                 with self.lock:
                     if self.waiting.empty():
                         self.closed = True
-                        break
+                        return None
+
+    def _close(self, reason: BaseException | None) -> None:
+        """No more queries: any still queued get an error (none when it ended idle), and the registry forgets
+        this thread, so the next query starts another."""
+        with self.lock:
+            self.closed = True
+        error = RuntimeError(f"the query embedding thread ended: {reason!r}")
+        while True:
+            try:
+                _, _, future = self.waiting.get_nowait()
+            except queue.Empty:
+                break
+            if future.set_running_or_notify_cancel():
+                future.set_exception(error)
         with _batchers_lock:
             if _batchers.get(id(self.embedder)) is self:
                 del _batchers[id(self.embedder)]
-        return None
 
     def _run(self) -> None:
+        reason: BaseException | None = None
+        try:
+            self._serve()
+        except BaseException as exc:
+            reason = exc
+            raise  # interpreter exit (an Exception never gets here: _serve hands it to its callers)
+        finally:
+            self._close(reason)
+
+    def _serve(self) -> None:
         prepared = False
         while True:
             first = self._next()

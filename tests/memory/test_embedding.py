@@ -226,7 +226,8 @@ def test_a_batch_of_real_queries_gives_each_its_own_vector() -> None:
 
 def test_an_idle_query_thread_ends_and_lets_go_of_its_embedder(monkeypatch: Any) -> None:
     """A query thread with nothing to do for QUERY_THREAD_IDLE ends and leaves the registry (a replaced
-    embedder leaves no thread behind); the next query starts a new thread and is answered."""
+    embedder leaves no thread behind); the next query starts a new thread and is answered, also when it got
+    hold of the old thread just as that one ended."""
     import memory.embedding as embedding
 
     class Plain:
@@ -239,14 +240,64 @@ def test_an_idle_query_thread_ends_and_lets_go_of_its_embedder(monkeypatch: Any)
             return [float(len(text)), 0.0, 1.0]
 
     model = Plain()
+    created: list[Any] = []
+    real_batcher = embedding._QueryBatcher
+
+    def recorded(embedder: Any) -> Any:
+        created.append(real_batcher(embedder))
+        return created[-1]
+
+    monkeypatch.setattr(embedding, "_QueryBatcher", recorded)
     monkeypatch.setitem(embedding._instances, "plain-idle", model)
     monkeypatch.setattr(embedding, "_query_cache", embedding.OrderedDict())
-    monkeypatch.setattr(embedding, "QUERY_THREAD_IDLE", 0.2)
+    monkeypatch.setattr(embedding, "QUERY_THREAD_IDLE", 0.5)
     assert embedding.embed_query_soon("one", backend="plain-idle").result(10) == [3.0, 0.0, 1.0]
-    first = embedding._batchers[id(model)]
+    first = created[-1]  # (the last: on a stalled machine a thread may have ended before it took the query)
+    before = len(created)
     first.thread.join(10)
     assert not first.thread.is_alive() and first.closed and id(model) not in embedding._batchers
     assert first.submit("late", ("plain-idle", "late")) is None  # a closed thread takes no query
+
+    # A caller that was handed the old thread just before it ended asks again and gets a new one.
+    monkeypatch.setattr(embedding, "QUERY_THREAD_IDLE", 300.0)
+    real_for = embedding._batcher_for
+    handed: list[Any] = []
+
+    def stale_first(embedder: Any) -> Any:
+        handed.append(first if not handed else real_for(embedder))
+        return handed[-1]
+
+    monkeypatch.setattr(embedding, "_batcher_for", stale_first)
     assert embedding.embed_query_soon("three", backend="plain-idle").result(10) == [5.0, 0.0, 1.0]
-    second = embedding._batchers[id(model)]
-    assert second is not first and second.thread.is_alive()
+    assert len(created) == before + 1 and handed == [first, created[-1]] and created[-1].thread.is_alive()
+    assert embedding._batchers[id(model)] is created[-1]
+
+
+def test_a_query_thread_that_dies_fails_what_it_still_held(monkeypatch: Any) -> None:
+    """The thread ending for good (here: its queue closed under it) fails every query still queued with a
+    clear error and leaves the registry: no caller waits forever."""
+    import memory.embedding as embedding
+
+    class Plain:
+        name, dimensions = "plain-dies", 3
+
+        def embed(self, texts: list[str]) -> list[list[float]]:
+            return [[1.0, 0.0, 0.0] for _ in texts]
+
+        def embed_query(self, text: str) -> list[float]:
+            return [1.0, 0.0, 0.0]
+
+    model = Plain()
+    batcher = embedding._QueryBatcher.__new__(embedding._QueryBatcher)  # no thread: its end is driven here
+    batcher.embedder = model
+    batcher.waiting = embedding.queue.SimpleQueue()
+    batcher.closed = False
+    batcher.lock = embedding.threading.Lock()
+    monkeypatch.setitem(embedding._batchers, id(model), batcher)
+    queued = [batcher.submit(t, ("plain-dies", t)) for t in ("a", "b")]
+    batcher._close(KeyboardInterrupt())
+    for future in queued:
+        assert future is not None
+        with pytest.raises(RuntimeError, match="query embedding thread ended"):
+            future.result(1)
+    assert id(model) not in embedding._batchers and batcher.submit("c", ("plain-dies", "c")) is None

@@ -559,7 +559,7 @@ def test_crowding_is_measured_among_the_queries_candidates_only(alice: Any, bob:
         return m
 
     twins = [write(alice, f"twin {i}", unit(1, 0.05 * i)) for i in range(3)]
-    lone = write(alice, "lone", unit(0, 0, 1))
+    lone = write(alice, "lone", [3 * x for x in unit(0, 0, 1)])  # not normalised: cosine is
     unembedded = write(alice, "no vector yet", None)
     ties = [write(alice, f"tie {i}", unit(0, 1, 0.1 * i)) for i in range(5)]
     write(bob, "bob's twin", unit(1, 0.01))
@@ -585,10 +585,13 @@ def test_crowding_is_measured_among_the_queries_candidates_only(alice: Any, bob:
     assert set(arm.crowding) == {t.pk for t in twins} | {lone.pk, nearest_tie.pk}
     # The exact figure: the mean of its two best cosines among the other fellows.
     vectors = {m.pk: Memory.objects.get(pk=m.pk).embedding for m in [*twins, lone, nearest_tie]}
-    cosines = sorted(
-        (sum(a * b for a, b in zip(vectors[lone.pk], v, strict=True)) for pk, v in vectors.items() if pk != lone.pk),
-        reverse=True,
-    )
+
+    def cos(a: Any, b: Any) -> float:
+        return float(
+            sum(x * y for x, y in zip(a, b, strict=True)) / (sum(x * x for x in a) * sum(y * y for y in b)) ** 0.5
+        )
+
+    cosines = sorted((cos(vectors[lone.pk], v) for pk, v in vectors.items() if pk != lone.pk), reverse=True)
     assert arm.crowding[lone.pk] == pytest.approx((cosines[0] + cosines[1]) / 2, abs=1e-6)
 
 

@@ -22,6 +22,23 @@ class MemoryConfig(AppConfig):
 
         connection_created.connect(hnsw_settings_apply, dispatch_uid="memory.hnsw_settings")
 
+        blas_single_thread()
+
+
+def blas_single_thread() -> None:
+    """One thread for numpy's BLAS in this process.
+
+    Retrieval scores its candidates' pairs in one small matrix product (``memory.selectors._crowding``, about
+    80 x 384). OpenBLAS starts a thread per core for it, and its threads keep spinning for a while after each
+    product, on the cores PostgreSQL and the other requests need: at the 1M scale (2 cores) that raised the
+    exact search's p99 from 11 to 15 ms and tier 1's, which does no maths, from 2.2 to 4.9 (docs/memory.md,
+    Scale). One thread computes such a product as fast. The embedder's model (torch) keeps its own threads.
+    """
+    import numpy  # noqa: F401 - loads OpenBLAS, so that the limit below finds it
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1, user_api="blas")
+
 
 def hnsw_settings_apply(sender: Any, connection: Any, **kwargs: Any) -> None:
     """Set pgvector's search options once per database connection (not once per query).

@@ -408,32 +408,39 @@ def _vector_arm(
         "k": crowding_k,
         **_window_params(window),
     }
-    pool = (
-        f"SELECT 0 AS arm, id, distance, NULL::float8 AS share, true AS has_vector "
-        f"FROM ({_EXACT_VECTOR_SQL if exact else _VECTOR_SQL}) nearest UNION ALL "
-        "SELECT 1, m.id, COALESCE(m.embedding <=> %(vector)s::vector, 1.0), w.share, m.embedding IS NOT NULL "
-        "FROM unnest(%(also)s::bigint[], %(shares)s::float8[]) AS w(id, share) "
-        "JOIN memory_memory m ON m.id = w.id WHERE m.user_id = %(user)s"
-    )
+    nearest = _EXACT_VECTOR_SQL if exact else _VECTOR_SQL
     if crowding_k > 0:
-        # The fellows' vectors come back in pgvector's binary form (vector_send: a 4-byte header, then
-        # big-endian float4s) and their pairs are scored here, in one matrix product: in SQL, the pairs and
-        # their window sort cost 2.3 ms a query (bench: LoCoMo users, ~80 fellows), here about 0.1.
+        # Each candidate's vector is carried along from the row the arm read anyway (no second lookup of the
+        # fellows), and only the fellows' are sent back, in pgvector's binary form (vector_send: a 4-byte
+        # header, then big-endian float4s). Their pairs are scored here, in one matrix product: in SQL, the
+        # pairs and their window sort cost 2.3 ms a query (bench: LoCoMo users, ~80 fellows), here 0.1.
+        nearest = nearest.replace("AS distance FROM", "AS distance, embedding FROM", 1)
         sql = f"""
-            WITH pool AS MATERIALIZED ({pool}),
+            WITH pool AS MATERIALIZED (
+                SELECT 0 AS arm, id, distance, NULL::float8 AS share, true AS has_vector, embedding
+                FROM ({nearest}) nearest
+                UNION ALL
+                SELECT 1, m.id, COALESCE(m.embedding <=> %(vector)s::vector, 1.0), w.share,
+                       m.embedding IS NOT NULL, m.embedding
+                FROM unnest(%(also)s::bigint[], %(shares)s::float8[]) AS w(id, share)
+                JOIN memory_memory m ON m.id = w.id WHERE m.user_id = %(user)s
+            ),
             fellows AS MATERIALIZED (
                 (SELECT id FROM pool WHERE arm = 0 ORDER BY distance, id LIMIT %(fellows)s)
                 UNION (SELECT id FROM pool WHERE arm = 1 ORDER BY share DESC, distance, id LIMIT %(also_limit)s)
-            ),
-            vecs AS MATERIALIZED (
-                SELECT id, vector_send(embedding) AS raw FROM memory_memory
-                WHERE user_id = %(user)s AND embedding IS NOT NULL AND id IN (SELECT id FROM fellows)
             )
-            SELECT pool.arm, pool.id, pool.distance, pool.has_vector, vecs.raw
-            FROM pool LEFT JOIN vecs USING (id)
+            SELECT arm, id, distance, has_vector,
+                   CASE WHEN id IN (SELECT id FROM fellows) THEN vector_send(embedding) END
+            FROM pool
         """
     else:
-        sql = f"SELECT arm, id, distance, has_vector, NULL FROM ({pool}) pool"
+        sql = f"""
+            SELECT 0, id, distance, true, NULL FROM ({nearest}) nearest
+            UNION ALL
+            SELECT 1, m.id, COALESCE(m.embedding <=> %(vector)s::vector, 1.0), m.embedding IS NOT NULL, NULL
+            FROM unnest(%(also)s::bigint[], %(shares)s::float8[]) AS w(id, share)
+            JOIN memory_memory m ON m.id = w.id WHERE m.user_id = %(user)s
+        """
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
@@ -453,7 +460,8 @@ def _crowding(raw_vectors: dict[int, bytes], k: int) -> dict[int, float]:
     if len(raw_vectors) < 2:
         return {}
     ids = list(raw_vectors)
-    matrix = np.stack([np.frombuffer(raw_vectors[i], dtype=">f4", offset=4) for i in ids]).astype(np.float64)
+    matrix = np.frombuffer(b"".join(raw_vectors[i][4:] for i in ids), dtype=">f4").astype(np.float32)
+    matrix = matrix.reshape(len(ids), -1)
     norms = np.linalg.norm(matrix, axis=1)
     matrix /= np.where(norms > 0, norms, 1.0)[:, None]
     sims = matrix @ matrix.T

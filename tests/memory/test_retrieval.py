@@ -641,3 +641,13 @@ def test_crowding_is_not_reported_when_the_correction_is_off(alice: Any, monkeyp
     monkeypatch.setattr(selectors, "HUB_WEIGHT", 0.0)
     found = memories_for_prompt(user=alice, query="sailing", budget_tokens=500, use_model_filter=False)
     assert found.candidates and all(c.crowding is None and c.cosine is not None for c in found.candidates)
+
+
+def test_numpys_blas_runs_on_one_thread_in_the_apps_processes() -> None:
+    """Retrieval's matrix product must not start BLAS threads that spin on the cores PostgreSQL needs
+    (memory.apps.blas_single_thread, applied when the app loads)."""
+    from threadpoolctl import threadpool_info
+
+    blas = [lib for lib in threadpool_info() if lib["user_api"] == "blas"]
+    assert blas, "numpy's BLAS is loaded"
+    assert all(lib["num_threads"] == 1 for lib in blas), blas

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from django.apps import AppConfig
@@ -31,9 +32,13 @@ def blas_single_thread() -> None:
     Retrieval scores its candidates' pairs in one small matrix product (``memory.selectors._crowding``, about
     80 x 384). OpenBLAS starts a thread per core for it, and its threads keep spinning for a while after each
     product, on the cores PostgreSQL and the other requests need: at the 1M scale (2 cores) that raised the
-    exact search's p99 from 11 to 15 ms and tier 1's, which does no maths, from 2.2 to 4.9 (docs/memory.md,
-    Scale). One thread computes such a product as fast. The embedder's model (torch) keeps its own threads.
+    p99 of tier 1, which does no maths, from 2.2 to 4.9 ms (docs/memory.md, Scale). One thread computes
+    such a product as fast. The embedder's model (torch) keeps its own threads (OpenMP, not BLAS).
+
+    The limit reaches the OpenBLAS loaded now (numpy's); the environment variable, any loaded later (scipy's,
+    which sentence-transformers brings), unless the environment already says otherwise.
     """
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     import numpy  # noqa: F401 - loads OpenBLAS, so that the limit below finds it
     from threadpoolctl import threadpool_limits
 

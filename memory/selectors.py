@@ -252,15 +252,24 @@ def _light_memories(sql: str, params: dict[str, Any]) -> list[tuple[Memory, tupl
 # (One statement with both plans behind one-time filters was tried: the planner then prepared parallel
 # workers for the exact plan of a big user, which cost more than this extra round trip.)
 _HISTORY_SIZE_SQL = "SELECT count(*) FROM (SELECT 1 FROM memory_memory WHERE user_id = %(user)s LIMIT %(cap)s) capped"
-_VECTOR_SQL = f"""
-SELECT id, embedding <=> %(vector)s::vector AS distance FROM memory_memory
+
+
+def _nearest_sql(*, exact: bool, with_vector: bool = False) -> str:
+    """The user's nearest memories: (id, distance[, embedding]). ``exact`` orders by an expression no index
+    has, so every distance is computed (the plan for small histories); otherwise the ORDER BY can walk an
+    HNSW index. ``with_vector`` carries the row's vector along (for the crowding: no second lookup)."""
+    order = "(embedding <=> %(vector)s::vector) + 0" if exact else "embedding <=> %(vector)s::vector"
+    columns = "id, embedding <=> %(vector)s::vector AS distance" + (", embedding" if with_vector else "")
+    return f"""
+SELECT {columns} FROM memory_memory
 WHERE user_id = %(user)s AND kind <> 'procedural' AND embedding IS NOT NULL AND {_CURRENT_SQL}
   AND {_NOT_IN_WINDOW_SQL}
-ORDER BY embedding <=> %(vector)s::vector LIMIT %(limit)s
+ORDER BY {order} LIMIT %(limit)s
 """
-_EXACT_VECTOR_SQL = _VECTOR_SQL.replace(
-    "ORDER BY embedding <=> %(vector)s::vector", "ORDER BY (embedding <=> %(vector)s::vector) + 0"
-)
+
+
+_VECTOR_SQL = _nearest_sql(exact=False)
+_EXACT_VECTOR_SQL = _nearest_sql(exact=True)
 
 
 def vector_literal(vector: list[float]) -> str:
@@ -410,11 +419,12 @@ def _vector_arm(
     }
     nearest = _EXACT_VECTOR_SQL if exact else _VECTOR_SQL
     if crowding_k > 0:
-        # Each candidate's vector is carried along from the row the arm read anyway (no second lookup of the
-        # fellows), and only the fellows' are sent back, in pgvector's binary form (vector_send: a 4-byte
-        # header, then big-endian float4s). Their pairs are scored here, in one matrix product: in SQL, the
-        # pairs and their window sort cost 2.3 ms a query (bench: LoCoMo users, ~80 fellows), here 0.1.
-        nearest = nearest.replace("AS distance FROM", "AS distance, embedding FROM", 1)
+        # Each candidate's vector is carried along from the row the arm read anyway (the table is not read
+        # again; a vector stored out of line is still fetched from TOAST), and only the fellows' are sent
+        # back, once each, in pgvector's binary form (vector_send: a 4-byte header, then big-endian float4s).
+        # Their pairs are scored here, in one matrix product: in SQL, the pairs and their window sort cost
+        # 2.3 ms a query (bench: LoCoMo users, ~80 fellows), here 0.1.
+        nearest = _nearest_sql(exact=exact, with_vector=True)
         sql = f"""
             WITH pool AS MATERIALIZED (
                 SELECT 0 AS arm, id, distance, NULL::float8 AS share, true AS has_vector, embedding
@@ -430,7 +440,9 @@ def _vector_arm(
                 UNION (SELECT id FROM pool WHERE arm = 1 ORDER BY share DESC, distance, id LIMIT %(also_limit)s)
             )
             SELECT arm, id, distance, has_vector,
-                   CASE WHEN id IN (SELECT id FROM fellows) THEN vector_send(embedding) END
+                   CASE WHEN id IN (SELECT id FROM fellows)
+                             AND (arm = 0 OR id NOT IN (SELECT id FROM pool WHERE arm = 0))
+                        THEN vector_send(embedding) END
             FROM pool
         """
     else:
@@ -457,7 +469,7 @@ def _crowding(raw_vectors: dict[int, bytes], k: int) -> dict[int, float]:
     """Each fellow's mean cosine to its ``k`` nearest other fellows (fewer when there are fewer), from the
     vectors as pgvector's ``vector_send`` writes them. Cosine of the normalised vectors, as ``<=>`` measures
     it (1 - distance); a zero vector has cosine 0 to everything."""
-    if len(raw_vectors) < 2:
+    if len(raw_vectors) < 2 or k < 1:
         return {}
     ids = list(raw_vectors)
     matrix = np.frombuffer(b"".join(raw_vectors[i][4:] for i in ids), dtype=">f4").astype(np.float32)

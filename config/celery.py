@@ -59,6 +59,7 @@ app.steps["worker"].add(HeartbeatStep)
 
 @worker_process_init.connect
 def _warm_up_worker_process(**kwargs: Any) -> None:
-    from config.warmup import warm_up_in_background
+    from config.warmup import process_prepare, warm_up_in_background
 
+    process_prepare()
     warm_up_in_background()

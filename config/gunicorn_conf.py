@@ -6,7 +6,9 @@ from typing import Any
 
 
 def post_worker_init(worker: Any) -> None:
-    # Each worker process loads the embedding model once, in the background (see config/warmup.py).
-    from config.warmup import warm_up_in_background
+    # Before the worker serves: the registries its first requests need, set up once (config/warmup.py); then
+    # the embedding model, loaded once per worker process in the background.
+    from config.warmup import process_prepare, warm_up_in_background
 
+    process_prepare()
     warm_up_in_background()

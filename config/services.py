@@ -6,9 +6,11 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 
 from django.core.cache import cache
+from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
-from config.models import WorkerHeartbeat
+from config.models import TaskSendFailure, WorkerHeartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -18,6 +20,18 @@ def worker_heartbeat_record(*, hostname: str | None = None) -> WorkerHeartbeat:
     name = hostname or socket.gethostname()
     beat, _ = WorkerHeartbeat.objects.update_or_create(hostname=name, defaults={"seen_at": timezone.now()})
     return beat
+
+
+def task_send_failure_record(*, task: str, error: str) -> None:
+    """Count one failed send of ``task`` (the broker refused or was unreachable, or the name is unknown)."""
+    changes = {"count": F("count") + 1, "last_at": timezone.now(), "last_error": error[:2000]}
+    if TaskSendFailure.objects.filter(task=task).update(**changes):
+        return
+    try:
+        with transaction.atomic():
+            TaskSendFailure.objects.create(task=task, count=1, last_at=changes["last_at"], last_error=error[:2000])
+    except IntegrityError:  # another process created the row meanwhile
+        TaskSendFailure.objects.filter(task=task).update(**changes)
 
 
 # --- the outbox sweeps' claims ------------------------------------------------------------------------

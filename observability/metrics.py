@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from agents.models import Agent
+from config.models import TaskSendFailure
 from observability.models import Alert
 from observability.selectors import HistogramSpec, indicators, metric_totals_by_agent
 
@@ -104,6 +105,14 @@ class DatabaseCollector(Collector):
             sum_scale=1 / 1000.0,
         )
         yield from self._recent()
+        failed_sends = CounterMetricFamily(
+            "agent_task_enqueue_failures",
+            "Background tasks that could not be sent to the broker (the work waits for an outbox sweep).",
+            labels=["task"],
+        )
+        for task, count in TaskSendFailure.objects.order_by("task").values_list("task", "count"):
+            failed_sends.add_metric([task], float(count))
+        yield failed_sends
         open_alerts = GaugeMetricFamily("agent_alerts_open", "Open alerts per rule.", labels=["rule", "scope"])
         for alert in Alert.objects.filter(resolved_at__isnull=True).select_related("rule", "agent"):
             open_alerts.add_metric([alert.rule.name, alert.scope_label], 1.0)

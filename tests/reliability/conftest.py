@@ -66,8 +66,13 @@ class ServerProcess:
     ``start()`` again brings up a new one on the same port.
     """
 
-    def __init__(self, *, env: dict[str, str], log_dir: Path, workers: int = 1, threads: int = 4) -> None:
+    def __init__(
+        self, *, env: dict[str, str], log_dir: Path, workers: int = 1, threads: int = 4, as_make_run: bool = False
+    ) -> None:
         self.port = free_port()
+        # ``as_make_run``: gunicorn's hooks as ``make run`` sets them (config/gunicorn_conf.py: each worker
+        # sets up its registries and starts its warm-up before it serves).
+        self.extra_args = ["--config", "python:config.gunicorn_conf"] if as_make_run else []
         self.env = env
         self.log_dir = log_dir
         self.workers = workers
@@ -101,6 +106,7 @@ class ServerProcess:
                     "120",
                     "--graceful-timeout",
                     "2",
+                    *self.extra_args,
                 ],
                 cwd=ROOT,
                 env=self.env,
@@ -165,14 +171,26 @@ def server_env(tmp_path: Path, *, llm_profile: dict[str, Any] | None = None) -> 
 
 @pytest.fixture
 def web_server(tmp_path: Path) -> Iterator[Any]:
-    """A factory: ``web_server(llm_profile=..., workers=..., threads=...)`` returns a started ServerProcess."""
+    """A factory: ``web_server(llm_profile=..., workers=..., threads=..., as_make_run=..., env=...)`` returns a
+    started ServerProcess (``env`` adds to or overrides ``server_env``; its broker folder is ``<log_dir>/broker``)."""
     servers: list[ServerProcess] = []
 
-    def make(*, llm_profile: dict[str, Any] | None = None, workers: int = 1, threads: int = 4) -> ServerProcess:
+    def make(
+        *,
+        llm_profile: dict[str, Any] | None = None,
+        workers: int = 1,
+        threads: int = 4,
+        as_make_run: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> ServerProcess:
         folder = tmp_path / f"web-{len(servers)}"
         folder.mkdir()
         server = ServerProcess(
-            env=server_env(folder, llm_profile=llm_profile), log_dir=folder, workers=workers, threads=threads
+            env={**server_env(folder, llm_profile=llm_profile), **(env or {})},
+            log_dir=folder,
+            workers=workers,
+            threads=threads,
+            as_make_run=as_make_run,
         )
         servers.append(server)
         return server.start()

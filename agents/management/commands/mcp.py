@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from agents.mcp_server import STDIO_USER, build_server, http_app, stdio_user_by_name
+from config.warmup import process_prepare
 
 
 class Command(BaseCommand):
@@ -21,6 +22,7 @@ class Command(BaseCommand):
         parser.add_argument("--user", help="Serve stdio as this user.")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        process_prepare()  # the registries its tools need, before the first call (config/warmup.py)
         if options["http"]:
             import uvicorn  # noqa: PLC0415 - the HTTP server only when serving HTTP
 

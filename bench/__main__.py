@@ -19,6 +19,7 @@ PARTS: dict[str, str] = {
     "api_throughput": "bench.api_throughput",
     "gallery": "bench.gallery",
     "soak": "bench.soak",
+    "concurrency": "bench.concurrency",
     "memory_eval": "bench.memory_eval",
     "query_embedding": "bench.query_embedding",
     "memory_locomo": "bench.memory_locomo",
@@ -41,6 +42,8 @@ def main(argv: list[str]) -> int:
     # Parts that need a database create a throwaway test database; its own name keeps it apart from
     # the test suite's and the app's.
     os.environ.setdefault("TEST_DB_SUFFIX", "_bench")
+    # Building a corpus (a million rows, their HNSW index) takes minutes a statement: no statement timeout here.
+    os.environ.setdefault("DATABASE_STATEMENT_TIMEOUT", "0")
     import django
 
     django.setup()

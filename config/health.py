@@ -5,15 +5,25 @@ this process started)?
 Open to anyone (load balancers, uptime checks): a failure is named, its exception text (hosts, addresses,
 user names) goes to the log only. A worker heartbeat older than this process's start counts for neither: it
 may be the previous run's, from a worker that is gone.
+
+Both answer within ``HEALTH_CHECK_TIMEOUT`` seconds whatever the database and the broker do: the checks run on
+a small pool of threads of their own, and one that has not answered by then is reported as failed (a stopped
+database server accepts a connection and then never answers; no statement timeout can fire there).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import os
+import threading
+import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from django.db import connection
+from django.conf import settings
+from django.db import close_old_connections, connection
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -33,6 +43,58 @@ WORKER_FRESH_FOR = timedelta(seconds=60)
 def _failed(what: str, exc: Exception) -> str:
     logger.warning("health check: %s: %s: %s", what, type(exc).__name__, exc)
     return f"{what} ({type(exc).__name__}; details in the server log)"
+
+
+# The checks' own threads: a check stuck on a server that does not answer holds one of them, never a request.
+_POOL_SIZE = 2
+_MAX_WAITING = 8  # checks stuck or queued beyond this: answer at once that the last ones did not return
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_pid = 0
+_pool_lock = threading.Lock()
+_waiting = 0
+
+
+def _checks_pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool, _pool_pid
+    with _pool_lock:
+        if _pool is None or _pool_pid != os.getpid():  # a forked child has none of its parent's threads
+            _pool = concurrent.futures.ThreadPoolExecutor(_POOL_SIZE, thread_name_prefix="health")
+            _pool_pid = os.getpid()
+        return _pool
+
+
+def _in_own_thread(check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    global _waiting
+    try:
+        close_old_connections()  # a connection that broke or aged out is replaced, as between requests
+        return check()
+    finally:
+        with _pool_lock:
+            _waiting -= 1
+
+
+def bounded(checks: dict[str, Callable[[], dict[str, Any]]], *, deadline: float) -> dict[str, dict[str, Any]]:
+    """Run ``checks`` at once on the checks' threads; a check not done by ``deadline`` (``time.monotonic``)
+    is reported as failed ("did not answer within ...")."""
+    global _waiting
+    timeout = float(settings.HEALTH_CHECK_TIMEOUT)
+    futures: dict[str, concurrent.futures.Future[dict[str, Any]] | None] = {}
+    for name, check in checks.items():
+        with _pool_lock:
+            full = _waiting >= _MAX_WAITING
+            if not full:
+                _waiting += 1
+        futures[name] = None if full else _checks_pool().submit(_in_own_thread, check)
+    results: dict[str, dict[str, Any]] = {}
+    for name, future in futures.items():
+        try:
+            if future is None:
+                raise TimeoutError
+            results[name] = future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            logger.warning("health check: %s did not answer within %s s", name, timeout)
+            results[name] = {"ok": False, "error": f"{name} did not answer within {timeout:g} s"}
+    return results
 
 
 def check_database() -> dict[str, Any]:
@@ -84,6 +146,12 @@ def check_worker() -> dict[str, Any]:
     return result
 
 
+def _worker_if_database() -> dict[str, Any]:
+    """The worker check, after the database answered the database check's statement on this thread."""
+    database = check_database()
+    return check_worker() if database["ok"] else {"ok": False, "error": "database unavailable"}
+
+
 def check_models() -> dict[str, Any]:
     """This process's embedder and tokenizer are loaded (starting their warm-up if nothing has)."""
     embedder, tokenizer = embedder_ready(), tokenizer_ready()
@@ -97,9 +165,10 @@ def check_models() -> dict[str, Any]:
 @never_cache
 @require_GET
 def healthz(request: HttpRequest) -> JsonResponse:
-    database = check_database()
-    checks = {"database": database, "broker": check_broker()}
-    checks["worker"] = check_worker() if database["ok"] else {"ok": False, "error": "database unavailable"}
+    checks = bounded(
+        {"database": check_database, "broker": check_broker, "worker": _worker_if_database},
+        deadline=time.monotonic() + float(settings.HEALTH_CHECK_TIMEOUT),
+    )
     ok = all(c["ok"] for c in checks.values())
     return JsonResponse({"status": "ok" if ok else "error", **checks}, status=200 if ok else 503)
 
@@ -109,9 +178,11 @@ def healthz(request: HttpRequest) -> JsonResponse:
 def readyz(request: HttpRequest) -> JsonResponse:
     """200 when this process can answer a chat or memory request without waiting; 503 (and what it waits for)
     until then. ``make run`` says "ready" only then; the chat page shows "starting up" meanwhile."""
-    database = check_database()
-    checks = {"models": check_models(), "database": database}
-    checks["worker"] = check_worker() if database["ok"] else {"ok": False, "error": "database unavailable"}
+    checks = {"models": check_models()}
+    checks |= bounded(
+        {"database": check_database, "worker": _worker_if_database},
+        deadline=time.monotonic() + float(settings.HEALTH_CHECK_TIMEOUT),
+    )
     ok = all(c["ok"] for c in checks.values())
     status = "ready" if ok else ("starting" if not checks["models"]["ok"] else "unavailable")
     started = round((timezone.now() - process.STARTED_AT).total_seconds(), 1)

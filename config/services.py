@@ -24,12 +24,13 @@ def worker_heartbeat_record(*, hostname: str | None = None) -> WorkerHeartbeat:
 
 def task_send_failure_record(*, task: str, error: str) -> None:
     """Count one failed send of ``task`` (the broker refused or was unreachable, or the name is unknown)."""
-    changes = {"count": F("count") + 1, "last_at": timezone.now(), "last_error": error[:2000]}
+    now, error = timezone.now(), error[:2000]
+    changes = {"count": F("count") + 1, "last_at": now, "last_error": error}
     if TaskSendFailure.objects.filter(task=task).update(**changes):
         return
     try:
         with transaction.atomic():
-            TaskSendFailure.objects.create(task=task, count=1, last_at=changes["last_at"], last_error=error[:2000])
+            TaskSendFailure.objects.create(task=task, count=1, last_at=now, last_error=error)
     except IntegrityError:  # another process created the row meanwhile
         TaskSendFailure.objects.filter(task=task).update(**changes)
 

@@ -143,6 +143,16 @@ else:
         DATA_DIR / "pg", shared_buffers=env_str("EMBEDDED_PG_SHARED_BUFFERS") or default_shared_buffers()
     )
 _db["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
+# Every connection gives up connecting after DATABASE_CONNECT_TIMEOUT seconds, and the server cancels any
+# statement after DATABASE_STATEMENT_TIMEOUT seconds (0: never; index builds lift it for themselves). Behind
+# PgBouncer in transaction mode, which refuses start-up options, set it to 0 and on the database role instead.
+_options: dict[str, object] = dict(_db.get("OPTIONS") or {})  # type: ignore[call-overload]
+_options.setdefault("connect_timeout", env_int("DATABASE_CONNECT_TIMEOUT", 5, minimum=1))  # the URL's own wins
+STATEMENT_TIMEOUT_SECONDS = env_int("DATABASE_STATEMENT_TIMEOUT", 120, minimum=0)
+if STATEMENT_TIMEOUT_SECONDS:
+    _given = str(_options.get("options", "")).strip()
+    _options["options"] = f"{_given} -c statement_timeout={STATEMENT_TIMEOUT_SECONDS * 1000}".strip()
+_db["OPTIONS"] = _options
 _db["CONN_HEALTH_CHECKS"] = True
 # Parallel test runs (several developers or helpers on one machine) each get their own test database.
 _db["TEST"] = {"NAME": f"test_{_db['NAME']}{env_str('TEST_DB_SUFFIX', '') or ''}"}
@@ -236,6 +246,8 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 # At most 30: /healthz wants a heartbeat newer than 60 s (config.health.WORKER_FRESH_FOR).
+# /healthz and /readyz answer within this many seconds, whatever the database and the broker do (config/health.py).
+HEALTH_CHECK_TIMEOUT = env_float("HEALTH_CHECK_TIMEOUT", 1.5, minimum=0.1, maximum=30)
 WORKER_HEARTBEAT_SECONDS = env_int("WORKER_HEARTBEAT_SECONDS", 15, minimum=1, maximum=30)
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "worker-heartbeat": {"task": "config.tasks.record_worker_heartbeat", "schedule": float(WORKER_HEARTBEAT_SECONDS)},

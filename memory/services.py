@@ -762,6 +762,7 @@ def user_indexes_sync(
             cursor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{invalid}"')
         # The graph of one big history fits in this much memory, which makes the build several times faster.
         cursor.execute("SET maintenance_work_mem = %s", [USER_INDEX_BUILD_MEMORY])
+        cursor.execute("SET statement_timeout = 0")  # a build takes minutes for a big history
         result.kept = sorted(wanted & present.keys())
         to_build = sorted(wanted - present.keys())
         if on_plan is not None:
@@ -776,6 +777,7 @@ def user_indexes_sync(
             if on_index is not None:
                 on_index(user_id)
         cursor.execute("RESET maintenance_work_mem")
+        cursor.execute("RESET statement_timeout")
         for user_id, name in present.items():
             if user_id not in still_big:
                 cursor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')

@@ -337,7 +337,7 @@ def test_the_tests_count_in_process_and_the_app_shares_its_counters_across_proce
     assert done.stdout.strip() == "42"
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # the checks read on threads of their own: the rows must be committed
 def test_healthz_is_503_when_the_worker_heartbeat_is_stale(client: Client) -> None:
     from datetime import timedelta
 

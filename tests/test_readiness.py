@@ -15,7 +15,8 @@ from config import process, warmup
 from config.models import WorkerHeartbeat
 from memory import embedding
 
-pytestmark = pytest.mark.django_db
+# The checks read the database on threads of their own (config/health.py): what a test writes must be committed.
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture

@@ -1,8 +1,9 @@
-"""Start everything the app needs on this machine, and stop it all on Ctrl-C.
+"""Start everything the app needs on this machine, keep it running, and stop it all on Ctrl-C.
 
 The first README command (``make run``) ends here: the embedded PostgreSQL (when
-``DATABASE_URL`` is unset), migrations, a first staff user, a web server (gunicorn) and a
-Celery worker with its beat scheduler, all in the foreground.
+``DATABASE_URL`` is unset), migrations, a first staff user, a web server (gunicorn), the MCP server and a
+Celery worker with its beat scheduler, all in the foreground. A child that dies is restarted with backoff
+(``config.supervisor``), and says so; only Ctrl-C (or SIGTERM) stops everything.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +26,7 @@ from django.db import connections
 from agents.services import default_agents_ensure
 from config import embedded_db
 from config.env import env_int
+from config.supervisor import Child
 
 CREDENTIALS_FILE = "first-staff-user.txt"
 
@@ -79,10 +80,10 @@ class Command(BaseCommand):
 
         default_agents_ensure()
 
-        procs: list[subprocess.Popen[bytes]] = []
         bind = f"{options['host']}:{options['port']}"
-        procs.append(
-            subprocess.Popen(
+        children = [
+            Child(
+                "web server",
                 [
                     sys.executable,
                     "-m",
@@ -102,13 +103,11 @@ class Command(BaseCommand):
                     "300",
                     "--graceful-timeout",
                     "10",
-                ]
-            )
-        )
-        # The MCP server (streamable HTTP at /mcp/, API tokens) on the next port.
-        mcp_port = options["port"] + 1
-        procs.append(
-            subprocess.Popen(
+                ],
+            ),
+            # The MCP server (streamable HTTP at /mcp/, API tokens) on the next port.
+            Child(
+                "MCP server",
                 [
                     sys.executable,
                     str(Path(settings.BASE_DIR) / "manage.py"),
@@ -117,13 +116,14 @@ class Command(BaseCommand):
                     "--host",
                     options["host"],
                     "--port",
-                    str(mcp_port),
-                ]
-            )
-        )
+                    str(options["port"] + 1),
+                ],
+            ),
+        ]
         if not options["no_worker"]:
-            procs.append(
-                subprocess.Popen(
+            children.append(
+                Child(
+                    "Celery worker",
                     [
                         sys.executable,
                         "-m",
@@ -138,9 +138,12 @@ class Command(BaseCommand):
                         "2",
                         "--schedule",
                         settings.CELERY_BEAT_SCHEDULE_FILENAME,
-                    ]
+                    ],
                 )
             )
+        mcp_port = options["port"] + 1
+        for child in children:
+            child.start()
 
         url = f"http://{bind}/"
         db = "embedded PostgreSQL in " + str(data_dir / "pg") if not settings.DATABASE_URL else "DATABASE_URL"
@@ -168,9 +171,10 @@ class Command(BaseCommand):
         last_said = ""
         try:
             while not stopping:
-                if any(p.poll() is not None for p in procs):
-                    self.stderr.write("A process exited; stopping the rest.")
-                    break
+                for child in children:
+                    said = child.heal()
+                    if said:
+                        self.stderr.write(said)
                 if not ready:
                     # "Ready" only when the web process can answer a chat at once (/readyz): its models loaded,
                     # the database answering, a worker heard from since the start.
@@ -183,20 +187,15 @@ class Command(BaseCommand):
                         last_said = waiting
                 time.sleep(0.5)
         finally:
-            self._shutdown(procs)
+            self._shutdown(children)
 
-    def _shutdown(self, procs: list[subprocess.Popen[bytes]]) -> None:
+    def _shutdown(self, children: list[Child]) -> None:
         self.stdout.write("\nStopping…")
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
+        for child in children:
+            child.signal(signal.SIGTERM)
         deadline = time.monotonic() + 10
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        for child in children:
+            child.wait_or_kill(max(0.1, deadline - time.monotonic()))
         if not settings.DATABASE_URL:
             connections.close_all()
             if embedded_db.started_by_this_process:

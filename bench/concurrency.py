@@ -1,0 +1,384 @@
+"""Many people at once: the ``make run`` stack under N people who each send one message, streamed, together.
+
+It starts a stand-in model on loopback (``bench/stand_in_model.py``: every call takes ``--latency`` seconds) and
+the real stack as ``make run`` starts it (``manage.py runstack``: gunicorn as configured there, the MCP server,
+a Celery worker with beat, the default broker and embedder) on a throwaway database of the embedded PostgreSQL,
+then, for each N of ``--people`` (default 1, 64, 256), gives N new people a chat with the ``assistant`` agent
+and has them all send one message at once through ``POST /api/sessions/<id>/messages/stream/``, as the chat
+page does. Measured per N:
+
+- wall: from the send to the last ``done`` event, and its ratio to one chat alone (the first N);
+- first token (the first ``delta`` event) and reply done, p50 and p95, per person;
+- failures: a status other than 200, an ``error`` event, a stream with no ``done``;
+- ``GET /healthz`` every 0.2 s meanwhile: its slowest answer;
+- PostgreSQL connections to the database (``pg_stat_activity``, sampled every 0.25 s): the most at once;
+- the stack's log: every ERROR record and traceback while the N chats ran (the cold-start race of a fresh
+  process shows here), and the background tasks that could not be sent (``TaskSendFailure``).
+
+Beside it, the floor of the machine and the load client: the same N clients calling the stand-in directly,
+each its two calls of a turn (a structured call, then a stream), with no app in between.
+
+``python -m bench concurrency [-- --people 1,64,256 --latency 4]`` writes ``bench/results/concurrency.json``.
+Loopback only; every request loop is bounded by N and ``--timeout``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.stand_in_model import StandInModel
+from config.db import database_url
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+LOOPBACK = "127.0.0.1"
+MESSAGE = "Hello! What can you do for me, and what do you remember about me?"
+# A record at ERROR or above, in the JSON log format (the default) or the plain one, or a traceback.
+ERROR_RECORD = re.compile(r'"level": "(ERROR|CRITICAL)"|^\S+ \S+ (ERROR|CRITICAL) |^Traceback', re.MULTILINE)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) by the nearest-rank method; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(1, min(len(ordered), math.ceil(q * len(ordered)))) - 1]
+
+
+@dataclass
+class Chat:
+    """One person's message: when its first token and its end arrived (seconds after the common start)."""
+
+    status: int = 0
+    first_token: float | None = None
+    done: float | None = None
+    error: str = ""
+
+
+@dataclass
+class Probe:
+    """A background sampler's findings, guarded by ``lock``."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: threading.Event = field(default_factory=threading.Event)
+    samples: list[float] = field(default_factory=list)
+    failures: int = 0
+
+
+def _seed(people: int, run: str) -> list[tuple[str, str]]:
+    """``people`` new users with an API token and a chat with the assistant: [(token, session id), ...]."""
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    from agents.models import Agent
+    from sessions.services import session_create
+
+    agent = Agent.objects.get(slug="assistant")
+    seeded = []
+    for i in range(people):
+        user = get_user_model().objects.create_user(username=f"crowd-{run}-{i}", password=uuid.uuid4().hex)
+        seeded.append((Token.objects.create(user=user).key, str(session_create(user=user, agent=agent).pk)))
+    return seeded
+
+
+def _chat(base: str, token: str, session_id: str, start: threading.Barrier, t0: list[float], timeout: float) -> Chat:
+    import httpx
+
+    chat = Chat()
+    headers = {"Authorization": f"Token {token}", "Accept": "text/event-stream"}
+    with httpx.Client(base_url=base, timeout=timeout) as client:
+        start.wait()
+        try:
+            with client.stream(
+                "POST", f"/api/sessions/{session_id}/messages/stream/", json={"message": MESSAGE}, headers=headers
+            ) as response:
+                chat.status = response.status_code
+                if response.status_code != 200:
+                    chat.error = f"{response.status_code}: {response.read()[:200]!r}"
+                    return chat
+                for line in response.iter_lines():
+                    if line == "event: delta" and chat.first_token is None:
+                        chat.first_token = time.monotonic() - t0[0]
+                    elif line == "event: done":
+                        chat.done = time.monotonic() - t0[0]
+                    elif line == "event: error":
+                        chat.error = "an error event"
+        except httpx.HTTPError as exc:
+            chat.error = f"{type(exc).__name__}: {exc}"
+    if chat.done is None and not chat.error:
+        chat.error = "the stream ended with no done event"
+    return chat
+
+
+def _probe_health(base: str, probe: Probe) -> None:
+    import httpx
+
+    with httpx.Client(base_url=base, timeout=30) as client:
+        while not probe.stop.is_set():
+            began = time.monotonic()
+            try:
+                client.get("/healthz")
+            except httpx.HTTPError:
+                with probe.lock:
+                    probe.failures += 1
+            with probe.lock:
+                probe.samples.append(time.monotonic() - began)
+            probe.stop.wait(0.2)
+
+
+def _probe_connections(url: str, probe: Probe) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        while not probe.stop.is_set():
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()
+            with probe.lock:
+                probe.samples.append(float(row[0] if row else 0))
+            probe.stop.wait(0.25)
+
+
+def _in_parallel(jobs: list[Any], work: Any) -> list[Any]:
+    results: list[Any] = [None] * len(jobs)
+
+    def run(i: int) -> None:
+        results[i] = work(jobs[i])
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def phase(*, base: str, people: int, log: Path, timeout: float) -> dict[str, Any]:
+    """N people send one message each, at once; what they saw, and what the stack logged meanwhile."""
+    from config.models import TaskSendFailure
+
+    seeded = _seed(people, uuid.uuid4().hex[:8])
+    sends_failed_before = sum(TaskSendFailure.objects.values_list("count", flat=True))
+    log_from = log.stat().st_size
+    health, connections = Probe(), Probe()
+    samplers = [
+        threading.Thread(target=_probe_health, args=(base, health), daemon=True),
+        threading.Thread(target=_probe_connections, args=(database_url(), connections), daemon=True),
+    ]
+    for sampler in samplers:
+        sampler.start()
+    t0 = [0.0]
+    start = threading.Barrier(people, action=lambda: t0.__setitem__(0, time.monotonic()))
+    chats: list[Chat] = _in_parallel(seeded, lambda job: _chat(base, job[0], job[1], start, t0, timeout))
+    time.sleep(2.0)  # what the turns' after-commit work logs lands in the next two seconds
+    health.stop.set()
+    connections.stop.set()
+    for sampler in samplers:
+        sampler.join(timeout=10)
+    with log.open("rb") as handle:
+        handle.seek(log_from)
+        logged = handle.read().decode(errors="replace")
+    errors = [m.group(0) for m in ERROR_RECORD.finditer(logged)]
+    error_lines = [line[:300] for line in logged.splitlines() if ERROR_RECORD.search(line)]
+    failed = [c for c in chats if c.error]
+    done = [c.done for c in chats if c.done is not None]
+    first = [c.first_token for c in chats if c.first_token is not None]
+    return {
+        "people": people,
+        "wall_s": round(max(done, default=0.0), 2),
+        "failures": len(failed),
+        "failure_sample": [c.error for c in failed[:5]],
+        "first_token_s": {"p50": round(percentile(first, 0.5), 2), "p95": round(percentile(first, 0.95), 2)},
+        "done_s": {"p50": round(percentile(done, 0.5), 2), "p95": round(percentile(done, 0.95), 2)},
+        "healthz_max_s": round(max(health.samples, default=0.0), 3),
+        "healthz_probes": len(health.samples),
+        "healthz_failures": health.failures,
+        "pg_connections_max": int(max(connections.samples, default=0.0)),
+        "log_error_records": len(errors),
+        "log_error_sample": error_lines[:5],
+        "task_sends_failed": sum(TaskSendFailure.objects.values_list("count", flat=True)) - sends_failed_before,
+    }
+
+
+def floor(*, model: StandInModel, people: int, timeout: float) -> float:
+    """Seconds for ``people`` clients to make a turn's two calls straight to the stand-in (no app)."""
+    import httpx
+
+    schema = {"type": "object", "properties": {"action": {"enum": ["answer"]}}, "required": ["action"]}
+    structured = {"model": "stand-in", "messages": [{"role": "user", "content": MESSAGE}]}
+    structured["response_format"] = {"type": "json_schema", "json_schema": {"name": "Route", "schema": schema}}
+    streamed = {"model": "stand-in", "messages": [{"role": "user", "content": MESSAGE}], "stream": True}
+    t0 = [0.0]
+    start = threading.Barrier(people, action=lambda: t0.__setitem__(0, time.monotonic()))
+
+    def turn(_: int) -> float:
+        with httpx.Client(base_url=model.base_url, timeout=timeout) as client:
+            start.wait()
+            client.post("/chat/completions", json=structured).raise_for_status()
+            with client.stream("POST", "/chat/completions", json=streamed) as response:
+                for _line in response.iter_lines():
+                    pass
+        return time.monotonic() - t0[0]
+
+    return round(max(_in_parallel(list(range(people)), turn)), 2)
+
+
+def _start_stack(
+    *, port: int, model: StandInModel, data_dir: Path, log: Path, embedder: str
+) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "DATABASE_URL": database_url(),
+            "APP_DATA_DIR": str(data_dir),
+            "LLM_BASE_URL": model.base_url,
+            "LLM_MODEL": "stand-in",
+            "LLM_API_KEY": "",
+            # The load is the point: the per-user rate limits would answer 429 to a crowd of one user's size.
+            "API_THROTTLE_MESSAGES": "1000000/min",
+            "API_THROTTLE_USER": "1000000/min",
+        }
+    )
+    unset = ("LLM_PROFILES_JSON", "CELERY_BROKER_URL", "CELERY_QUEUE", "CELERY_FILESYSTEM_BROKER_DIR")
+    for name in (*unset, "DATABASE_STATEMENT_TIMEOUT"):  # the stack as make run has it, not the bench's
+        env.pop(name, None)
+    if embedder:
+        env["EMBEDDING_BACKEND"] = embedder
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "manage.py", "runstack", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _wait_ready(stack: subprocess.Popen[bytes], log: Path, *, timeout: float) -> float:
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        if stack.poll() is not None:
+            raise RuntimeError(f"the stack exited during start-up:\n{log.read_text(errors='replace')[-3000:]}")
+        if "Ready at" in log.read_text(errors="replace"):
+            return time.monotonic() - began
+        time.sleep(0.5)
+    raise RuntimeError(f"the stack was not ready within {timeout:.0f} s:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+def _stop_stack(stack: subprocess.Popen[bytes]) -> None:
+    if stack.poll() is None:
+        stack.send_signal(signal.SIGINT)  # as Ctrl-C: runstack stops what it started
+        try:
+            stack.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(stack.pid, signal.SIGKILL)
+            stack.wait(timeout=10)
+
+
+def run(*, people: list[int], latency: float, ttft: float, embedder: str, timeout: float) -> dict[str, Any]:
+    import logging
+
+    from rich.progress import Progress
+
+    from agents.services import default_agents_ensure
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request would bury the figures
+    default_agents_ensure()
+    folder = Path(tempfile.mkdtemp(prefix="concurrency-"))
+    log = folder / "stack.log"
+    port = free_port()
+    base = f"http://{LOOPBACK}:{port}"
+    phases: list[dict[str, Any]] = []
+    with StandInModel(latency=latency, ttft=ttft) as model, Progress() as progress:
+        task = progress.add_task("floor, then the stack", total=2 * len(people) + 1)
+        floors = {}
+        for n in people:
+            floors[n] = floor(model=model, people=n, timeout=timeout)
+            progress.advance(task)
+        stack = _start_stack(port=port, model=model, data_dir=folder / "data", log=log, embedder=embedder)
+        try:
+            ready_s = _wait_ready(stack, log, timeout=300)
+            progress.advance(task)
+            for n in people:
+                progress.update(task, description=f"{n} people at once")
+                phases.append({**phase(base=base, people=n, log=log, timeout=timeout), "floor_wall_s": floors[n]})
+                progress.advance(task)
+        finally:
+            _stop_stack(stack)
+    alone = phases[0]["wall_s"] or 1.0
+    for result in phases:
+        result["wall_ratio"] = round(result["wall_s"] / alone, 2)
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "python -m bench concurrency -- " + " ".join(sys.argv[1:]),
+        "model_latency_s": latency,
+        "model_ttft_s": ttft,
+        "embedder": embedder or "the default (make run's)",
+        "stack_ready_s": round(ready_s, 1),
+        "stack_log": str(log),
+        "phases": phases,
+    }
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench concurrency")
+    parser.add_argument("--people", default="1,64,256", help="comma-separated crowd sizes; the first is 'alone'")
+    parser.add_argument("--latency", type=float, default=4.0, help="seconds per model call")
+    parser.add_argument("--ttft", type=float, default=0.3, help="seconds to a streamed call's first word")
+    parser.add_argument("--embedder", default="", help="EMBEDDING_BACKEND for the stack (default: make run's)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds a person waits for the reply")
+    parser.add_argument("--output", type=Path, default=RESULTS / "concurrency.json")
+    args, _ = parser.parse_known_args(argv)
+    people = [int(n) for n in args.people.split(",") if n.strip()]
+    if not people or min(people) < 1:
+        parser.error("--people takes crowd sizes of at least 1")
+
+    from django.db import connections
+    from django.test.utils import setup_databases
+
+    # A throwaway database (kept between runs): the crowd's users and chats stay out of the app's data.
+    setup_databases(verbosity=0, interactive=False, keepdb=True, aliases={"default"})  # type: ignore[arg-type]
+    result = run(people=people, latency=args.latency, ttft=args.ttft, embedder=args.embedder, timeout=args.timeout)
+    connections.close_all()
+    print(f"model: {args.latency:g} s a call; stack ready after {result['stack_ready_s']} s; log {result['stack_log']}")
+    print(
+        "people | wall s (x alone) | floor s | first token p50/p95 | done p50/p95 | failures | healthz max | pg conns | log errors | sends failed"
+    )
+    for p in result["phases"]:
+        print(
+            f"{p['people']} | {p['wall_s']} ({p['wall_ratio']}x) | {p['floor_wall_s']} | "
+            f"{p['first_token_s']['p50']}/{p['first_token_s']['p95']} | {p['done_s']['p50']}/{p['done_s']['p95']} | "
+            f"{p['failures']} | {p['healthz_max_s']} s | {p['pg_connections_max']} | {p['log_error_records']} | "
+            f"{p['task_sends_failed']}"
+        )
+        for line in p["log_error_sample"] + p["failure_sample"]:
+            print("   ", line)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.output}")
+    failed = any(p["failures"] or p["log_error_records"] or p["task_sends_failed"] for p in result["phases"])
+    return 1 if failed else 0

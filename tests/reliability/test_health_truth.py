@@ -1,0 +1,57 @@
+"""Health that tells the truth: with PostgreSQL stopped (SIGSTOP: it accepts connections and never answers),
+``/readyz`` and ``/healthz`` answer 503 by their own deadline, naming the database, and 200 again once it runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from config.models import WorkerHeartbeat
+from conftest import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@contextmanager
+def postgres_stopped() -> Iterator[None]:
+    """Every process of the test database's server stopped (SIGSTOP) until the block ends, then continued."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        backend = int(cursor.fetchone()[0])
+    postmaster = psutil.Process(backend).parent()
+    assert postmaster is not None and "postgres" in postmaster.name()
+    server = [postmaster, *postmaster.children(recursive=True)]
+    for proc in server:
+        proc.suspend()
+    try:
+        yield
+    finally:
+        for proc in server:
+            try:
+                proc.resume()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def test_readyz_and_healthz_fail_by_their_deadline_while_postgres_is_stopped(web_server: Any) -> None:
+    server = web_server(workers=1, threads=4, as_make_run=True, env={"HEALTH_CHECK_TIMEOUT": "1.5"})
+    WorkerHeartbeat.objects.create(hostname="health-test", seen_at=timezone.now())  # a worker, seen after its start
+    wait_for(lambda: httpx.get(f"{server.url}/readyz", timeout=10).status_code == 200, message="ready", timeout=60)
+
+    with postgres_stopped():
+        # The client would wait 8 s; the server answers by its own deadline (1.5 s) instead.
+        ready = httpx.get(f"{server.url}/readyz", timeout=8)
+        health = httpx.get(f"{server.url}/healthz", timeout=8)
+    assert ready.status_code == 503
+    assert ready.json()["database"] == {"ok": False, "error": "database did not answer within 1.5 s"}
+    assert health.status_code == 503 and health.json()["database"]["ok"] is False
+
+    wait_for(lambda: httpx.get(f"{server.url}/readyz", timeout=10).status_code == 200, message="ready again")
+    assert httpx.get(f"{server.url}/healthz", timeout=10).json()["database"]["ok"] is True

@@ -1,0 +1,120 @@
+"""``make run`` heals: the Celery worker killed under ``manage.py runstack`` comes back by itself, leaves nothing
+behind, and the rest of the stack stays up; Ctrl-C stops every process it started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from django.utils import timezone
+
+from config.db import database_url
+from config.models import WorkerHeartbeat
+from tests.reliability.conftest import ROOT, free_port
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def wait_for(condition: Any, what: str, *, within: float) -> Any:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"not within {within} s: {what}")
+
+
+def group_of(pid: int) -> list[psutil.Process]:
+    """The live processes of process group ``pid``."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pid and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, int]]:
+    port = free_port()
+    log = tmp_path / "runstack.log"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "DATABASE_URL": database_url(),
+        "APP_DATA_DIR": str(tmp_path / "data"),
+        "EMBEDDING_BACKEND": "hashing",
+        "CELERY_QUEUE": f"runstack-{uuid.uuid4().hex[:8]}",
+        "WORKER_HEARTBEAT_SECONDS": "1",
+        "LOG_FORMAT": "plain",
+    }
+    for name in ("REDIS_URL", "CELERY_BROKER_URL", "CELERY_FILESYSTEM_BROKER_DIR", "LLM_PROFILES_JSON"):
+        env.pop(name, None)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "runstack", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_for(lambda: "Ready at" in log.read_text(errors="replace"), "the stack ready", within=180)
+        yield proc, log, port
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        for child in psutil.Process().children(recursive=True):  # nothing of this test's stack may outlive it
+            if "runstack" in " ".join(child.cmdline()) or str(tmp_path) in " ".join(child.cmdline()):
+                child.kill()
+
+
+def test_a_killed_worker_comes_back_and_ctrl_c_stops_everything(
+    stack: tuple[subprocess.Popen[bytes], Path, int],
+) -> None:
+    proc, log, port = stack
+    children = {" ".join(c.cmdline()): c.pid for c in psutil.Process(proc.pid).children()}
+    worker = next(pid for line, pid in children.items() if "celery" in line and "worker" in line)
+    web = next(pid for line, pid in children.items() if "gunicorn" in line)
+    worker_group = wait_for(lambda: len(group_of(worker)) >= 3 and group_of(worker), "beat and pool", within=30)
+
+    killed_at = timezone.now()
+    os.kill(worker, signal.SIGKILL)
+    wait_for(
+        lambda: "Celery worker exited (killed by SIGKILL); restarting it in 1 s." in log.read_text(errors="replace"),
+        "the supervisor saying so",
+        within=10,
+    )
+    # The dead worker's beat and pool processes went with it.
+    gone, alive = psutil.wait_procs(worker_group, timeout=10)
+    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+    wait_for(lambda: "Celery worker restarted (restart 1)." in log.read_text(errors="replace"), "restart", within=10)
+    # A new worker consumes and beats; the web server never went away.
+    wait_for(
+        lambda: WorkerHeartbeat.objects.filter(seen_at__gt=killed_at).exists(), "the new worker's heartbeat", within=90
+    )
+    assert proc.poll() is None and psutil.pid_exists(web)
+    assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
+    new_worker = next(c.pid for c in psutil.Process(proc.pid).children() if "celery" in " ".join(c.cmdline()))
+    groups = [new_worker, web] + [pid for pid in children.values() if pid not in (worker, web)]
+    assert all(group_of(pid) for pid in groups)
+
+    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    assert proc.wait(timeout=60) == 0
+    assert "Stopped." in log.read_text(errors="replace")
+    assert [group_of(pid) for pid in groups] == [[] for _ in groups]

@@ -1,0 +1,86 @@
+"""The supervisor of ``make run`` (``config.supervisor.Child``): a child that dies is restarted with backoff, and
+what it started goes with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import psutil
+
+from config.supervisor import Child
+
+# A parent that starts a grandchild (as Celery starts its beat and pool), then waits.
+PARENT = (
+    "import subprocess, sys, time; "
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+    "time.sleep(120)"
+)
+
+
+def heal_until(child: Child, expected: str, *, within: float = 10.0) -> str:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        said = child.heal()
+        if expected in said:
+            return said
+        time.sleep(0.05)
+    raise AssertionError(f"the supervisor did not say {expected!r} within {within} s")
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    members = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != pgid and psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE:
+                if os.getpgid(proc.pid) == pgid:
+                    members.append(proc)
+        except (psutil.NoSuchProcess, ProcessLookupError, PermissionError):
+            continue
+    return members
+
+
+def test_a_killed_child_is_restarted_with_backoff_and_leaves_nothing_behind() -> None:
+    child = Child("worker", [sys.executable, "-c", PARENT], min_backoff=0.2, max_backoff=0.8, stable_after=60)
+    child.start()
+    try:
+        assert child.proc is not None
+        first = child.proc.pid
+        deadline = time.monotonic() + 10
+        while not group_members(first) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        orphans = group_members(first)
+        assert len(orphans) == 1  # the grandchild, in the child's process group
+        assert child.heal() == ""  # alive: nothing to do
+
+        child.proc.send_signal(signal.SIGKILL)
+        assert heal_until(child, "exited") == "worker exited (killed by SIGKILL); restarting it in 0.2 s."
+        psutil.wait_procs(orphans, timeout=5)
+        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in orphans)
+        assert heal_until(child, "restarted") == "worker restarted (restart 1)."
+        assert child.proc.pid != first and child.proc.poll() is None
+
+        # Dying again at once doubles the wait, up to the maximum.
+        child.proc.send_signal(signal.SIGKILL)
+        assert heal_until(child, "exited").endswith("restarting it in 0.4 s.")
+        heal_until(child, "restarted")
+        child.proc.send_signal(signal.SIGKILL)
+        assert heal_until(child, "exited").endswith("restarting it in 0.8 s.")
+        heal_until(child, "restarted")
+        child.proc.send_signal(signal.SIGKILL)
+        assert heal_until(child, "exited").endswith("restarting it in 0.8 s.")
+    finally:
+        child.signal(signal.SIGTERM)
+        child.wait_or_kill(5)
+
+
+def test_an_exit_code_is_reported_and_a_stable_child_starts_its_backoff_again() -> None:
+    child = Child("mcp", [sys.executable, "-c", "import sys; sys.exit(3)"], min_backoff=0.1, stable_after=0.0)
+    child.backoff = 5.0  # as after many deaths; a run of stable_after (here 0 s) resets it
+    child.start()
+    try:
+        assert heal_until(child, "exited") == "mcp exited (exit code 3); restarting it in 0.1 s."
+    finally:
+        child.wait_or_kill(5)

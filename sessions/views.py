@@ -273,6 +273,18 @@ EVENTS_HELD_PER_USER = 2
 EVENTS_LOOKBACK = timedelta(seconds=5)
 
 
+def _events_slot(user_pk: object) -> str | None:
+    """Take one of the user's ``EVENTS_HELD_PER_USER`` slots for a held events request: its cache key, or None
+    when all are taken. ``cache.add`` is atomic in every cache backend (a unique key in the database table,
+    SET NX in Redis), so many requests at once cannot all count themselves under the limit. A slot that its
+    request never gave back (a killed process) expires after four holds."""
+    for number in range(EVENTS_HELD_PER_USER):
+        key = f"chat-events-slot:{user_pk}:{number}"
+        if cache.add(key, 1, timeout=int(EVENTS_HOLD_SECONDS * 4)):
+            return key
+    return None
+
+
 def _since(request: HttpRequest) -> datetime:
     raw = request.headers.get("Last-Event-ID") or request.GET.get("since") or ""
     try:
@@ -327,15 +339,11 @@ def chat_events(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
     ``since`` (or the Last-Event-ID the browser sends on reconnecting) is where the page's knowledge ends."""
     session = _own_session(request, session_id)
     since = _since(request)
-    held_key = f"chat-events-held:{request.user.pk}"
 
     def stream() -> Iterator[bytes]:
         nonlocal since
-        try:
-            held = cache.incr(held_key)
-        except ValueError:  # the first one (or the count expired)
-            cache.set(held_key, held := 1, timeout=int(EVENTS_HOLD_SECONDS * 4))
-        may_hold = held <= EVENTS_HELD_PER_USER
+        slot = _events_slot(request.user.pk)
+        may_hold = slot is not None
         try:
             deadline = time.monotonic() + (EVENTS_HOLD_SECONDS if may_hold else 0)
             live = True
@@ -356,10 +364,8 @@ def chat_events(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
             retry = EVENTS_RETRY_LIVE_MS if live and may_hold else EVENTS_RETRY_IDLE_MS
             yield f"id: {since.isoformat()}\nretry: {retry}\n\n".encode()
         finally:
-            try:
-                cache.decr(held_key)
-            except ValueError:  # expired meanwhile
-                pass
+            if slot is not None:
+                cache.delete(slot)
 
     response = StreamingHttpResponse(stream(), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"

@@ -533,3 +533,40 @@ def test_the_memory_panel_lists_each_memory_once() -> None:
     lists = _kept_and_dropped(candidates)
     assert [c["id"] for c in lists["retrieval_kept"]] == [7]
     assert [c["id"] for c in lists["retrieval_dropped"]] == [11]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_user_holds_at_most_two_event_streams_at_once_on_the_database_cache(
+    alice: Any, staff: Any, chat_agent: Agent, monkeypatch: Any, settings: Any
+) -> None:
+    """Ten event requests of one person at once on the default cache (the database table, shared by every
+    process): two hold a thread and wait for news, eight answer at once and ask again later. The count used to
+    be a read-then-write increment, which many requests at once all read as under the limit."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.core.cache import caches
+
+    from agents.runtime import handoff_request
+    from sessions import views
+
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "app_cache"}}
+    caches._settings = caches.settings = settings.CACHES  # type: ignore[attr-defined]
+    monkeypatch.setattr(views, "cache", caches.create_connection("default"))
+    monkeypatch.setattr(views, "EVENTS_HOLD_SECONDS", 3.0)
+    session = _with_a_turn(session_create(user=alice, agent=chat_agent))
+    assert handoff_request(session=session, actor=staff) is True  # with a person: an events request holds
+    cookies = _signed_in(alice).cookies
+    start = threading.Barrier(10)
+
+    def listen(_: int) -> str:
+        client = Client()
+        client.cookies = cookies
+        start.wait()
+        response = client.get(f"/chats/{session.pk}/events/")
+        return b"".join(response.streaming_content).decode().rsplit("retry: ", 1)[-1].strip()
+
+    with ThreadPoolExecutor(max_workers=10) as pool:
+        retries = sorted(pool.map(listen, range(10)))
+    assert retries == [str(views.EVENTS_RETRY_LIVE_MS)] * 2 + [str(views.EVENTS_RETRY_IDLE_MS)] * 8
+    assert views.cache.get(f"chat-events-slot:{alice.pk}:0") is None  # the slots were given back

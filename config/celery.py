@@ -5,7 +5,7 @@ import os
 from typing import Any
 
 from celery import Celery, bootsteps
-from celery.signals import worker_process_init
+from celery.signals import beat_init, celeryd_init, worker_process_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -55,6 +55,15 @@ class HeartbeatStep(bootsteps.StartStopStep):
 
 
 app.steps["worker"].add(HeartbeatStep)
+
+
+@celeryd_init.connect
+@beat_init.connect
+def _embedded_broker(**kwargs: Any) -> None:
+    # A worker or beat started by hand on the embedded default: the broker it needs, started if not running.
+    from config.embedded_broker import ensure_configured
+
+    ensure_configured()
 
 
 @worker_process_init.connect

@@ -202,10 +202,17 @@ IMPORT_MAX_BYTES = env_int("IMPORT_MAX_BYTES", 20 * 1024 * 1024, minimum=1024)
 LARGE_BODY_PATHS = {"/api/me/import/": IMPORT_MAX_BYTES}
 
 # --- Celery ----------------------------------------------------------------------------------
-# REDIS_URL (or CELERY_BROKER_URL) in production. Unset: kombu's filesystem transport, which
-# needs no server, so a real worker still runs in another process on a fresh machine.
+# REDIS_URL (or CELERY_BROKER_URL) in production. Unset: the embedded broker, a Valkey server from a wheel on
+# a Unix socket in DATA_DIR/valkey/ (config/embedded_broker.py), started by whatever serves first: runstack,
+# a web or MCP process as it starts (config.warmup.process_prepare), a worker as it starts (config/celery.py).
 REDIS_URL = env_str("REDIS_URL")
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or REDIS_URL or "filesystem://"
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or REDIS_URL
+EMBEDDED_BROKER_DIR: Path | None = None
+if not CELERY_BROKER_URL:
+    from config.embedded_broker import broker_url as embedded_broker_url
+
+    EMBEDDED_BROKER_DIR = DATA_DIR / "valkey"
+    CELERY_BROKER_URL = embedded_broker_url(EMBEDDED_BROKER_DIR)
 
 # The cache holds the API's throttle counters and the sign-in failure counts, which every process must
 # share: gunicorn runs several, and per-process counters would let each one allow the whole rate. Redis
@@ -233,7 +240,7 @@ if CELERY_BROKER_URL == "filesystem://":
         "control_folder": str(BROKER_DIR / "control"),
         "store_processed": False,
     }
-if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+if CELERY_BROKER_URL.startswith(("redis://", "rediss://", "redis+socket://")):
     # A task taken by a worker that then dies is redelivered after this many seconds (late acks).
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600, minimum=10)}
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "agents") or "agents"

@@ -26,7 +26,7 @@ _lock = threading.Lock()
 
 def process_prepare() -> float:
     """Set up, in this thread, what every request or turn of this process needs and is cheap to build: the
-    Celery task registry, the tool and workflow registries, and the broker's connection pool (not a
+    embedded broker when the settings use it (started if no process has), the Celery task registry, the tool and workflow registries, and the broker's connection pool (not a
     connection). Called by gunicorn's ``post_worker_init``, the Celery worker's ``worker_process_init`` and
     ``manage.py mcp`` before they serve. Each part stays safe lazily too (a lock; see the closing list in
     docs/architecture.md); a part that fails is logged and left to its first use, which raises the same
@@ -35,10 +35,12 @@ def process_prepare() -> float:
 
     from agents.tools.registry import default_registry
     from agents.workflows import registered_workflows
+    from config.embedded_broker import ensure_configured
     from config.queue import tasks_import
 
     started = time.perf_counter()
     parts = {
+        "embedded broker": ensure_configured,  # when the settings use it: started by the first process to serve
         "task registry": tasks_import,
         "tool registry": default_registry,
         "workflow registry": registered_workflows,

@@ -24,7 +24,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import connections
 
 from agents.services import default_agents_ensure
-from config import embedded_db
+from config import embedded_broker, embedded_db
 from config.env import env_int
 from config.supervisor import Child
 
@@ -74,6 +74,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         data_dir: Path = settings.DATA_DIR
         data_dir.mkdir(parents=True, exist_ok=True)
+        embedded_broker.ensure_configured()
         self.stdout.write("Applying migrations…")
         call_command("migrate", interactive=False, verbosity=0)
         username, password = ensure_first_staff_user(data_dir)
@@ -148,6 +149,8 @@ class Command(BaseCommand):
         url = f"http://{bind}/"
         db = "embedded PostgreSQL in " + str(data_dir / "pg") if not settings.DATABASE_URL else "DATABASE_URL"
         broker = settings.CELERY_BROKER_URL.split("://", 1)[0]
+        if settings.EMBEDDED_BROKER_DIR is not None:
+            broker = f"embedded Valkey in {settings.EMBEDDED_BROKER_DIR}"
         self.stdout.write(self.style.SUCCESS(f"\nThe app is starting at {url}"))
         self.stdout.write(f"  database: {db}\n  broker:   {broker}\n  health:   {url}healthz\n  admin:    {url}admin/")
         self.stdout.write(f"  MCP:      http://{options['host']}:{mcp_port}/mcp/ (Authorization: Bearer <API token>)")
@@ -169,12 +172,16 @@ class Command(BaseCommand):
         ready = False
         waiting_since = time.monotonic()
         last_said = ""
+        broker_checked = time.monotonic()
         try:
             while not stopping:
                 for child in children:
                     said = child.heal()
                     if said:
                         self.stderr.write(said)
+                if settings.EMBEDDED_BROKER_DIR is not None and time.monotonic() - broker_checked > 2:
+                    broker_checked = time.monotonic()
+                    self._heal_broker(settings.EMBEDDED_BROKER_DIR)
                 if not ready:
                     # "Ready" only when the web process can answer a chat at once (/readyz): its models loaded,
                     # the database answering, a worker heard from since the start.
@@ -189,6 +196,15 @@ class Command(BaseCommand):
         finally:
             self._shutdown(children)
 
+    def _heal_broker(self, folder: Path) -> None:
+        if embedded_broker.answers(embedded_broker.socket_path(folder)):
+            return
+        self.stderr.write("The embedded broker does not answer; starting it again.")
+        try:
+            embedded_broker.ensure_embedded_valkey(folder)
+        except Exception as exc:  # noqa: BLE001 - said, and tried again at the next check
+            self.stderr.write(f"The embedded broker could not be started: {exc}")
+
     def _shutdown(self, children: list[Child]) -> None:
         self.stdout.write("\nStopping…")
         for child in children:
@@ -196,6 +212,8 @@ class Command(BaseCommand):
         deadline = time.monotonic() + 10
         for child in children:
             child.wait_or_kill(max(0.1, deadline - time.monotonic()))
+        if settings.EMBEDDED_BROKER_DIR is not None and embedded_broker.started_by_this_process:
+            embedded_broker.stop_embedded_valkey(settings.EMBEDDED_BROKER_DIR)
         if not settings.DATABASE_URL:
             connections.close_all()
             if embedded_db.started_by_this_process:

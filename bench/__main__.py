@@ -20,6 +20,7 @@ PARTS: dict[str, str] = {
     "gallery": "bench.gallery",
     "soak": "bench.soak",
     "concurrency": "bench.concurrency",
+    "broker": "bench.broker",
     "memory_eval": "bench.memory_eval",
     "query_embedding": "bench.query_embedding",
     "memory_locomo": "bench.memory_locomo",

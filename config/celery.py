@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 from celery import Celery, bootsteps
-from celery.signals import beat_init, celeryd_init, worker_process_init
+from celery.signals import beat_init, before_task_publish, celeryd_init, worker_process_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -55,6 +56,13 @@ class HeartbeatStep(bootsteps.StartStopStep):
 
 
 app.steps["worker"].add(HeartbeatStep)
+
+
+@before_task_publish.connect
+def _stamp_sent_at(headers: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    # When the task was sent: the queue's oldest wait in /metrics (config.queue.queue_stats).
+    if headers is not None:
+        headers.setdefault("sent_at", time.time())
 
 
 @celeryd_init.connect

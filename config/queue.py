@@ -12,10 +12,14 @@ on the first ``enqueue``, the other threads waiting for that one.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+import time
+from dataclasses import dataclass
 from typing import Any
 
+import redis
 from celery import current_app
 
 from config.services import task_send_failure_record
@@ -61,3 +65,49 @@ def _count_failure(name: str, exc: BaseException) -> None:
         task_send_failure_record(task=name, error=f"{type(exc).__name__}: {exc}")
     except Exception:  # the count is for operators; the caller logs the failure itself
         logger.warning("could not count the failed enqueue of %s", name, exc_info=True)
+
+
+# --- the queue as operators see it --------------------------------------------------------------------
+@dataclass(frozen=True)
+class QueueStats:
+    queue: str
+    depth: int  # tasks waiting, not yet taken by a worker
+    oldest_seconds: float | None  # how long the next one to be taken has waited (None: empty, or not known)
+
+
+def _redis_url(broker_url: str) -> str | None:
+    """A redis-py URL for a kombu Redis broker URL (``redis+socket:///path`` is ``unix:///path``); else None."""
+    if broker_url.startswith("redis+socket://"):
+        return "unix://" + broker_url.removeprefix("redis+socket://")
+    if broker_url.startswith(("redis://", "rediss://")):
+        return broker_url
+    return None
+
+
+def queue_stats(*, broker_url: str | None = None, queue: str | None = None, timeout: float = 1.0) -> QueueStats | None:
+    """How many tasks wait in ``queue`` (the default one) and for how long the oldest has, on a Redis-protocol
+    broker (the embedded one, or Redis); None on another transport. The age comes from the ``sent_at`` header
+    every task carries (``config/celery.py``). Raises the client's error when the broker does not answer within
+    ``timeout`` seconds."""
+    app = current_app._get_current_object()
+    url = _redis_url(broker_url or str(app.conf.broker_url))
+    if url is None:
+        return None
+    name = queue or str(app.conf.task_default_queue)
+    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    try:
+        # kombu's Redis transport pushes on the left and takes from the right; priorities other than the
+        # default go to keys of their own (the name, "\x06\x16", the priority).
+        keys = [name, *(f"{name}\x06\x16{p}" for p in (3, 6, 9))]
+        depth = sum(int(client.llen(key)) for key in keys)
+        oldest: float | None = None
+        raw = client.lindex(name, -1)
+        if raw is not None:
+            try:
+                sent_at = float(json.loads(raw)["headers"]["sent_at"])
+                oldest = max(0.0, time.time() - sent_at)
+            except (ValueError, KeyError, TypeError):  # a message from before the header (or not Celery's)
+                oldest = None
+        return QueueStats(queue=name, depth=depth, oldest_seconds=oldest)
+    finally:
+        client.close()

@@ -13,6 +13,7 @@ from pathlib import Path
 from csp.constants import NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
+from config.embedded_broker import broker_url as embedded_broker_url
 from config.env import (
     database_from_url,
     env_bool,
@@ -206,13 +207,9 @@ LARGE_BODY_PATHS = {"/api/me/import/": IMPORT_MAX_BYTES}
 # a Unix socket in DATA_DIR/valkey/ (config/embedded_broker.py), started by whatever serves first: runstack,
 # a web or MCP process as it starts (config.warmup.process_prepare), a worker as it starts (config/celery.py).
 REDIS_URL = env_str("REDIS_URL")
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or REDIS_URL
-EMBEDDED_BROKER_DIR: Path | None = None
-if not CELERY_BROKER_URL:
-    from config.embedded_broker import broker_url as embedded_broker_url
-
-    EMBEDDED_BROKER_DIR = DATA_DIR / "valkey"
-    CELERY_BROKER_URL = embedded_broker_url(EMBEDDED_BROKER_DIR)
+_broker = env_str("CELERY_BROKER_URL") or REDIS_URL
+EMBEDDED_BROKER_DIR: Path | None = None if _broker else DATA_DIR / "valkey"
+CELERY_BROKER_URL: str = _broker or embedded_broker_url(DATA_DIR / "valkey")
 
 # The cache holds the API's throttle counters and the sign-in failure counts, which every process must
 # share: gunicorn runs several, and per-process counters would let each one allow the whole rate. Redis

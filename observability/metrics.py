@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import hmac
 import ipaddress
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,8 +24,11 @@ from prometheus_client.registry import Collector
 
 from agents.models import Agent
 from config.models import TaskSendFailure
+from config.queue import queue_stats
 from observability.models import Alert
 from observability.selectors import HistogramSpec, indicators, metric_totals_by_agent
+
+logger = logging.getLogger(__name__)
 
 PROMPT_TOKEN_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 TTFT_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
@@ -113,6 +117,7 @@ class DatabaseCollector(Collector):
         for task, count in TaskSendFailure.objects.order_by("task").values_list("task", "count"):
             failed_sends.add_metric([task], float(count))
         yield failed_sends
+        yield from self._queue()
         open_alerts = GaugeMetricFamily("agent_alerts_open", "Open alerts per rule.", labels=["rule", "scope"])
         for alert in Alert.objects.filter(resolved_at__isnull=True).select_related("rule", "agent"):
             open_alerts.add_metric([alert.rule.name, alert.scope_label], 1.0)
@@ -139,6 +144,26 @@ class DatabaseCollector(Collector):
             buckets = [(str(b), float(c)) for b, c in zip(bounds, counts, strict=True)] + [("+Inf", count)]
             family.add_metric([slug], buckets, float(values.get(sum_key, 0)) * sum_scale)
         return family
+
+    @staticmethod
+    def _queue() -> Iterator[Metric]:
+        """The default queue's backlog on a Redis-protocol broker (none on another transport, or when the broker
+        does not answer within a second: the scrape still answers, and /healthz says why)."""
+        try:
+            stats = queue_stats(timeout=1.0)
+        except Exception:
+            logger.warning("metrics: the broker's queue could not be read", exc_info=True)
+            return
+        if stats is None:
+            return
+        depth = GaugeMetricFamily("agent_queue_depth", "Background tasks waiting for a worker.", labels=["queue"])
+        depth.add_metric([stats.queue], float(stats.depth))
+        yield depth
+        oldest = GaugeMetricFamily(
+            "agent_queue_oldest_seconds", "How long the next task to be taken has waited (0: none).", labels=["queue"]
+        )
+        oldest.add_metric([stats.queue], stats.oldest_seconds or 0.0)
+        yield oldest
 
     @staticmethod
     def _recent() -> Iterator[Metric]:

@@ -103,3 +103,38 @@ def test_a_broker_that_refuses_is_counted_and_raised(monkeypatch: Any) -> None:
     failure = TaskSendFailure.objects.get()
     assert (failure.task, failure.count) == ("memory.tasks.write_turn_memories", 1)
     assert failure.last_error == "ConnectionRefusedError: the broker is down"
+
+
+@pytest.mark.django_db
+def test_the_queue_backlog_and_its_oldest_wait_are_in_the_metrics() -> None:
+    import tempfile
+    import time
+
+    from celery import Celery, current_app
+
+    from config import embedded_broker
+    from config.queue import queue_stats
+
+    assert "agent_queue_depth" not in metrics_exposition().decode()  # the tests' filesystem broker: no figure
+    folder = Path(tempfile.mkdtemp(prefix="vk-"))
+    try:
+        url = embedded_broker.ensure_embedded_valkey(folder)
+        sender = Celery("sender", broker=url)
+        for _ in range(3):
+            sender.send_task("config.tasks.record_worker_heartbeat", queue="backlog")
+        time.sleep(0.3)
+        stats = queue_stats(broker_url=url, queue="backlog")
+        assert stats is not None and stats.depth == 3
+        assert stats.oldest_seconds is not None and 0.3 <= stats.oldest_seconds < 60
+
+        conf = current_app.conf
+        before = {key: conf.get(key) for key in ("broker_url", "task_default_queue")}
+        conf.update(broker_url=url, task_default_queue="backlog")
+        try:
+            text = metrics_exposition().decode()
+        finally:
+            conf.update(before)
+        assert 'agent_queue_depth{queue="backlog"} 3.0' in text
+        assert 'agent_queue_oldest_seconds{queue="backlog"}' in text
+    finally:
+        embedded_broker.stop_embedded_valkey(folder)

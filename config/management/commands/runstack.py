@@ -148,7 +148,7 @@ class Command(BaseCommand):
 
         url = f"http://{bind}/"
         db = "embedded PostgreSQL in " + str(data_dir / "pg") if not settings.DATABASE_URL else "DATABASE_URL"
-        broker = settings.CELERY_BROKER_URL.split("://", 1)[0]
+        broker = str(settings.CELERY_BROKER_URL).split("://", 1)[0]
         if settings.EMBEDDED_BROKER_DIR is not None:
             broker = f"embedded Valkey in {settings.EMBEDDED_BROKER_DIR}"
         self.stdout.write(self.style.SUCCESS(f"\nThe app is starting at {url}"))

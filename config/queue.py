@@ -12,6 +12,7 @@ on the first ``enqueue``, the other threads waiting for that one.
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import threading
@@ -111,3 +112,29 @@ def queue_stats(*, broker_url: str | None = None, queue: str | None = None, time
         return QueueStats(queue=name, depth=depth, oldest_seconds=oldest)
     finally:
         client.close()
+
+
+def queued_args(name: str, *, limit: int = 100_000, timeout: float = 2.0) -> set[tuple[Any, ...]] | None:
+    """The arguments of every task ``name`` waiting in the default queue (at most ``limit`` messages read), on
+    a Redis-protocol broker; None on another transport or when the broker does not answer: then nothing is
+    known to be queued. The outbox sweeps skip what is in it (a backlog is not lost work)."""
+    app = current_app._get_current_object()
+    url = _redis_url(str(app.conf.broker_url))
+    if url is None:
+        return None
+    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    found: set[tuple[Any, ...]] = set()
+    try:
+        for raw in client.lrange(str(app.conf.task_default_queue), 0, limit - 1):
+            try:
+                headers = json.loads(raw)["headers"]
+                if headers.get("task") == name:
+                    found.add(tuple(ast.literal_eval(headers["argsrepr"])))
+            except (ValueError, KeyError, TypeError, SyntaxError):  # not a message of ours
+                continue
+    except redis.RedisError:
+        logger.warning("could not read the queue to skip what is queued", exc_info=True)
+        return None
+    finally:
+        client.close()
+    return found

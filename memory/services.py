@@ -26,7 +26,7 @@ from pgvector.django import CosineDistance
 from agents.llm.base import CallContext, LLMError
 from agents.llm.providers import get_provider
 from config.db import refresh_from
-from config.queue import enqueue
+from config.queue import enqueue, queued_args
 from config.services import requeue_each
 from memory.access import memories_touch
 from memory.embedding import get_embedder
@@ -473,6 +473,10 @@ def memory_writes_requeue(
             : limit * 4
         ]
     )
+    # Writes still waiting in the queue (workers behind) are not lost: they are not sent again.
+    queued = queued_args(WRITE_TASK) if turn_ids else None
+    if queued:
+        turn_ids = [turn_id for turn_id in turn_ids if (turn_id,) not in queued]
     sent = requeue_each(
         "memory-write",
         ((turn_id, partial(enqueue, WRITE_TASK, turn_id)) for turn_id in turn_ids),

@@ -5,6 +5,7 @@ again once the broker is back; a real worker then writes each turn's memories ex
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -190,3 +191,41 @@ def test_a_sweep_stopped_mid_enqueue_gives_its_claim_back(
         with pytest.raises(Stopped):
             memory_writes_requeue()
     assert memory_writes_requeue() == 1
+
+
+@pytest.mark.django_db
+def test_a_write_still_waiting_in_the_queue_is_not_sent_again(alice: Any, chat_agent: Agent) -> None:
+    """With the workers behind, the sweep reads the queue: a write waiting there is a backlog, not lost work."""
+    import tempfile
+    from pathlib import Path
+
+    import redis
+
+    from config import embedded_broker
+    from config.queue import enqueue
+    from memory.services import WRITE_TASK
+
+    session = session_create(user=alice, agent=chat_agent)
+    old = timezone.now() - timedelta(minutes=10)
+    waiting, lost = (
+        Turn.objects.create(
+            session=session, seq=seq, user_message="hi", status=Turn.Status.COMPLETED, assistant_message="A reply.",
+            completed_at=old,
+        )
+        for seq in (1, 2)
+    )  # fmt: skip
+    folder = Path(tempfile.mkdtemp(prefix="vk-"))
+    saved = {key: app.conf[key] for key in ("broker_url", "broker_transport_options", "task_default_queue")}
+    try:
+        url = embedded_broker.ensure_embedded_valkey(folder)
+        app.conf.update(broker_url=url, broker_transport_options={}, task_default_queue="behind")
+        _drop_broker_connections(app)
+        enqueue(WRITE_TASK, waiting.pk)  # sent after its turn, and no worker has taken it yet
+        assert memory_writes_requeue(older_than=NOW) == 1  # the lost one only
+        queue = redis.Redis(unix_socket_path=str(embedded_broker.socket_path(folder)))
+        queued = sorted(json.loads(raw)["headers"]["argsrepr"] for raw in queue.lrange("behind", 0, -1))
+        assert queued == sorted([f"({waiting.pk},)", f"({lost.pk},)"])
+    finally:
+        app.conf.update(saved)
+        _drop_broker_connections(app)
+        embedded_broker.stop_embedded_valkey(folder)

@@ -46,7 +46,7 @@ def run(*, tasks: int, max_seconds: float) -> dict[str, Any]:
              "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--hostname", f"{queue}@%h"],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
-    sender = Celery("bench-broker", broker=url)
+    sender = Celery("bench-broker", broker=url, set_as_current=False)
     sender.conf.task_default_queue = queue
     try:
         deadline = time.monotonic() + 120

@@ -38,7 +38,12 @@ def tasks_import() -> None:
         return
     with _import_lock:
         if not _imported:
-            current_app._get_current_object().loader.import_default_modules()
+            loader = current_app._get_current_object().loader
+            # A Celery worker imported them as it initialised (its pool processes inherit them). Importing again
+            # would run Django's set-up again through Celery's fixup, and with it the logging configuration,
+            # which silences the worker's own loggers (its task results).
+            if not getattr(loader, "worker_initialized", False):
+                loader.import_default_modules()
             _imported = True
 
 

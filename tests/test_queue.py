@@ -119,7 +119,7 @@ def test_the_queue_backlog_and_its_oldest_wait_are_in_the_metrics() -> None:
     folder = Path(tempfile.mkdtemp(prefix="vk-"))
     try:
         url = embedded_broker.ensure_embedded_valkey(folder)
-        sender = Celery("sender", broker=url)
+        sender = Celery("sender", broker=url, set_as_current=False)
         for _ in range(3):
             sender.send_task("config.tasks.record_worker_heartbeat", queue="backlog")
         time.sleep(0.3)

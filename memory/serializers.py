@@ -6,6 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from config.api_fields import StorableDateTimeField
 from memory.models import Memory
 
 
@@ -50,7 +51,7 @@ class MemoryCreateSerializer(serializers.Serializer[Any]):
     fact_key = serializers.CharField(max_length=80, required=False, allow_blank=True, default="")
     trigger = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     workflow = serializers.CharField(max_length=80, required=False, allow_blank=True, default="")
-    occurred_at = serializers.DateTimeField(
+    occurred_at = StorableDateTimeField(
         required=False,
         default=None,
         help_text="When what it tells happened (used for recency and shown to the model); default: now.",
@@ -68,8 +69,8 @@ class MemoryUpdateSerializer(serializers.Serializer[Any]):
     fact_key = serializers.CharField(max_length=80, required=False, allow_blank=True)
     trigger = serializers.CharField(max_length=200, required=False, allow_blank=True)
     workflow = serializers.CharField(max_length=80, required=False, allow_blank=True)
-    expires_at = serializers.DateTimeField(required=False, allow_null=True)
-    occurred_at = serializers.DateTimeField(required=False, help_text="When what it tells happened.")
+    expires_at = StorableDateTimeField(required=False, allow_null=True)
+    occurred_at = StorableDateTimeField(required=False, help_text="When what it tells happened.")
 
 
 class MemorySearchInputSerializer(serializers.Serializer[Any]):

@@ -56,6 +56,16 @@ def storable_datetime(value: datetime, *, field: str = "") -> datetime:
     return utc
 
 
+def clamped_datetime(value: datetime) -> datetime:
+    """``value`` in UTC, moved to ``EARLIEST`` or ``LATEST`` when it lies outside them: for a cursor (where a
+    page's knowledge ends) rather than a date to store, where "before everything" is a fine answer."""
+    try:
+        return storable_datetime(value)
+    except Unstorable:
+        # Outside the range: a year in the first half of Python's is before it, any other after it.
+        return EARLIEST if value.year < 5000 else LATEST
+
+
 def storable_int(value: int, *, field: str = "", minimum: int = 0, maximum: int = INT_MAX) -> int:
     """``value`` when ``minimum <= value <= maximum`` (by default a non-negative PostgreSQL integer)."""
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:

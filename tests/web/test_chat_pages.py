@@ -533,3 +533,24 @@ def test_the_memory_panel_lists_each_memory_once() -> None:
     lists = _kept_and_dropped(candidates)
     assert [c["id"] for c in lists["retrieval_kept"]] == [7]
     assert [c["id"] for c in lists["retrieval_dropped"]] == [11]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "cursor",
+    ["0001-01-01T00:00:00", "0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59.999999-14:00", "9999-12-31T23:59:59"],
+)
+def test_a_cursor_at_the_ends_of_time_is_taken_not_a_500(
+    alice: Any, chat_agent: Agent, monkeypatch: Any, cursor: str
+) -> None:
+    from sessions import views
+
+    monkeypatch.setattr(views, "EVENTS_HOLD_SECONDS", 0.0)
+    session = _with_a_turn(session_create(user=alice, agent=chat_agent))
+    client = _signed_in(alice)
+    events = _events(client, session, cursor)  # the ?since= of the page
+    assert isinstance(events, list)
+    by_header = client.get(f"/chats/{session.pk}/events/", HTTP_LAST_EVENT_ID=cursor)  # the browser's reconnect
+    assert by_header.status_code == 200
+    body = b"".join(by_header.streaming_content).decode()
+    assert "id: " in body

@@ -30,7 +30,7 @@ from rest_framework.authtoken.models import Token
 
 from agents.models import Agent
 from agents.runtime import MessageRejected, turn_run, validate_message
-from config.incoming import BIGINT_MAX, Unstorable
+from config.incoming import BIGINT_MAX, Unstorable, storable_str
 from config.incoming import idempotency_key as valid_idempotency_key
 from config.throttles import messages_rate_wait
 from memory.models import Memory
@@ -94,6 +94,16 @@ def _own_session(user: Any, session_id: str, *, missing: type[Exception] = ToolE
     return session
 
 
+def _storable_or_refuse(**texts: str) -> None:
+    """A tool error naming the first argument PostgreSQL cannot store (a NUL, a lone surrogate): the rule every
+    door shares (``config.incoming``), before anything is written or searched."""
+    try:
+        for name, value in texts.items():
+            storable_str(value, field=name)
+    except Unstorable as exc:
+        raise ToolError(str(exc)) from None
+
+
 def _session_state(session: ChatSession) -> dict[str, Any]:
     return {"workflow": session.workflow, "state": session.state, "data": session.data, "status": session.status}
 
@@ -109,6 +119,7 @@ def build_server() -> MCPServer:
         user = await _user(ctx)
         if not query.strip():
             raise ToolError("query is empty")
+        _storable_or_refuse(query=query)
 
         def run() -> list[dict[str, Any]]:
             result = memories_for_prompt(user=user, query=query[:2000], budget_tokens=4000, touch=False)
@@ -135,6 +146,7 @@ def build_server() -> MCPServer:
             raise ToolError("text must be 1 to 20,000 characters, without NUL")
         if len(fact_key) > 80:
             raise ToolError("fact_key is at most 80 characters")
+        _storable_or_refuse(text=text, fact_key=fact_key)
 
         def run() -> dict[str, Any]:
             memory, created = memory_get_or_create(

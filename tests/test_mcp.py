@@ -264,3 +264,20 @@ def test_someone_elses_session_resource_is_not_found_as_a_missing_one(alice: Any
         error = seen[name]
         assert isinstance(error, MCPError) and error.code == INVALID_PARAMS, (name, error)
         assert "no session" in error.message and "bob" not in error.message
+
+
+def test_text_that_cannot_be_stored_is_a_tool_error_naming_the_argument(alice: Any) -> None:
+    memory_create(user=alice, kind="semantic", text="Alice likes green tea.")
+
+    async def calls(client: Client) -> dict[str, Any]:
+        return {
+            "text": await client.call_tool("add_memory", {"text": "Likes \ud800 figs"}),
+            "fact_key": await client.call_tool("add_memory", {"text": "Likes figs", "fact_key": "fruit\udfff"}),
+            "query": await client.call_tool("search_memory", {"query": "green \udc00 tea"}),
+        }
+
+    seen = _in_process(alice, calls)
+    for name, result in seen.items():
+        text = _text(result)
+        assert result.is_error and f"{name}: contains" in text and "lone surrogate" in text, text
+    assert Memory.objects.filter(user=alice).count() == 1

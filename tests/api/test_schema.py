@@ -63,7 +63,12 @@ def test_the_schema_documents_the_error_answers(alice_client: APIClient) -> None
     # Every operation says how a missing sign-in and the throttle answer.
     for operations in schema["paths"].values():
         for operation in (o for name, o in operations.items() if name != "parameters"):
-            assert {"401", "429"} <= set(operation["responses"])
+            assert {"400", "401", "411", "413", "414", "429"} <= set(operation["responses"])
+    # Any request can be malformed, chunked, too big or too long, whatever the operation declares.
+    me = schema["paths"]["/api/me/"]["get"]["responses"]
+    for status in ("400", "411", "413"):
+        assert me[status]["content"]["application/json"]["schema"] == error, status
+    assert "gunicorn" in me["414"]["description"] and "text/html" in me["414"]["content"]
     message = schema["components"]["schemas"]["MessageInputRequest"]["properties"]["message"]
     assert message["minLength"] == 1 and message["maxLength"] == settings.MAX_MESSAGE_CHARS
 

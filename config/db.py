@@ -158,13 +158,13 @@ def dates_read_within_bounds(*, sender: Any = None, connection: Any, **kwargs: A
         text = text.strip()
         return EARLIEST if text.startswith(b"-") or text.endswith(b"BC") else LATEST
 
-    class BoundedTzLoader(BaseTzLoader):  # type: ignore[misc]
+    class BoundedTzLoader(BaseTzLoader):
         # Django keeps a connection's loader when its timezone is the connection's (``create_cursor``).
         timezone = connection.timezone
 
         def load(self, data: Any) -> datetime:
             try:
-                return super().load(data)  # type: ignore[no-any-return]
+                return super().load(data)
             except DataError:
                 return bounded(bytes(data)).astimezone(self.timezone)
 

@@ -166,8 +166,22 @@ def test_dates_python_cannot_hold_break_no_list_no_export_and_no_erasure(
     assert "green tea" in exported and '"created_at": "0001-01-02T00:00:00+00:00"' in exported
     admin = Client()
     admin.force_login(staff)
-    for path in ("/admin/chat_sessions/chatsession/", "/admin/memory/memory/", "/admin/chat_sessions/turn/"):
+    session = ChatSession.objects.get(user=alice)
+    for path in (
+        "/admin/chat_sessions/chatsession/",
+        "/admin/memory/memory/",
+        "/admin/chat_sessions/turn/",
+        f"/admin/chat_sessions/chatsession/{session.pk}/change/",
+        f"/admin/memory/memory/{Memory.objects.filter(user=alice).values_list('pk', flat=True)[0]}/change/",
+        "/ops/",
+    ):
         assert admin.get(path).status_code == 200, path
+    web = Client()
+    web.force_login(alice)
+    for path in ("/", f"/chats/{session.pk}/", f"/chats/{session.pk}/panels/"):
+        assert web.get(path).status_code == 200, path
+    events = web.get(f"/chats/{session.pk}/events/", {"since": "2026-01-01T00:00:00Z"})
+    assert events.status_code == 200 and b"".join(events.streaming_content)
     # Erased through the service and through the API.
     assert person_erase(user=bob).counts["sessions"] == 1
     response = api.post("/api/me/erase/", {"confirm": "erase my data"}, format="json")

@@ -292,7 +292,11 @@ def _safe_state(record: SessionRecord) -> tuple[str, dict[str, Any], str]:
 
 
 def _why(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(record)'}: {e['msg']}" for e in exc.errors()[:5])
+    # pydantic words a validator's own refusal "Value error, <its message>": the message is what people need.
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or '(record)'}: {e['msg'].removeprefix('Value error, ')}"
+        for e in exc.errors()[:5]
+    )
 
 
 # --- writing ---------------------------------------------------------------------------------------------

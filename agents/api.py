@@ -7,7 +7,13 @@ from typing import Any
 from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+    inline_serializer,
+)
 from rest_framework import generics, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -44,13 +50,17 @@ class AgentDetailApi(generics.RetrieveAPIView[Agent]):
 ERASE_CONFIRMATION = "erase my data"
 
 
+@extend_schema_field({"type": "string", "enum": [ERASE_CONFIRMATION]})
+class ErasePhraseField(serializers.CharField):
+    """The phrase, in the schema as the one value it may be (it was a free string there)."""
+
+
 class EraseMeInputSerializer(serializers.Serializer[Any]):
-    confirm = serializers.CharField(
-        help_text=f'Exactly "{ERASE_CONFIRMATION}": erasing cannot be undone.', max_length=50
-    )
+    confirm = ErasePhraseField(help_text=f'Exactly "{ERASE_CONFIRMATION}": erasing cannot be undone.', max_length=50)
 
     def validate_confirm(self, value: str) -> str:
-        if value.strip().lower() != ERASE_CONFIRMATION:
+        # Exactly the phrase, as the schema says (it took any spacing and case).
+        if value != ERASE_CONFIRMATION:
             raise serializers.ValidationError(f'Send "confirm": "{ERASE_CONFIRMATION}" to erase your data.')
         return value
 

@@ -17,21 +17,24 @@ import contextvars
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from types import SimpleNamespace
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 from django.db import close_old_connections
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
+from pydantic import Field
 from rest_framework.authtoken.models import Token
 
 from agents.models import Agent
-from agents.runtime import MessageRejected, turn_run
+from agents.runtime import MessageRejected, turn_run, validate_message
+from config.incoming import BIGINT_MAX, Unstorable, storable_str
+from config.incoming import idempotency_key as valid_idempotency_key
 from config.throttles import messages_rate_wait
 from memory.models import Memory
-from memory.selectors import memories_for_prompt
+from memory.selectors import memories_for_prompt, memories_in_force
 from memory.services import memory_get_or_create
 from sessions.locks import SessionBusyError
 from sessions.models import ChatSession
@@ -78,15 +81,31 @@ async def _user(ctx: Context) -> Any:
     return user
 
 
-def _own_session(user: Any, session_id: str) -> ChatSession:
+def _own_session(user: Any, session_id: str, *, missing: type[Exception] = ToolError) -> ChatSession:
+    """One of ``user``'s sessions; ``missing`` (a tool error, or a resource's "not found") for any other id,
+    someone else's as much as one that does not exist."""
     try:
         key = UUID(session_id)
     except ValueError:
-        raise ToolError(f"no session {session_id!r}") from None
+        raise missing(f"no session {session_id!r}") from None
     session = ChatSession.objects.select_related("agent").filter(pk=key, user=user).first()
     if session is None:
-        raise ToolError(f"no session {session_id!r}")
+        raise missing(f"no session {session_id!r}")
     return session
+
+
+def _storable_or_refuse(**texts: str) -> None:
+    """A tool error naming the first argument PostgreSQL cannot store (a NUL, a lone surrogate): the rule every
+    door shares (``config.incoming``), before anything is written or searched."""
+    try:
+        for name, value in texts.items():
+            storable_str(value, field=name)
+    except Unstorable as exc:
+        raise ToolError(str(exc)) from None
+
+
+def _session_state(session: ChatSession) -> dict[str, Any]:
+    return {"workflow": session.workflow, "state": session.state, "data": session.data, "status": session.status}
 
 
 def build_server() -> MCPServer:
@@ -100,6 +119,7 @@ def build_server() -> MCPServer:
         user = await _user(ctx)
         if not query.strip():
             raise ToolError("query is empty")
+        _storable_or_refuse(query=query)
 
         def run() -> list[dict[str, Any]]:
             result = memories_for_prompt(user=user, query=query[:2000], budget_tokens=4000, touch=False)
@@ -126,6 +146,7 @@ def build_server() -> MCPServer:
             raise ToolError("text must be 1 to 20,000 characters, without NUL")
         if len(fact_key) > 80:
             raise ToolError("fact_key is at most 80 characters")
+        _storable_or_refuse(text=text, fact_key=fact_key)
 
         def run() -> dict[str, Any]:
             memory, created = memory_get_or_create(
@@ -136,12 +157,15 @@ def build_server() -> MCPServer:
         return await db(run)
 
     @server.tool(description="My memories in force, newest first.")
-    async def list_memories(ctx: Context, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:
+    async def list_memories(
+        ctx: Context, limit: int = 50, offset: Annotated[int, Field(ge=0, le=BIGINT_MAX)] = 0
+    ) -> list[dict[str, Any]]:
         user = await _user(ctx)
-        window = slice(max(0, offset), max(0, offset) + max(1, min(limit, 200)))
+        window = slice(offset, offset + max(1, min(limit, 200)))
 
         def run() -> list[dict[str, Any]]:
-            rows = Memory.objects.filter(user=user, archived=False, valid_to__isnull=True).order_by("-occurred_at")
+            # The same selector as the other doors: an expired memory, or one not valid yet, is not in force.
+            rows = memories_in_force(user=user)
             return [
                 {
                     "id": m.pk,
@@ -156,7 +180,7 @@ def build_server() -> MCPServer:
         return await db(run)
 
     @server.tool(description="Forget one of my memories for good.")
-    async def forget_memory(memory_id: int, ctx: Context) -> dict[str, Any]:
+    async def forget_memory(memory_id: Annotated[int, Field(ge=1, le=BIGINT_MAX)], ctx: Context) -> dict[str, Any]:
         user = await _user(ctx)
         deleted = await db(lambda: Memory.objects.filter(pk=memory_id, user=user).delete()[0])
         if not deleted:
@@ -187,6 +211,13 @@ def build_server() -> MCPServer:
         idempotency_key: str = "",
     ) -> dict[str, Any]:
         user = await _user(ctx)
+        try:
+            # The rules of every door, checked before a session is made for the message: a key is refused, not
+            # cut (two keys sharing their first 200 characters would name one turn).
+            key = valid_idempotency_key(idempotency_key)
+            validate_message(message)
+        except (Unstorable, MessageRejected) as exc:
+            raise ToolError(exc.message_for_people()) from None
 
         def run() -> dict[str, Any]:
             wait = messages_rate_wait(SimpleNamespace(user=user, META={}))
@@ -200,7 +231,7 @@ def build_server() -> MCPServer:
                     raise ToolError("give session_id, or the slug of an active agent (list_agents)")
                 session = session_create(user=user, agent=found)
             try:
-                result = turn_run(session=session, message=message, idempotency_key=idempotency_key or None)
+                result = turn_run(session=session, message=message, idempotency_key=key)
             except (MessageRejected, SessionBusyError) as exc:
                 raise ToolError(str(getattr(exc, "message", exc))) from exc
             turn = result.turn
@@ -219,23 +250,14 @@ def build_server() -> MCPServer:
     async def session_state(session_id: str, ctx: Context) -> dict[str, Any]:
         user = await _user(ctx)
 
-        def run() -> dict[str, Any]:
-            session = _own_session(user, session_id)
-            return {
-                "workflow": session.workflow,
-                "state": session.state,
-                "data": session.data,
-                "status": session.status,
-            }
-
-        return await db(run)
+        return await db(lambda: _session_state(_own_session(user, session_id)))
 
     @server.resource("session://{session_id}/transcript", mime_type="application/json")
     async def transcript(session_id: str, ctx: Context) -> str:
         user = await _user(ctx)
 
         def run() -> str:
-            session = _own_session(user, session_id)
+            session = _own_session(user, session_id, missing=ResourceNotFoundError)
             turns = session.turns.order_by("seq").values("seq", "user_message", "assistant_message", "status")
             return json.dumps(list(turns))
 
@@ -243,7 +265,9 @@ def build_server() -> MCPServer:
 
     @server.resource("session://{session_id}/state", mime_type="application/json")
     async def state(session_id: str, ctx: Context) -> str:
-        return json.dumps(await session_state(session_id, ctx))
+        user = await _user(ctx)
+        found = await db(lambda: _session_state(_own_session(user, session_id, missing=ResourceNotFoundError)))
+        return json.dumps(found)
 
     return server
 

@@ -23,10 +23,11 @@ from typing import Any, Literal
 
 from django.db import transaction
 from django.utils import timezone
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agents.models import Agent
 from agents.workflows import get_workflow
+from config.incoming import INT_MAX, storable_value
 from config.text import storable_text
 from memory.models import Memory
 from memory.services import memories_restore
@@ -49,6 +50,14 @@ class ImportRejected(ValueError):
 class _Record(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
+    @field_validator("*")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        # The rule every door shares: text without NUL or lone surrogates, dates that PostgreSQL and Python
+        # both hold (a date PostgreSQL stores and Python cannot read back broke every list, the export and
+        # the erasure of its owner).
+        return storable_value(value)
+
 
 class Header(_Record):
     format: Literal["agents-runtime-export"]
@@ -66,14 +75,14 @@ class SessionRecord(_Record):
     data: dict[str, Any] = Field(default_factory=dict)
     status: Literal["active", "needs_human", "failed", "completed", "closed"] = "active"
     summary: str = ""
-    summary_through_seq: int = Field(default=0, ge=0)
+    summary_through_seq: int = Field(default=0, ge=0, le=INT_MAX)
     created_at: datetime | None = None
 
 
 class TurnRecord(_Record):
     type: Literal["turn"]
     session: uuid.UUID
-    seq: int = Field(ge=1)
+    seq: int = Field(ge=1, le=INT_MAX)
     user_message: str
     assistant_message: str = ""
     status: Literal["completed", "failed"]
@@ -283,7 +292,11 @@ def _safe_state(record: SessionRecord) -> tuple[str, dict[str, Any], str]:
 
 
 def _why(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(record)'}: {e['msg']}" for e in exc.errors()[:5])
+    # pydantic words a validator's own refusal "Value error, <its message>": the message is what people need.
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or '(record)'}: {e['msg'].removeprefix('Value error, ')}"
+        for e in exc.errors()[:5]
+    )
 
 
 # --- writing ---------------------------------------------------------------------------------------------

@@ -43,8 +43,11 @@ _COMMON = {
     "401": "Not signed in (`not_authenticated`): send `Authorization: Token <key>` or a session cookie.",
     "403": "Refused (`permission_denied`): signed in with the session cookie, a change needs the `X-CSRFToken` header.",
     "404": "No such object of yours (`not_found`): another user's id is a 404 too; so is a page past the last.",
+    "411": "The body came in chunks, without a Content-Length (`length_required`): send its length.",
     "413": "The request body is too large (`payload_too_large`).",
     "415": "The body is not JSON (`unsupported_media_type`).",
+    "414": "The address (path and query) is longer than the server reads (4,094 bytes): answered by the web "
+    "server (gunicorn) before the app, as an HTML page, not in the `Error` format.",
     "429": "Too many requests (`throttled`); `Retry-After` says when to try again.",
     "503": "The database is unreachable (`database_unavailable`, with `Retry-After`), or the agent's "
     "workflow is not available on this server (`agent_unavailable`).",
@@ -76,13 +79,14 @@ def document_errors(result: dict[str, Any], generator: Any, request: Any, public
             parameters = {p.get("in") for p in operation.get("parameters", [])}
             names = {p.get("name") for p in operation.get("parameters", [])}
             body = "requestBody" in operation
-            statuses = ["401", "429", "503"]
-            if body or "query" in parameters:
-                statuses.append("400")
+            # Any request can meet these, whatever the operation declares: a malformed one (a NUL in the address,
+            # a header that cannot be read) is a 400, a chunked body a 411 and one over the limit a 413 on any
+            # method (the size check comes first), an address too long a 414 from the web server.
+            statuses = ["400", "401", "411", "413", "414", "429", "503"]
             if "path" in parameters or "page" in names:
                 statuses.append("404")
             if body:
-                statuses += ["413", "415"]
+                statuses.append("415")
             if method in ("post", "put", "patch", "delete"):
                 statuses.append("403")
             messages = method == "post" and path.rstrip("/").endswith(("/messages", "/messages/stream"))
@@ -92,7 +96,9 @@ def document_errors(result: dict[str, Any], generator: Any, request: Any, public
             for status in sorted(set(statuses)):
                 text = (_MESSAGE_POST.get(status) if messages else None) or _COMMON[status]
                 existing = responses.get(status)
-                if existing is None:
+                if status == "414":
+                    responses[status] = {"description": text, "content": {"text/html": {"schema": {"type": "string"}}}}
+                elif existing is None:
                     responses[status] = _error_response(text)
                 elif "content" not in existing:  # a status documented with words only: give it the body
                     responses[status] = _error_response(existing.get("description") or text)

@@ -11,11 +11,15 @@ class CoreConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # The process's start time, taken now (at start-up), not on the first health request.
+        from django.db.backends.signals import connection_created
         from django.db.models.signals import pre_migrate
 
+        # The process's start time, taken now (at start-up), not on the first health request.
         from config import process  # noqa: F401
+        from config.db import dates_read_within_bounds
 
+        # A date PostgreSQL holds and Python cannot must not fail every query that reads it.
+        connection_created.connect(dates_read_within_bounds, dispatch_uid="dates_read_within_bounds")
         pre_migrate.connect(_no_statement_timeout, dispatch_uid="core-no-statement-timeout")
 
 

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterable, Sequence
+from datetime import date, datetime
 from typing import Any, TypeVar
 
 from django.db import connection, connections, transaction
+from django.db.backends.postgresql.psycopg_any import BaseTzLoader
 from django.db.models import Model, QuerySet
+from psycopg import DataError
+from psycopg.types.datetime import DateLoader, TimestampLoader
+
+from config.incoming import EARLIEST, LATEST
 
 M = TypeVar("M", bound=Model)
 
@@ -135,3 +141,48 @@ def refresh_from(instance: M, fresh: M) -> M:
     instance._state.db = fresh._state.db
     instance._state.adding = False
     return instance
+
+
+def dates_read_within_bounds(*, sender: Any = None, connection: Any, **kwargs: Any) -> None:
+    """On each new connection (Django's ``connection_created``): a date or time that Python cannot hold (before
+    year 1 in UTC, after 9999, ``±infinity``, all of which PostgreSQL stores) is read as the nearest one the
+    app takes (``config.incoming.EARLIEST`` / ``LATEST``) instead of failing the query.
+
+    Every door refuses such dates (``config.incoming``), but a row may hold one all the same (written by an
+    older version, by hand, by another program); read as an error, it made every list that showed it, its
+    owner's export and their erasure fail. Dates Python holds are read exactly as before."""
+    if connection.vendor != "postgresql" or not hasattr(connection.connection, "adapters"):
+        return
+
+    def bounded(text: bytes) -> datetime:
+        text = text.strip()
+        return EARLIEST if text.startswith(b"-") or text.endswith(b"BC") else LATEST
+
+    class BoundedTzLoader(BaseTzLoader):
+        # Django keeps a connection's loader when its timezone is the connection's (``create_cursor``).
+        timezone = connection.timezone
+
+        def load(self, data: Any) -> datetime:
+            try:
+                return super().load(data)
+            except DataError:
+                return bounded(bytes(data)).astimezone(self.timezone)
+
+    class BoundedLoader(TimestampLoader):  # timestamp: what DATE_TRUNC gives (the admin's date hierarchy)
+        def load(self, data: Any) -> datetime:
+            try:
+                return super().load(data)
+            except DataError:
+                return bounded(bytes(data)).replace(tzinfo=None)
+
+    class BoundedDateLoader(DateLoader):
+        def load(self, data: Any) -> date:
+            try:
+                return super().load(data)
+            except DataError:
+                return bounded(bytes(data)).date()
+
+    adapters = connection.connection.adapters
+    adapters.register_loader("timestamptz", BoundedTzLoader)
+    adapters.register_loader("timestamp", BoundedLoader)
+    adapters.register_loader("date", BoundedDateLoader)

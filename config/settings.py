@@ -29,15 +29,19 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 # Local state (embedded PostgreSQL, the serverless broker, the generated secret key). Git-ignored.
 DATA_DIR = Path(env_str("APP_DATA_DIR", str(BASE_DIR / ".data")) or BASE_DIR / ".data")
 
-DEBUG = env_bool("DEBUG", True)
+# Off unless asked for: Django's debug page shows code, settings and requests to whoever meets an error, and
+# `make run` serves the pages people use. DEBUG=true for working on the code.
+DEBUG = env_bool("DEBUG", False)
+# ALLOWED_HOSTS set: the app answers under names of its own, for other people (a deployment, not `make run`).
+SERVES_OTHERS = bool(env_str("ALLOWED_HOSTS"))
 
 
 def _secret_key() -> str:
     key = env_str("SECRET_KEY")
     if key:
         return key
-    if not DEBUG:
-        raise ImproperlyConfigured("SECRET_KEY is required when DEBUG is off")
+    if SERVES_OTHERS and not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY is required when ALLOWED_HOSTS is set (and DEBUG is off)")
     # Local use: generate once and keep it, so sessions survive restarts.
     path = DATA_DIR / "secret_key"
     if path.exists():
@@ -191,8 +195,9 @@ LOGOUT_REDIRECT_URL = "/accounts/login/"
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_SAMESITE = "Lax"
-SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
-CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+# Secure cookies where the app serves others (over HTTPS); `make run` answers on http://127.0.0.1.
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", SERVES_OTHERS and not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", SERVES_OTHERS and not DEBUG)
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 # Request size limits: Django answers 400 past these; the API maps oversize bodies to 413.

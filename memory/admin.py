@@ -27,6 +27,7 @@ from pgvector.django import CosineDistance
 
 from agents.models import Agent
 from config.admin_lists import LogAdmin
+from config.incoming import Unstorable, storable_datetime
 from memory.desk import desk_index, desk_user
 from memory.embedding import get_embedder
 from memory.models import Memory, MemoryReview
@@ -103,7 +104,16 @@ class MemoryForm(forms.ModelForm):
     def clean(self) -> dict[str, Any]:
         """One row per current text and kind for a user (the database's rule): say which row has it."""
         data = super().clean() or {}
-        if "occurred_at" in self.fields and data.get("occurred_at") is None:
+        for name in ("occurred_at", "valid_to", "expires_at"):
+            # The dates every door takes (config.incoming): one PostgreSQL stores and Python cannot read back
+            # broke every list that showed it.
+            if data.get(name) is not None:
+                try:
+                    data[name] = storable_datetime(data[name])
+                except Unstorable as exc:
+                    self.add_error(name, exc.reason)
+                    data.pop(name, None)
+        if "occurred_at" in self.fields and data.get("occurred_at") is None and "occurred_at" not in self.errors:
             data["occurred_at"] = self.instance.occurred_at if self.instance.pk else timezone.now()
         user = self.instance.user if self.instance.pk else data.get("user")  # an edit never moves a memory
         text, kind = (data.get("text") or "").strip(), data.get("kind")

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from agents.llm.base import CallContext
@@ -179,6 +179,14 @@ def current_q(now: datetime) -> Q:
         & (Q(valid_to__isnull=True) | Q(valid_to__gt=now))
         & (Q(expires_at__isnull=True) | Q(expires_at__gt=now))
     )
+
+
+def memories_in_force(*, user: Any, now: datetime | None = None) -> QuerySet[Memory]:
+    """``user``'s own memories in force (``current_q``: not archived, already valid, not superseded, not
+    expired), newest first: what the MCP's ``list_memories`` lists, as the admin's "in force" filter and the
+    retriever see them."""
+    at = now or timezone.now()
+    return Memory.objects.filter(user=user).filter(current_q(at)).order_by("-occurred_at", "-pk")
 
 
 # --- tier 2 ------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from config.api_fields import QueryBooleanField, StorableDateTimeField, StrictCharField
 from memory.models import Memory
 
 
@@ -44,13 +45,13 @@ class MemoryOutputSerializer(serializers.ModelSerializer[Memory]):
 
 class MemoryCreateSerializer(serializers.Serializer[Any]):
     kind = serializers.ChoiceField(choices=Memory.Kind.choices)
-    text = serializers.CharField(max_length=4000)
+    text = StrictCharField(max_length=4000)
     importance = serializers.FloatField(min_value=0.0, max_value=1.0, required=False, default=0.5)
     pinned = serializers.BooleanField(required=False, default=False)
-    fact_key = serializers.CharField(max_length=80, required=False, allow_blank=True, default="")
-    trigger = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-    workflow = serializers.CharField(max_length=80, required=False, allow_blank=True, default="")
-    occurred_at = serializers.DateTimeField(
+    fact_key = StrictCharField(max_length=80, required=False, allow_blank=True, default="")
+    trigger = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
+    workflow = StrictCharField(max_length=80, required=False, allow_blank=True, default="")
+    occurred_at = StorableDateTimeField(
         required=False,
         default=None,
         help_text="When what it tells happened (used for recency and shown to the model); default: now.",
@@ -61,21 +62,21 @@ class MemoryUpdateSerializer(serializers.Serializer[Any]):
     """Every field optional: PATCH changes what it names. Changing the text re-embeds the memory."""
 
     kind = serializers.ChoiceField(choices=Memory.Kind.choices, required=False)
-    text = serializers.CharField(max_length=4000, required=False)
+    text = StrictCharField(max_length=4000, required=False)
     importance = serializers.FloatField(min_value=0.0, max_value=1.0, required=False)
     pinned = serializers.BooleanField(required=False)
     archived = serializers.BooleanField(required=False)
-    fact_key = serializers.CharField(max_length=80, required=False, allow_blank=True)
-    trigger = serializers.CharField(max_length=200, required=False, allow_blank=True)
-    workflow = serializers.CharField(max_length=80, required=False, allow_blank=True)
-    expires_at = serializers.DateTimeField(required=False, allow_null=True)
-    occurred_at = serializers.DateTimeField(required=False, help_text="When what it tells happened.")
+    fact_key = StrictCharField(max_length=80, required=False, allow_blank=True)
+    trigger = StrictCharField(max_length=200, required=False, allow_blank=True)
+    workflow = StrictCharField(max_length=80, required=False, allow_blank=True)
+    expires_at = StorableDateTimeField(required=False, allow_null=True)
+    occurred_at = StorableDateTimeField(required=False, help_text="When what it tells happened.")
 
 
 class MemorySearchInputSerializer(serializers.Serializer[Any]):
     q = serializers.CharField(max_length=2000, help_text="What to look for (as a chat message would say it).")
     budget_tokens = serializers.IntegerField(min_value=1, max_value=20000, required=False, default=2000)
-    use_model_filter = serializers.BooleanField(
+    use_model_filter = QueryBooleanField(
         required=False, default=False, help_text="Also ask the cheap model which candidates are relevant."
     )
 

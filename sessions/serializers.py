@@ -11,6 +11,7 @@ from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
 from agents.models import Agent
 from agents.workflows import get_workflow
+from config.api_fields import StrictCharField
 from config.text import state_words
 from sessions.models import ChatSession, Checkpoint, Turn
 
@@ -48,7 +49,7 @@ class SessionInputSerializer(serializers.Serializer[Any]):
         help_text="The agent's slug (or give agent_id).",
     )
     agent_id = AgentIdField(queryset=Agent.objects.filter(is_active=True), required=False)
-    title = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    title = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         agent = attrs.get("agent") or attrs.get("agent_id")

@@ -17,17 +17,16 @@ from django.http import StreamingHttpResponse
 
 from agents.runtime import turn_stream
 from agents.turn.context import TurnEvent
+from config.incoming import Unstorable, idempotency_key
 from sessions.models import ChatSession
 from sessions.rendering import markdown_to_safe_html
 
 logger = logging.getLogger(__name__)
 
-# Turn.idempotency_key is 200 characters; a longer key would be cut and could collide with another.
-IDEMPOTENCY_KEY_MAX = 200
-
 
 def idempotency_key_from(headers: Mapping[str, str]) -> str | None:
-    """The request's ``Idempotency-Key`` (None when absent); ``ValueError`` when it cannot be stored."""
+    """The request's ``Idempotency-Key`` (None when absent); ``ValueError`` when it cannot be stored (the rule
+    every door shares: ``config.incoming.idempotency_key``)."""
     key = (headers.get("Idempotency-Key") or "").strip()
     if not key:
         return None
@@ -37,9 +36,10 @@ def idempotency_key_from(headers: Mapping[str, str]) -> str | None:
         key = key.encode("latin-1").decode("utf-8")
     except (UnicodeEncodeError, UnicodeDecodeError):
         pass
-    if len(key) > IDEMPOTENCY_KEY_MAX or not key.isprintable():
-        raise ValueError(f"The Idempotency-Key header must be 1 to {IDEMPOTENCY_KEY_MAX} printable characters.")
-    return key
+    try:
+        return idempotency_key(key, field="Idempotency-Key")
+    except Unstorable as exc:
+        raise ValueError(f"The Idempotency-Key header {exc.reason}") from None
 
 
 def sse_encode(event: Mapping[str, Any]) -> bytes:

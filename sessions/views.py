@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from functools import wraps
 from typing import Any
 from urllib.parse import urlencode
@@ -32,6 +32,7 @@ from agents.models import Agent
 from agents.serializers import agent_model_label
 from agents.workflows import get_workflow, state_label
 from config.api_errors import error_body, error_response, runtime_error_status
+from config.incoming import clamped_datetime
 from config.text import state_words
 from config.throttles import messages_rate_wait
 from sessions.locks import SessionBusyError
@@ -291,7 +292,8 @@ def _since(request: HttpRequest) -> datetime:
         parsed = datetime.fromisoformat(raw)
     except ValueError:
         return timezone.now()
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    # Inside the dates the app takes (``0001-01-01T00:00:00`` less the look-back overflowed: a 500).
+    return clamped_datetime(parsed)
 
 
 def _news(session_id: UUID, since: datetime) -> tuple[list[dict[str, Any]], bool]:

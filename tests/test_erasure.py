@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 from django.test import Client
 from rest_framework.test import APIClient
 
+from agents.erasure import person_erase
 from agents.models import Agent, Erasure, LLMCall
 from agents.runtime import turn_run
 from conftest import wait_for
@@ -125,3 +127,64 @@ def test_exporting_or_erasing_a_person_needs_the_datas_own_permissions(
     )
     assert "needs the delete permissions" in page.content.decode()
     assert ChatSession.objects.filter(user=alice).exists() and not Erasure.objects.exists()
+
+
+def _store_the_worst_dates(user: Any) -> None:
+    """The dates PostgreSQL's timestamptz takes and Python cannot hold, written as another program could."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE chat_sessions_chatsession SET created_at = '4713-01-01 00:00:00+00 BC', updated_at = 'infinity'"
+            " WHERE user_id = %s",
+            [user.pk],
+        )
+        cursor.execute(
+            "UPDATE chat_sessions_turn SET created_at = '-infinity', completed_at = '294276-12-31 23:59:59+00'"
+            " WHERE session_id IN (SELECT id FROM chat_sessions_chatsession WHERE user_id = %s)",
+            [user.pk],
+        )
+        cursor.execute(
+            "UPDATE memory_memory SET occurred_at = '0001-01-01 00:00:00+00 BC', valid_from = '-infinity',"
+            " created_at = '294276-12-31 23:59:59+00', expires_at = 'infinity' WHERE user_id = %s",
+            [user.pk],
+        )
+
+
+@pytest.mark.django_db
+def test_dates_python_cannot_hold_break_no_list_no_export_and_no_erasure(
+    alice: Any, bob: Any, staff: Any, chat_agent: Agent
+) -> None:
+    _life(alice, chat_agent)
+    _life(bob, chat_agent)
+    _store_the_worst_dates(alice)
+    _store_the_worst_dates(bob)
+    api = APIClient()
+    api.force_authenticate(alice)
+    for path in ("/api/sessions/", "/api/memories/", f"/api/sessions/{ChatSession.objects.get(user=alice).pk}/"):
+        assert api.get(path).status_code == 200, path
+    assert api.get("/api/memories/search/", {"q": "green tea"}).status_code == 200
+    exported = b"".join(api.get("/api/me/export/").streaming_content).decode()
+    assert "green tea" in exported and '"created_at": "0001-01-02T00:00:00+00:00"' in exported
+    admin = Client()
+    admin.force_login(staff)
+    session = ChatSession.objects.get(user=alice)
+    for path in (
+        "/admin/chat_sessions/chatsession/",
+        "/admin/memory/memory/",
+        "/admin/chat_sessions/turn/",
+        f"/admin/chat_sessions/chatsession/{session.pk}/change/",
+        f"/admin/memory/memory/{Memory.objects.filter(user=alice).values_list('pk', flat=True)[0]}/change/",
+        "/ops/",
+    ):
+        assert admin.get(path).status_code == 200, path
+    web = Client()
+    web.force_login(alice)
+    for path in ("/", f"/chats/{session.pk}/", f"/chats/{session.pk}/panels/"):
+        assert web.get(path).status_code == 200, path
+    events = web.get(f"/chats/{session.pk}/events/", {"since": "2026-01-01T00:00:00Z"})
+    assert events.status_code == 200 and b"".join(events.streaming_content)
+    # Erased through the service and through the API.
+    assert person_erase(user=bob).counts["sessions"] == 1
+    response = api.post("/api/me/erase/", {"confirm": "erase my data"}, format="json")
+    assert response.status_code == 200, response.content
+    assert not ChatSession.objects.filter(user__in=[alice, bob]).exists()
+    assert not Memory.objects.filter(user__in=[alice, bob]).exists()

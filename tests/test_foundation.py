@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -105,6 +107,40 @@ def test_a_bad_setting_stops_the_start_naming_its_variable(name: str, value: str
     assert "ImproperlyConfigured" in done.stderr and name in done.stderr, done.stderr[-2000:]
 
 
+def _settings_in_a_new_process(tmp_path: Any, **env: str) -> subprocess.CompletedProcess[str]:
+    """The settings as a process started with ``env`` over this one's (without DEBUG, SECRET_KEY and
+    ALLOWED_HOSTS unless given) reads them: prints DEBUG, whether cookies are secure, and the key's length."""
+    base = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "SECRET_KEY", "ALLOWED_HOSTS")}
+    base.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "DATABASE_URL": "postgres://u@127.0.0.1:1/never-opened",
+            "APP_DATA_DIR": str(tmp_path),
+        }
+    )
+    code = (
+        "from django.conf import settings; "
+        "print(settings.DEBUG, settings.SESSION_COOKIE_SECURE, len(settings.SECRET_KEY) > 40)"
+    )
+    return subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True, timeout=60)
+
+
+def test_debug_is_off_unless_asked_for(tmp_path: Any) -> None:
+    """`make run` serves the pages people use: an error there is the app's own page, not Django's debug page
+    with code and requests. Locally the key is generated and kept, and cookies go over plain HTTP."""
+    local = _settings_in_a_new_process(tmp_path)
+    assert local.returncode == 0, local.stderr[-2000:]
+    assert local.stdout.split() == ["False", "False", "True"]
+    assert (tmp_path / "secret_key").exists()
+    asked = _settings_in_a_new_process(tmp_path, DEBUG="true")
+    assert asked.stdout.split()[0] == "True", asked.stderr[-2000:]
+    # Serving others (ALLOWED_HOSTS set): the key must be given, and cookies are secure.
+    deployed = _settings_in_a_new_process(tmp_path, ALLOWED_HOSTS="chat.example.com")
+    assert deployed.returncode != 0 and "SECRET_KEY is required" in deployed.stderr, deployed.stderr[-2000:]
+    keyed = _settings_in_a_new_process(tmp_path, ALLOWED_HOSTS="chat.example.com", SECRET_KEY="k" * 50)
+    assert keyed.stdout.split() == ["False", "True", "True"], keyed.stderr[-2000:]
+
+
 @pytest.mark.django_db
 class TestPublicPages:
     def test_admin_login_page_loads(self, client: Client) -> None:
@@ -204,7 +240,7 @@ def credentials_in_urls(settings: Any) -> None:
 
 @pytest.mark.usefixtures("credentials_in_urls")
 def test_the_debug_page_hides_credentials_kept_in_urls() -> None:
-    """DEBUG is on by default (local use): an error page must not print the database or broker password."""
+    """With DEBUG on (working on the code), the error page must not print the database or broker password."""
     from django.test import RequestFactory
     from django.views.debug import technical_500_response
 

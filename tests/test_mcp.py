@@ -10,18 +10,23 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import httpx2
 import pytest
+from django.utils import timezone
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
 from rest_framework.authtoken.models import Token
 
 from agents.models import Agent
 from memory.models import Memory
+from memory.selectors import memories_in_force
 from memory.services import memory_create
 from sessions.models import ChatSession, Turn
 from tests.reliability.conftest import server_env
@@ -164,3 +169,115 @@ def test_over_stdio_as_one_user(alice: Any, tmp_path: Path) -> None:
 
     listed = asyncio.run(main())
     assert not listed.is_error and "green tea" in _text(listed)
+
+
+def _in_process(user: Any, calls: Any) -> Any:
+    """The server in this process (the SDK's in-memory transport), acting for ``user`` as a stdio one does."""
+    from agents.mcp_server import STDIO_USER, build_server
+
+    async def main() -> Any:
+        STDIO_USER.set(user)
+        async with Client(build_server()) as client:
+            return await calls(client)
+
+    return asyncio.run(main())
+
+
+def test_send_message_refuses_idempotency_keys_the_rest_api_refuses(alice: Any) -> None:
+    Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.", workflow="free_chat")
+    prefix = "k" * 200
+
+    async def calls(client: Client) -> dict[str, Any]:
+        return {
+            "long": await client.call_tool(
+                "send_message", {"message": "Hi", "agent": "chat", "idempotency_key": prefix + "a"}
+            ),
+            "control": await client.call_tool(
+                "send_message", {"message": "Hi", "agent": "chat", "idempotency_key": "a\nb"}
+            ),
+            "first": await client.call_tool(
+                "send_message", {"message": "One", "agent": "chat", "idempotency_key": prefix}
+            ),
+        }
+
+    seen = _in_process(alice, calls)
+    for name in ("long", "control"):
+        assert seen[name].is_error and "1 to 200 printable characters" in _text(seen[name]), _text(seen[name])
+    assert not seen["first"].is_error
+    # The refused calls made no session and saved no message; the key that fits was kept whole.
+    assert ChatSession.objects.filter(user=alice).count() == 1
+    assert list(Turn.objects.filter(session__user=alice).values_list("idempotency_key", flat=True)) == [prefix]
+
+
+def test_list_memories_refuses_an_offset_past_bigint_as_a_validation_error(alice: Any) -> None:
+    async def calls(client: Client) -> Any:
+        return await client.call_tool("list_memories", {"offset": 10**30}), await client.call_tool(
+            "forget_memory", {"memory_id": 10**30}
+        )
+
+    listed, forgotten = _in_process(alice, calls)
+    for result, argument in ((listed, "offset"), (forgotten, "memory_id")):
+        # The arguments' own validation error, naming the argument and its bound (it was a crash in the query).
+        text = _text(result)
+        assert result.is_error and "validation error" in text and argument in text, text
+        assert "less than or equal to 9223372036854775807" in text and "Traceback" not in text
+
+
+def test_list_memories_lists_what_is_in_force_as_the_other_doors_do(alice: Any) -> None:
+    now = timezone.now()
+    memory_create(user=alice, kind="semantic", text="Alice likes green tea.")
+    expired = memory_create(user=alice, kind="semantic", text="Alice is in Rome this week.")
+    Memory.objects.filter(pk=expired.pk).update(expires_at=now - timedelta(days=1))
+    later = memory_create(user=alice, kind="semantic", text="Alice will live in Oslo.")
+    Memory.objects.filter(pk=later.pk).update(valid_from=now + timedelta(days=30))
+
+    async def calls(client: Client) -> Any:
+        return await client.call_tool("list_memories", {})
+
+    listed = _text(_in_process(alice, calls))
+    assert "green tea" in listed and "Rome" not in listed and "Oslo" not in listed
+    assert [m.text for m in memories_in_force(user=alice)] == ["Alice likes green tea."]
+
+
+def test_someone_elses_session_resource_is_not_found_as_a_missing_one(alice: Any, bob: Any) -> None:
+    agent = Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.", workflow="free_chat")
+    theirs = ChatSession.objects.create(user=bob, agent=agent, workflow="free_chat", state="CHATTING")
+    mine = ChatSession.objects.create(user=alice, agent=agent, workflow="free_chat", state="CHATTING")
+
+    async def calls(client: Client) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for name, uri in [
+            ("theirs_transcript", f"session://{theirs.pk}/transcript"),
+            ("theirs_state", f"session://{theirs.pk}/state"),
+            ("missing", "session://00000000-0000-4000-8000-000000000000/state"),
+            ("mine", f"session://{mine.pk}/state"),
+        ]:
+            try:
+                seen[name] = await client.read_resource(uri)
+            except MCPError as exc:
+                seen[name] = exc
+        return seen
+
+    seen = _in_process(alice, calls)
+    assert '"CHATTING"' in seen["mine"].contents[0].text
+    for name in ("theirs_transcript", "theirs_state", "missing"):
+        error = seen[name]
+        assert isinstance(error, MCPError) and error.code == INVALID_PARAMS, (name, error)
+        assert "no session" in error.message and "bob" not in error.message
+
+
+def test_text_that_cannot_be_stored_is_a_tool_error_naming_the_argument(alice: Any) -> None:
+    memory_create(user=alice, kind="semantic", text="Alice likes green tea.")
+
+    async def calls(client: Client) -> dict[str, Any]:
+        return {
+            "text": await client.call_tool("add_memory", {"text": "Likes \ud800 figs"}),
+            "fact_key": await client.call_tool("add_memory", {"text": "Likes figs", "fact_key": "fruit\udfff"}),
+            "query": await client.call_tool("search_memory", {"query": "green \udc00 tea"}),
+        }
+
+    seen = _in_process(alice, calls)
+    for name, result in seen.items():
+        text = _text(result)
+        assert result.is_error and f"{name}: contains" in text and "lone surrogate" in text, text
+    assert Memory.objects.filter(user=alice).count() == 1

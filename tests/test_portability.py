@@ -208,3 +208,66 @@ def test_an_import_may_be_bigger_than_other_requests(alice: Any, settings: Any) 
     assert (
         _api(alice).post("/api/memories/", {"kind": "semantic", "text": "x" * 3000}, format="json").status_code == 413
     )
+
+
+HEADER = '{"format": "agents-runtime-export", "version": 1}\n'
+SESSION = {
+    "type": "session",
+    "id": "3f0b7c1e-2222-4b6e-9a7a-2b5b9e0c0d01",
+    "agent": "chat",
+    "workflow": "free_chat",
+    "state": "CHATTING",
+}
+TURN = {"type": "turn", "session": SESSION["id"], "seq": 1, "user_message": "Hello", "status": "completed"}
+MEMORY = {"type": "memory", "kind": "semantic", "text": "The user likes figs."}
+
+
+@pytest.mark.parametrize(
+    ("record", "field"),
+    [
+        # 1 BC once in UTC: PostgreSQL stored it, and no Python could read it back.
+        ({**SESSION, "created_at": "0001-01-01T00:00:00+14:00"}, "created_at"),
+        ({**MEMORY, "occurred_at": "9999-12-31T23:59:59-14:00"}, "occurred_at"),
+        ({**MEMORY, "valid_to": "0001-01-01T00:00:00Z"}, "valid_to"),
+        ({**TURN, "completed_at": "9999-12-31T23:59:59Z"}, "completed_at"),
+        ({**TURN, "seq": 10**20}, "seq"),
+        ({**SESSION, "summary_through_seq": 10**20}, "summary_through_seq"),
+        ({**TURN, "user_message": "Hello \ud800"}, "user_message"),
+        ({**SESSION, "data": {"city": "Lis\udc00bon"}}, "data"),
+    ],
+)
+def test_a_value_that_cannot_be_stored_is_refused_by_name_and_nothing_is_written(
+    alice: Any, chat_agent: Agent, record: dict[str, Any], field: str
+) -> None:
+    lines = [SESSION, MEMORY] if record["type"] != "session" else [MEMORY]
+    body = HEADER + "".join(json.dumps(r) + "\n" for r in [*lines, record])  # the bad record on the last line
+    response = _api(alice).post("/api/me/import/", body, content_type="application/x-ndjson")
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "invalid_import" and error["details"]["line"] == len(lines) + 2
+    assert error["message"].startswith(f"line {len(lines) + 2}: {field}: ")
+    assert "Value error" not in error["message"]  # what is wrong, not how pydantic files it
+    assert not Memory.objects.filter(user=alice).exists() and not ChatSession.objects.filter(user=alice).exists()
+
+
+def test_a_mem0_date_that_cannot_be_stored_names_its_item(alice: Any) -> None:
+    mem0 = [{"memory": "Likes tea"}, {"memory": "Owns a cat", "created_at": "0001-01-01T00:00:00+14:00"}]
+    response = _api(alice).post("/api/me/import/?source=mem0", json.dumps(mem0), content_type="application/json")
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["details"]["line"] == 2 and "occurred_at" in error["message"]
+    assert not Memory.objects.filter(user=alice).exists()
+
+
+def test_the_dates_at_the_edges_come_in(alice: Any, chat_agent: Agent) -> None:
+    records = [
+        {**SESSION, "created_at": "0001-01-02T00:00:00Z"},
+        {**MEMORY, "occurred_at": "9999-12-30T23:59:59Z", "valid_from": "0001-01-02T00:00:00+00:00"},
+    ]
+    body = HEADER + "".join(json.dumps(r) + "\n" for r in records)
+    response = _api(alice).post("/api/me/import/", body, content_type="application/x-ndjson")
+    assert response.status_code == 200, response.content
+    assert ChatSession.objects.get(user=alice).created_at.year == 1
+    assert Memory.objects.get(user=alice).occurred_at.year == 9999
+    assert _api(alice).get("/api/sessions/").status_code == 200
+    assert _api(alice).get("/api/memories/").status_code == 200

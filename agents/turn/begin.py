@@ -15,6 +15,8 @@ from django.utils import timezone
 from agents.turn.context import AGENT_SWITCHED_OFF, FINISHED, UNFINISHED
 from config.db import instances_from_rows, refresh_from, select_columns
 from config.errors import Refusal
+from config.incoming import Unstorable
+from config.incoming import idempotency_key as valid_idempotency_key
 from sessions.locks import SessionBusyError, SessionTurnLock
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import checkpoint_before_call, checkpoint_insert_sql, checkpoint_number_taken
@@ -86,7 +88,11 @@ def turn_begin(
 ) -> TurnHandle:
     """Accept a message: validate, lock, save it with a checkpoint. Raises MessageRejected / SessionBusyError."""
     text = validate_message(message)
-    key = (idempotency_key or "").strip()[:200] or None
+    try:
+        key = valid_idempotency_key(idempotency_key)
+    except Unstorable as exc:
+        # Refused, not cut: two keys that share their first 200 characters would name one turn.
+        raise MessageRejected("invalid_idempotency_key", str(exc)) from None
     if key:
         # A key names one turn, whatever it came to: a finished one (answered or failed) is replayed. To try
         # a failed message again, send it with a new key. (Running it again under its old key answered the

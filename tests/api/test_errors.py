@@ -272,3 +272,45 @@ def test_field_errors_are_lists_and_a_utf8_idempotency_key_is_read_as_sent(
 def test_an_agent_id_of_thousands_of_digits_is_invalid_not_a_500(alice_client: APIClient, chat_agent: Agent) -> None:
     response = alice_client.post("/api/sessions/", {"agent_id": "1" * 5000}, format="json")
     assert "agent_id" in assert_error(response, 400, "invalid")["details"]["fields"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["/api/agents/", "/api/sessions/", "/api/memories/"])
+@pytest.mark.parametrize("value", ["null", "", "abc", "0", "-1", "1.5", "9" * 5000])
+def test_a_page_size_that_is_not_a_whole_number_from_1_is_a_400(alice_client: APIClient, path: str, value: str) -> None:
+    error = assert_error(alice_client.get(path, {"page_size": value}), 400, "invalid")
+    assert "page_size" in error["details"]["fields"]
+
+
+@pytest.mark.django_db
+def test_a_page_size_over_the_most_gives_the_most(alice_client: APIClient) -> None:
+    assert alice_client.get("/api/sessions/", {"page_size": 500}).status_code == 200
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("field", ["workflow", "fact_key", "trigger", "text"])
+def test_a_number_where_the_schema_says_string_is_a_400(alice_client: APIClient, field: str) -> None:
+    body = {"kind": "semantic", "text": "Likes figs.", field: 0}
+    error = assert_error(alice_client.post("/api/memories/", body, format="json"), 400, "invalid")
+    assert field in error["details"]["fields"]
+
+
+@pytest.mark.django_db
+def test_a_session_title_must_be_text(alice_client: APIClient, chat_agent: Agent) -> None:
+    response = alice_client.post("/api/sessions/", {"agent": chat_agent.slug, "title": 7}, format="json")
+    assert "title" in assert_error(response, 400, "invalid")["details"]["fields"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("value", ["", "0", "1", "yes", "on"])
+def test_use_model_filter_takes_true_or_false_only(alice_client: APIClient, value: str) -> None:
+    response = alice_client.get("/api/memories/search/", {"q": "figs", "use_model_filter": value})
+    assert "use_model_filter" in assert_error(response, 400, "invalid")["details"]["fields"]
+    fine = alice_client.get("/api/memories/search/", {"q": "figs", "use_model_filter": "false"})
+    assert fine.status_code == 200
+
+
+@pytest.mark.django_db
+def test_the_erase_phrase_is_the_phrase_exactly(alice_client: APIClient) -> None:
+    response = alice_client.post("/api/me/erase/", {"confirm": " ERASE my data "}, format="json")
+    assert "confirm" in assert_error(response, 400, "invalid")["details"]["fields"]

@@ -163,3 +163,25 @@ def test_search_uses_the_calibrated_filter_by_default(alice_client: APIClient) -
     assert body["report"]["filter_mode"] == "calibrated"
     assert max(c["relevance"] for c in body["report"]["candidates"]) == 1.0
     assert body["items"][0]["memory"]["text"].startswith("Adopted a grey rescue cat")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("occurred_at", "0001-01-01T00:00:00Z"),  # Python holds it; a day earlier in any time zone, it does not
+        ("occurred_at", "0001-01-01T00:00:00+14:00"),
+        ("expires_at", "9999-12-31T23:59:59-14:00"),
+    ],
+)
+def test_a_date_outside_what_every_door_takes_is_a_400(alice_client: APIClient, field: str, value: str) -> None:
+    first = alice_client.post("/api/memories/", {"kind": "semantic", "text": "Likes figs."}, format="json")
+    memory_id = first.json()["id"]
+    if field == "occurred_at":
+        created = alice_client.post(
+            "/api/memories/", {"kind": "semantic", "text": "Likes dates.", field: value}, format="json"
+        )
+        assert "between 0001-01-02 and 9999-12-30" in str(assert_error(created, 400, "invalid"))
+    patched = alice_client.patch(f"/api/memories/{memory_id}/", {field: value}, format="json")
+    assert "between 0001-01-02 and 9999-12-30" in str(assert_error(patched, 400, "invalid"))
+    assert Memory.objects.count() == 1

@@ -63,7 +63,12 @@ def test_the_schema_documents_the_error_answers(alice_client: APIClient) -> None
     # Every operation says how a missing sign-in and the throttle answer.
     for operations in schema["paths"].values():
         for operation in (o for name, o in operations.items() if name != "parameters"):
-            assert {"401", "429"} <= set(operation["responses"])
+            assert {"400", "401", "411", "413", "414", "429"} <= set(operation["responses"])
+    # Any request can be malformed, chunked, too big or too long, whatever the operation declares.
+    me = schema["paths"]["/api/me/"]["get"]["responses"]
+    for status in ("400", "411", "413"):
+        assert me[status]["content"]["application/json"]["schema"] == error, status
+    assert "gunicorn" in me["414"]["description"] and "text/html" in me["414"]["content"]
     message = schema["components"]["schemas"]["MessageInputRequest"]["properties"]["message"]
     assert message["minLength"] == 1 and message["maxLength"] == settings.MAX_MESSAGE_CHARS
 
@@ -82,3 +87,20 @@ def test_docs_ui_assets_are_served_locally(client: Client, alice: Any) -> None:
     assert external == [], f"the docs page would load from the internet: {external}"
     for asset in {u for u in urls if u.startswith("/static/")}:
         assert client.get(asset).status_code == 200, asset
+
+
+@pytest.mark.django_db
+def test_the_schema_says_what_the_server_takes(alice_client: APIClient) -> None:
+    schema = alice_client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    erase = schema["components"]["schemas"]["EraseMeInputRequest"]["properties"]["confirm"]
+    ref = erase["allOf"][0]["$ref"].rsplit("/", 1)[-1]  # drf-spectacular names each enum as a component
+    assert schema["components"]["schemas"][ref]["enum"] == ["erase my data"]
+    lists = 0
+    for operations in schema["paths"].values():
+        for operation in (o for name, o in operations.items() if name != "parameters"):
+            for parameter in operation.get("parameters", []):
+                if parameter["name"] == "page_size":
+                    lists += 1
+                    assert parameter["schema"] == {"type": "integer", "minimum": 1}
+                    assert "at most 200" in parameter["description"]
+    assert lists >= 5

@@ -262,3 +262,19 @@ def test_try_retrieval_shows_what_each_fused_score_is_made_of(staff_client: Clie
     html = body.content.decode()
     assert ">cosine</th>" in html and ">crowding</th>" in html and ">words</th>" in html
     assert f"<td>{floatformat(scored[0]['cosine'], 3)}</td>" in html
+
+
+@pytest.mark.parametrize("field", ["occurred_at", "expires_at", "valid_to"])
+def test_an_admin_date_outside_what_every_door_takes_is_a_form_error(
+    staff_client: Client, alice: Any, field: str
+) -> None:
+    memory = memory_create(user=alice, kind="semantic", text="Alpha.")
+    form = {"user": alice.pk, "kind": "semantic", "text": "Alpha.", "importance": "0.5"}
+    form |= {f"{field}_0": "0001-01-01", f"{field}_1": "00:00:00"}
+
+    response = staff_client.post(reverse("admin:memory_memory_change", args=[memory.pk]), form)
+
+    assert response.status_code == 200
+    assert "the date must lie between 0001-01-02 and 9999-12-30 (UTC)" in response.content.decode()
+    memory.refresh_from_db()
+    assert memory.occurred_at.year > 1 and memory.expires_at is None and memory.valid_to is None

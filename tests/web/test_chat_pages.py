@@ -570,3 +570,24 @@ def test_one_user_holds_at_most_two_event_streams_at_once_on_the_database_cache(
         retries = sorted(pool.map(listen, range(10)))
     assert retries == [str(views.EVENTS_RETRY_LIVE_MS)] * 2 + [str(views.EVENTS_RETRY_IDLE_MS)] * 8
     assert views.cache.get(f"chat-events-slot:{alice.pk}:0") is None  # the slots were given back
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "cursor",
+    ["0001-01-01T00:00:00", "0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59.999999-14:00", "9999-12-31T23:59:59"],
+)
+def test_a_cursor_at_the_ends_of_time_is_taken_not_a_500(
+    alice: Any, chat_agent: Agent, monkeypatch: Any, cursor: str
+) -> None:
+    from sessions import views
+
+    monkeypatch.setattr(views, "EVENTS_HOLD_SECONDS", 0.0)
+    session = _with_a_turn(session_create(user=alice, agent=chat_agent))
+    client = _signed_in(alice)
+    events = _events(client, session, cursor)  # the ?since= of the page
+    assert isinstance(events, list)
+    by_header = client.get(f"/chats/{session.pk}/events/", HTTP_LAST_EVENT_ID=cursor)  # the browser's reconnect
+    assert by_header.status_code == 200
+    body = b"".join(by_header.streaming_content).decode()
+    assert "id: " in body

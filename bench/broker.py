@@ -30,7 +30,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(*, tasks: int, max_seconds: float) -> dict[str, Any]:
+def run(*, argv: list[str], tasks: int, max_seconds: float) -> dict[str, Any]:
     import redis
     from celery import Celery
 
@@ -71,7 +71,7 @@ def run(*, tasks: int, max_seconds: float) -> dict[str, Any]:
         embedded_broker.stop_embedded_valkey(folder)
     return {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "python -m bench broker -- " + " ".join(sys.argv[1:]),
+        "command": " ".join(["python -m bench broker", *(["--", *argv] if argv else [])]),
         "tasks": tasks,
         "send_seconds": round(sent, 2),
         "sent_per_second": round(tasks / sent, 1),
@@ -91,7 +91,7 @@ def main(argv: list[str]) -> int:
     from django.test.utils import setup_databases
 
     setup_databases(verbosity=0, interactive=False, keepdb=True, aliases={"default"})  # type: ignore[arg-type]
-    result = run(tasks=args.tasks, max_seconds=args.max_seconds)
+    result = run(argv=argv, tasks=args.tasks, max_seconds=args.max_seconds)
     connections.close_all()
     print(
         f"{result['tasks']} tasks: sent in {result['send_seconds']} s ({result['sent_per_second']}/s), drained in "

@@ -299,7 +299,9 @@ def _stop_stack(stack: subprocess.Popen[bytes]) -> None:
             stack.wait(timeout=10)
 
 
-def run(*, people: list[int], latency: float, ttft: float, embedder: str, timeout: float) -> dict[str, Any]:
+def run(
+    *, argv: list[str], people: list[int], latency: float, ttft: float, embedder: str, timeout: float
+) -> dict[str, Any]:
     import logging
 
     from rich.progress import Progress
@@ -334,7 +336,7 @@ def run(*, people: list[int], latency: float, ttft: float, embedder: str, timeou
         result["wall_ratio"] = round(result["wall_s"] / alone, 2)
     return {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "python -m bench concurrency -- " + " ".join(sys.argv[1:]),
+        "command": " ".join(["python -m bench concurrency", *(["--", *argv] if argv else [])]),
         "model_latency_s": latency,
         "model_ttft_s": ttft,
         "embedder": embedder or "the default (make run's)",
@@ -362,7 +364,9 @@ def main(argv: list[str]) -> int:
 
     # A throwaway database (kept between runs): the crowd's users and chats stay out of the app's data.
     setup_databases(verbosity=0, interactive=False, keepdb=True, aliases={"default"})  # type: ignore[arg-type]
-    result = run(people=people, latency=args.latency, ttft=args.ttft, embedder=args.embedder, timeout=args.timeout)
+    result = run(
+        argv=argv, people=people, latency=args.latency, ttft=args.ttft, embedder=args.embedder, timeout=args.timeout
+    )
     connections.close_all()
     print(f"model: {args.latency:g} s a call; stack ready after {result['stack_ready_s']} s; log {result['stack_log']}")
     print(

@@ -81,6 +81,7 @@ def celery_worker(
         "broker_url": broker_url,
         "broker_transport_options": transport_options,
         "task_default_queue": queue,
+        "task_routes": _ops_routes(queue),
     }
     _use_broker(app, "worker")
     log = tmp_path_factory.mktemp("worker") / "worker.log"
@@ -100,7 +101,7 @@ def celery_worker(
                 "--loglevel",
                 "INFO",
                 "-Q",
-                queue,
+                f"{queue},{queue}-ops",
                 "--hostname",
                 f"{queue}@%h",
                 "--without-gossip",
@@ -127,7 +128,7 @@ def celery_worker(
     if broker_url.startswith("redis"):
         import redis
 
-        redis.Redis.from_url(broker_url).delete(queue)
+        redis.Redis.from_url(broker_url).delete(queue, f"{queue}-ops")
 
 
 def wait_for(predicate: Any, *, timeout: float = 20.0, interval: float = 0.1, message: str = "condition") -> Any:
@@ -164,7 +165,8 @@ def _isolated_broker(tmp_path_factory: pytest.TempPathFactory) -> None:
             "control_folder": str(folder / "control"),
             "store_processed": False,
         },
-        "task_default_queue": f"idle-{uuid.uuid4().hex[:8]}",
+        "task_default_queue": (idle := f"idle-{uuid.uuid4().hex[:8]}"),
+        "task_routes": _ops_routes(idle),
     }
     _use_broker(app, "idle")
 
@@ -241,6 +243,11 @@ def _queued(worker: WorkerHandle) -> int:
 def broker_for(fixturenames: Any, *, started: dict[str, Any]) -> str:
     """Which broker a test's tasks go to: the worker's only when the test asked for the worker (and it runs)."""
     return "worker" if "celery_worker" in fixturenames and "worker" in started else "idle"
+
+
+def _ops_routes(queue: str) -> dict[str, dict[str, str]]:
+    """Beat's tasks and recovery to ``<queue>-ops``, as the settings route them beside the default queue."""
+    return {name: {"queue": f"{queue}-ops"} for name in django_settings.OPS_TASKS}
 
 
 def _use_broker(app: Any, name: str) -> None:

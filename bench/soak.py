@@ -158,7 +158,7 @@ def _start(
                     "--loglevel",
                     "WARNING",
                     "-Q",
-                    queue,
+                    f"{queue},{queue}-ops",
                     "--hostname",
                     f"{queue}@%h",
                     "--without-gossip",

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from csp.constants import NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
 
 from config.embedded_broker import broker_url as embedded_broker_url
 from config.env import (
@@ -246,6 +247,22 @@ if CELERY_BROKER_URL.startswith(("redis://", "rediss://", "redis+socket://")):
     # A task taken by a worker that then dies is redelivered after this many seconds (late acks).
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600, minimum=10)}
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "agents") or "agents"
+# Beat's tasks and turn recovery go on a queue of their own, so that recovery, alerts, heartbeats and the outbox
+# sweeps never wait behind a backlog of memory writes and summaries. A worker takes both queues in turn (without
+# -Q it consumes both: CELERY_TASK_QUEUES); one started with -Q must name both.
+CELERY_OPS_QUEUE = f"{CELERY_TASK_DEFAULT_QUEUE}-ops"
+CELERY_TASK_QUEUES = (Queue(CELERY_OPS_QUEUE), Queue(CELERY_TASK_DEFAULT_QUEUE))
+OPS_TASKS = (
+    "agents.tasks.recover_stuck_turns",
+    "agents.tasks.recover_turn",
+    "config.tasks.record_worker_heartbeat",
+    "observability.tasks.evaluate_alerts",
+    "memory.tasks.requeue_lost_memory_writes",
+    "sessions.tasks.requeue_lost_summaries",
+    "sessions.tasks.prune_checkpoints",
+    "memory.tasks.sync_user_indexes",
+)
+CELERY_TASK_ROUTES = {name: {"queue": CELERY_OPS_QUEUE} for name in OPS_TASKS}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

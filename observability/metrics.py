@@ -15,6 +15,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+from celery import current_app
 from django.conf import settings
 from django.http import HttpRequest
 from django.utils import timezone
@@ -149,20 +150,23 @@ class DatabaseCollector(Collector):
     def _queue() -> Iterator[Metric]:
         """The default queue's backlog on a Redis-protocol broker (none on another transport, or when the broker
         does not answer within a second: the scrape still answers, and /healthz says why)."""
+        default = str(current_app.conf.task_default_queue)
         try:
-            stats = queue_stats(timeout=1.0)
+            found = [queue_stats(queue=name, timeout=1.0) for name in (default, f"{default}-ops")]
         except Exception:
             logger.warning("metrics: the broker's queue could not be read", exc_info=True)
             return
-        if stats is None:
+        known = [stats for stats in found if stats is not None]
+        if len(known) != len(found):  # not a Redis-protocol broker
             return
         depth = GaugeMetricFamily("agent_queue_depth", "Background tasks waiting for a worker.", labels=["queue"])
-        depth.add_metric([stats.queue], float(stats.depth))
-        yield depth
         oldest = GaugeMetricFamily(
             "agent_queue_oldest_seconds", "How long the next task to be taken has waited (0: none).", labels=["queue"]
         )
-        oldest.add_metric([stats.queue], stats.oldest_seconds or 0.0)
+        for stats in known:
+            depth.add_metric([stats.queue], float(stats.depth))
+            oldest.add_metric([stats.queue], stats.oldest_seconds or 0.0)
+        yield depth
         yield oldest
 
     @staticmethod

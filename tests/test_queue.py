@@ -15,6 +15,7 @@ import pytest
 from config.db import database_url
 from config.models import TaskSendFailure
 from config.queue import enqueue
+from conftest import _drop_broker_connections
 from observability.metrics import metrics_exposition
 from tests.reliability.test_cold_start import sent_tasks
 
@@ -106,7 +107,7 @@ def test_a_broker_that_refuses_is_counted_and_raised(monkeypatch: Any) -> None:
 
 
 @pytest.mark.django_db
-def test_the_queue_backlog_and_its_oldest_wait_are_in_the_metrics() -> None:
+def test_the_queue_backlog_and_its_oldest_wait_are_in_the_metrics(settings: Any) -> None:
     import tempfile
     import time
 
@@ -128,13 +129,19 @@ def test_the_queue_backlog_and_its_oldest_wait_are_in_the_metrics() -> None:
         assert stats.oldest_seconds is not None and 0.3 <= stats.oldest_seconds < 60
 
         conf = current_app.conf
-        before = {key: conf.get(key) for key in ("broker_url", "task_default_queue")}
-        conf.update(broker_url=url, task_default_queue="backlog")
+        before = {key: conf.get(key) for key in ("broker_url", "task_default_queue", "task_routes")}
+        routes = {name: {"queue": "backlog-ops"} for name in settings.OPS_TASKS}
+        conf.update(broker_url=url, task_default_queue="backlog", task_routes=routes)
+        _drop_broker_connections(current_app)
         try:
+            # Beat's tasks and recovery go on the queue of their own: not behind the backlog.
+            enqueue("agents.tasks.recover_stuck_turns")
             text = metrics_exposition().decode()
         finally:
             conf.update(before)
+            _drop_broker_connections(current_app)
         assert 'agent_queue_depth{queue="backlog"} 3.0' in text
+        assert 'agent_queue_depth{queue="backlog-ops"} 1.0' in text
         assert 'agent_queue_oldest_seconds{queue="backlog"}' in text
     finally:
         embedded_broker.stop_embedded_valkey(folder)

@@ -34,7 +34,8 @@ class Worker:
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tests.reliability.worker_main", "--pool", "prefork", "--concurrency", "1"]
-                + ["--loglevel", "INFO", "-Q", env["CELERY_QUEUE"], "--without-gossip", "--without-mingle"]
+                + ["--loglevel", "INFO", "-Q", f"{env['CELERY_QUEUE']},{env['CELERY_QUEUE']}-ops"]
+                + ["--without-gossip", "--without-mingle"]
                 + ["--hostname", f"{env['CELERY_QUEUE']}-{log.stat().st_size}@%h"],
                 cwd=ROOT,
                 env=env,

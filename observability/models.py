@@ -28,6 +28,7 @@ class AlertRule(models.Model):
         STEP_LIMIT_HITS = "step_limit_hits", "Turns that hit the step limit (count)"
         DEGRADATIONS = "degradations", "Turns whose context was degraded (count)"
         SUMMARIES_PENDING = "summaries_pending", "Sessions waiting for a summary (count, now)"
+        QUEUE_WAIT = "queue_wait", "Background queues: how long the oldest waiting task has waited (s, now)"
 
     name = models.CharField(max_length=120, unique=True)
     metric = models.CharField(max_length=30, choices=Metric.choices)

@@ -15,11 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from celery import current_app
 from django.db import connection, transaction
 from django.db.models import Aggregate, Avg, Count, DateTimeField, DurationField, F, FloatField, Func, Q, Sum, Value
 from django.db.models.functions import Coalesce
 
 from agents.models import Agent, LLMCall, ToolInvocation
+from config.queue import queue_stats
 from observability.models import Alert, AlertRule, MetricTotals
 from sessions.models import ChatSession, Checkpoint, Turn
 
@@ -259,6 +261,24 @@ class MetricReading:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+def queue_wait_reading() -> MetricReading:
+    """How long the oldest task waiting in the default or the operations queue has waited (seconds), on a
+    Redis-protocol broker; no value on another transport or when the broker does not answer (``/healthz``
+    says that)."""
+    default = str(current_app.conf.task_default_queue)
+    try:
+        found = [queue_stats(queue=name, timeout=1.0) for name in (default, f"{default}-ops")]
+    except Exception:
+        logger.warning("alerts: the broker's queues could not be read", exc_info=True)
+        return MetricReading(value=None, samples=0)
+    known = [stats for stats in found if stats is not None]
+    if not known:
+        return MetricReading(value=None, samples=0)
+    waits = [stats.oldest_seconds or 0.0 for stats in known]
+    details = {stats.queue: {"depth": stats.depth, "oldest_seconds": stats.oldest_seconds} for stats in known}
+    return MetricReading(value=max(waits), samples=sum(s.depth for s in known), details=details)
+
+
 def alert_metric_reading(
     *, rule: AlertRule, now: dt.datetime, agent_id: int | None = None, min_samples: int | None = None
 ) -> MetricReading:
@@ -269,6 +289,8 @@ def alert_metric_reading(
     if metric is AlertRule.Metric.SUMMARIES_PENDING:
         pending = summaries_pending(agent_id=agent_id)
         return MetricReading(value=float(pending), samples=pending)
+    if metric is AlertRule.Metric.QUEUE_WAIT:
+        return queue_wait_reading() if agent_id is None else MetricReading(value=None, samples=0)
     figures = indicators(start=now - window, end=now, agent_id=agent_id)
     window_details = {"window_start": (now - window).isoformat(), "window_end": now.isoformat()}
     if metric is AlertRule.Metric.TOKENS_GROWTH:

@@ -16,5 +16,6 @@ def default_alert_rules(db: Any) -> None:
     from observability.models import AlertRule
 
     defaults = importlib.import_module("observability.migrations.0002_default_rules").DEFAULT_RULES
+    defaults = [*defaults, importlib.import_module("observability.migrations.0005_queue_wait_rule").QUEUE_RULE]
     for rule in defaults:
         AlertRule.objects.get_or_create(metric=rule["metric"], name=rule["name"], defaults=rule)

@@ -197,3 +197,41 @@ def test_too_few_samples_fire_nothing_until_the_rule_allows_it(settings: Any) ->
     assert rule.min_samples == 5
     fired = alerts_evaluate(now=now).fired
     assert {(a.rule_id, a.agent_id) for a in fired} == {(rule.id, None), (rule.id, agent.id)}
+
+
+def test_the_queue_wait_rule_fires_when_a_background_task_has_waited_too_long() -> None:
+    """Seeded by its migration, overall only; it reads the broker's queues (a task sent ten minutes ago and not
+    taken yet), fires once, and resolves when the queue is empty."""
+    import importlib
+    import tempfile
+    import time
+    from pathlib import Path
+
+    import redis
+    from celery import current_app
+    from django.apps import apps
+
+    from config import embedded_broker
+
+    AlertRule.objects.filter(metric="queue_wait").delete()
+    importlib.import_module("observability.migrations.0005_queue_wait_rule").seed(apps, None)
+    rule = AlertRule.objects.get(metric="queue_wait")
+    assert (rule.threshold, rule.per_agent, rule.enabled) == (300, False, True)
+    folder = Path(tempfile.mkdtemp(prefix="vk-"))
+    conf = current_app.conf
+    before = {key: conf.get(key) for key in ("broker_url", "task_default_queue")}
+    try:
+        url = embedded_broker.ensure_embedded_valkey(folder)
+        conf.update(broker_url=url, task_default_queue="slow")
+        queue = redis.Redis(unix_socket_path=str(embedded_broker.socket_path(folder)))
+        stale = {"headers": {"task": "memory.tasks.write_turn_memories", "sent_at": time.time() - 600}, "body": ""}
+        queue.lpush("slow", json.dumps(stale))
+        fired = [a for a in alerts_evaluate().fired if a.rule_id == rule.pk]
+        assert len(fired) == 1 and fired[0].agent_id is None and fired[0].value >= 600
+        assert fired[0].details["slow"]["depth"] == 1
+        assert not [a for a in alerts_evaluate().fired if a.rule_id == rule.pk]  # still open: not fired again
+        queue.delete("slow")
+        assert [a.rule_id for a in alerts_evaluate().resolved] == [rule.pk]
+    finally:
+        conf.update(before)
+        embedded_broker.stop_embedded_valkey(folder)

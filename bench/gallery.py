@@ -334,11 +334,15 @@ def measure(run: AgentRun, script: list[ScriptTurn]) -> dict[str, Any]:
 
 
 def _growth(run: AgentRun) -> float:
-    """Mean prompt growth per turn over the second half of the run (tokens), from turns that were answered."""
-    half = [r for r in run.turns[len(run.turns) // 2 :] if r.prompt_tokens]
+    """Prompt growth per turn over the second half of the run (tokens): the least-squares slope through the
+    turns that were answered (two end points alone would measure one turn's noise, a summary landing or not)."""
+    half = [(r.seq, r.prompt_tokens) for r in run.turns[len(run.turns) // 2 :] if r.prompt_tokens]
     if len(half) < 2:
         return 0.0
-    return round((half[-1].prompt_tokens - half[0].prompt_tokens) / (half[-1].seq - half[0].seq), 1)
+    mean_x = sum(x for x, _ in half) / len(half)
+    mean_y = sum(y for _, y in half) / len(half)
+    spread = sum((x - mean_x) ** 2 for x, _ in half)
+    return round(sum((x - mean_x) * (y - mean_y) for x, y in half) / spread, 1)
 
 
 @contextmanager
@@ -360,7 +364,7 @@ def _faulted(base: type) -> type:
     from agents.llm.provider_base import OpenedStream, RawCompletion, StreamChunk
     from agents.llm.tokens import counter_for
 
-    class GalleryModel(base):  # type: ignore[valid-type,misc]
+    class GalleryModel(base):
         window: int | None = None  # a window it enforces itself (a real server enforces its own)
         knows_rest = False  # whether its continuations give exactly the rest of the reply it cut off
 
@@ -393,7 +397,7 @@ def _faulted(base: type) -> type:
             if schema is not None and purpose in ("slots", "route") and self.fault.free_text:
                 return RawCompletion(text=self.fault.free_text, finish_reason="stop", model=self.model)
             if schema is not None or purpose != "reply":
-                return super()._request(  # type: ignore[no-any-return]
+                return super()._request(
                     messages,
                     temperature=temperature,
                     max_tokens=max_tokens,
@@ -439,7 +443,7 @@ def _faulted(base: type) -> type:
         def _reply(
             self, messages: list[dict[str, Any]], *, temperature: float | None, max_tokens: int | None, tools: Any
         ) -> RawCompletion:
-            return super()._request(  # type: ignore[no-any-return]
+            return super()._request(
                 messages, temperature=temperature, max_tokens=max_tokens, tools=tools, schema=None, purpose="reply"
             )
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -361,7 +362,7 @@ def _faulted(base: type) -> type:
     token limit, whose continuations are answered as the turn's ``ModelFault.truncate`` says (``CUT_CASES``)."""
     from agents.llm.base import LLMClientError
     from agents.llm.continuation import continued_partial
-    from agents.llm.provider_base import OpenedStream, RawCompletion, StreamChunk
+    from agents.llm.provider_base import OpenedStream, RawCompletion
     from agents.llm.tokens import counter_for
 
     class GalleryModel(base):
@@ -438,7 +439,7 @@ def _faulted(base: type) -> type:
             raw = self._request(
                 messages, temperature=temperature, max_tokens=max_tokens, tools=tools, schema=None, purpose=purpose
             )
-            return OpenedStream(chunks=_chunks(raw, StreamChunk))
+            return OpenedStream(chunks=_chunks(raw))
 
         def _reply(
             self, messages: list[dict[str, Any]], *, temperature: float | None, max_tokens: int | None, tools: Any
@@ -462,17 +463,16 @@ def _faulted(base: type) -> type:
     return GalleryModel
 
 
-def _chunks(raw: Any, chunk: Any) -> Iterator[Any]:
-    import re
-
-    from agents.llm.provider_base import ToolCallDelta
+def _chunks(raw: Any) -> Iterator[Any]:
+    """A completion as a model streams it: word-sized deltas, then the tool calls, then the finish reason."""
+    from agents.llm.provider_base import StreamChunk, ToolCallDelta
 
     for word in re.findall(r"\s*\S+\s*", raw.text):
-        yield chunk(text=word)
+        yield StreamChunk(text=word)
     for index, call in enumerate(raw.tool_calls):
-        yield chunk(tool_call_deltas=[ToolCallDelta(index=index, id=call.id, name=call.name)])
-        yield chunk(tool_call_deltas=[ToolCallDelta(index=index, arguments=call.arguments)])
-    yield chunk(finish_reason=raw.finish_reason, model=raw.model)
+        yield StreamChunk(tool_call_deltas=[ToolCallDelta(index=index, id=call.id, name=call.name)])
+        yield StreamChunk(tool_call_deltas=[ToolCallDelta(index=index, arguments=call.arguments)])
+    yield StreamChunk(finish_reason=raw.finish_reason, model=raw.model)
 
 
 def gallery_demo_model(*, window: int = WINDOW) -> Any:

@@ -11,7 +11,12 @@ from django.test import Client
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from agents.llm.continuation import CONTINUE_INSTRUCTION, MAX_CONTINUATIONS, default_reply_tokens
+from agents.llm.continuation import (
+    CONTINUE_INSTRUCTION,
+    MAX_CONTINUATIONS,
+    continuation_news,
+    default_reply_tokens,
+)
 from agents.llm.prompt import ContextBudget
 from agents.models import Agent, LLMCall
 from agents.runtime import turn_run, turn_stream
@@ -146,6 +151,24 @@ def test_a_short_ending_that_occurs_earlier_still_completes_the_reply(
     remote_model.enqueue(stream(CUT, finish_reason="length"), stream(" the"), stream("never asked for"))
     turn = turn_run(session=session_create(user=alice, agent=chat_agent), message="Explain.").turn
     assert not turn.truncated and turn.assistant_message == CUT + " the"
+
+
+@pytest.mark.parametrize(
+    ("continuation", "news"),
+    [
+        (" the ferry.", " the ferry."),  # new words
+        ("", ""),
+        (" \n ", ""),
+        (CUT, ""),  # all of it again
+        ("\n" + CUT + "\n", ""),
+        (" take the early train,", ""),  # a part of it again
+        (CUT + " the ferry.", " the ferry."),  # started over, then went further: only what is past the old text
+        (" the", " the"),  # a short real ending that happens to occur earlier is kept
+        ("The first half", ""),  # the start of a restart that stopped there
+    ],
+)
+def test_what_a_continuation_adds(continuation: str, news: str) -> None:
+    assert continuation_news(CUT, continuation) == news
 
 
 def test_a_continuation_that_fails_keeps_what_was_said_marked(alice: Any, chat_agent: Agent, remote_model: Any) -> None:

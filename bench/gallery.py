@@ -9,12 +9,18 @@ Both agents get the same user messages, the same injected faults and the same mo
 
 Faults (the same turns for both): search_flights 503 bursts, a 400, a timeout and a malformed payload (a
 real ``KeyError``) through ``agents.tools.faults``; routing answered in free text ("Search", "search for more
-information", "検索する"); one reply cut off by the token limit.
+information", "検索する"); four replies cut off by the token limit, whose continuations are answered each as a
+real endpoint may answer one (``CUT_CASES``): the rest of the reply, a part of it cut off again, nothing, or
+the same words again. The naive agent never asks for a continuation.
 
 Measures: crashes (an exception reached the caller, or no reply), prompt tokens at turns 20/40/60 (tiktoken,
 ``agents.llm.tokens``), repeated questions (a reply asks for a slot the user already gave), mis-routes (the
-branch taken is not the one the message called for), cut-off replies shown as whole, and lost data (facts
-stated early that are in neither what the model read at the last turn nor the collected data).
+branch taken is not the one the message called for), cut-off replies shown as whole and kept marked (with
+what the user got on each cut-off turn, judged apart from the app's own rules: ``_cut_outcome``), and lost
+data (facts stated early that are in neither what the model read at the last turn nor the collected data).
+
+``run_app`` takes another model too: ``gallery_real_model`` puts the same faults on a real OpenAI-compatible
+endpoint (``tests/llm/test_real_gallery.py``, in ``make test-llm``).
 
 ``python -m bench gallery [-- --turns N]`` runs it in a throwaway database, prints the table and writes
 ``bench/results/gallery.json``.
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -34,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.naive_agent import (
+    CUT_CASES,
     REQUIRED_SLOTS,
     ModelFault,
     NaiveAgent,
@@ -72,7 +80,7 @@ class ScriptTurn:
         if self.model_fault.free_text:
             labels.append(f"routing said {self.model_fault.free_text!r}")
         if self.model_fault.truncate:
-            labels.append("reply cut off")
+            labels.append(f"reply cut off, continuation {self.model_fault.truncate}")
         return ", ".join(labels)
 
 
@@ -147,7 +155,7 @@ def conversation(today: date) -> list[ScriptTurn]:
         ),
         ScriptTurn("Thanks. Can Sam and I sit together?"),
         ScriptTurn("Does the fare include seat selection?"),
-        ScriptTurn("Is there wifi on board?"),
+        ScriptTurn("Is there wifi on board?", model_fault=ModelFault(truncate="continued")),
         ScriptTurn("Can I bring my own snacks through security?"),
         ScriptTurn(
             "Please look up the flights on the outbound leg once more.",
@@ -161,7 +169,7 @@ def conversation(today: date) -> list[ScriptTurn]:
         ),
         ScriptTurn("Is there a lounge we could use in Lisbon?"),
         ScriptTurn("What about priority boarding, is that worth it?"),
-        ScriptTurn("Can you sum up the trip for me?", model_fault=ModelFault(truncate=True)),
+        ScriptTurn("Can you sum up the trip for me?", model_fault=ModelFault(truncate="cut_again")),
         ScriptTurn(COMPLAINT),
         ScriptTurn("Do children need their own passport in Norway? A friend asked me."),
         ScriptTurn(
@@ -176,7 +184,7 @@ def conversation(today: date) -> list[ScriptTurn]:
             (),
             fault("search_flights", "malformed_payload"),
         ),
-        ScriptTurn("How much does an extra checked bag cost?"),
+        ScriptTurn("How much does an extra checked bag cost?", model_fault=ModelFault(truncate="empty")),
         ScriptTurn("Can I pay with a corporate card?"),
         ScriptTurn("Is the airport train running early in the morning?"),
         ScriptTurn("Do you offer carbon offsetting?"),
@@ -191,7 +199,7 @@ def conversation(today: date) -> list[ScriptTurn]:
         ScriptTurn("Does the return flight have a meal service?"),
         ScriptTurn("How do I add my frequent flyer number to the booking?"),
         ScriptTurn("Is online check-in available for this route?"),
-        ScriptTurn("Could you remind me what we have so far?"),
+        ScriptTurn("Could you remind me what we have so far?", model_fault=ModelFault(truncate="repeats")),
         ScriptTurn("Alright, I think I have everything I need."),
         ScriptTurn("Yes, please book it.", expect="book"),
         ScriptTurn("Thank you! Will I get the confirmation by email?"),
@@ -243,7 +251,18 @@ class TurnRecord:
     prompt_tokens: int
     failed: bool = False  # the turn ended in an error the user was told about (the app's clean failure)
     cut_reply_shown: bool = False  # a reply cut off by the token limit was shown as if whole
+    cut_outcome: str = ""  # on a turn whose reply was cut off: what the user got (``CUT_OUTCOMES``)
     error: str = ""
+
+
+# What a user got on a turn whose reply the model cut off.
+CUT_OUTCOMES = {
+    "whole": "the whole reply (continued)",
+    "marked": "the reply so far, marked cut off",
+    "shown as whole": "the cut-off reply, shown as whole",
+    "failed": "an error message",
+    "crash": "nothing (crash)",
+}
 
 
 @dataclass
@@ -302,6 +321,12 @@ def measure(run: AgentRun, script: list[ScriptTurn]) -> dict[str, Any]:
         "misroute_detail": misroutes,
         "other_wrong_branches": other_wrong,
         "cut_replies_shown": sum(1 for r in run.turns if r.cut_reply_shown),
+        "cut_replies_marked": sum(1 for r in run.turns if r.cut_outcome == "marked"),
+        "cut_off_detail": [
+            {"turn": r.seq, "continuation": t.model_fault.truncate, "outcome": r.cut_outcome}
+            for r, t in zip(run.turns, script, strict=False)
+            if t.model_fault.truncate
+        ],
         "lost_data": lost,
         "facts_at_last_turn": where,
         "prompt_growth_per_turn": _growth(run),
@@ -310,11 +335,15 @@ def measure(run: AgentRun, script: list[ScriptTurn]) -> dict[str, Any]:
 
 
 def _growth(run: AgentRun) -> float:
-    """Mean prompt growth per turn over the second half of the run (tokens), from turns that were answered."""
-    half = [r for r in run.turns[len(run.turns) // 2 :] if r.prompt_tokens]
+    """Prompt growth per turn over the second half of the run (tokens): the least-squares slope through the
+    turns that were answered (two end points alone would measure one turn's noise, a summary landing or not)."""
+    half = [(r.seq, r.prompt_tokens) for r in run.turns[len(run.turns) // 2 :] if r.prompt_tokens]
     if len(half) < 2:
         return 0.0
-    return round((half[-1].prompt_tokens - half[0].prompt_tokens) / (half[-1].seq - half[0].seq), 1)
+    mean_x = sum(x for x, _ in half) / len(half)
+    mean_y = sum(y for _, y in half) / len(half)
+    spread = sum((x - mean_x) ** 2 for x, _ in half)
+    return round(sum((x - mean_x) * (y - mean_y) for x, y in half) / spread, 1)
 
 
 @contextmanager
@@ -327,25 +356,29 @@ def _tool_faults(turn: ScriptTurn) -> Iterator[None]:
         yield
 
 
-# --- the app's model: the demo model with the gallery's shared behaviour and faults ------------------------
-def gallery_demo_model(*, window: int = WINDOW) -> Any:
-    """The offline demo model, plus what the gallery needs of a model (same rules as ``NaiveModel``)."""
-    from agents.llm.base import LLMClientError, ToolCallRequest
-    from agents.llm.demo import DemoModel
-    from agents.llm.provider_base import RawCompletion
+# --- the app's model: the demo model (or a real one) with the gallery's shared behaviour and faults --------
+def _faulted(base: type) -> type:
+    """``base`` (a provider class) with the gallery's faults: free-text routing, and reply calls cut off by the
+    token limit, whose continuations are answered as the turn's ``ModelFault.truncate`` says (``CUT_CASES``)."""
+    from agents.llm.base import LLMClientError
+    from agents.llm.continuation import continued_partial
+    from agents.llm.provider_base import OpenedStream, RawCompletion
     from agents.llm.tokens import counter_for
-    from examples.booking.demo import read_prompt_state
 
-    class GalleryDemoModel(DemoModel):
-        """``DemoModel`` + a window it enforces, flight searches on request, and the turn's injected faults."""
+    class GalleryModel(base):
+        window: int | None = None  # a window it enforces itself (a real server enforces its own)
+        knows_rest = False  # whether its continuations give exactly the rest of the reply it cut off
 
-        def __init__(self) -> None:
-            super().__init__()
+        def _gallery_init(self, *, window: int | None) -> None:
             self.window = window
             self.fault = ModelFault()
             self.tokens = counter_for(self.model)
             self.reads: list[tuple[list[dict[str, Any]], int]] = []  # this turn's reply prompts and their tokens
             self.cut_texts: list[str] = []  # this turn's replies cut off by the (injected) token limit
+            self.whole_texts: list[str] = []  # and the whole replies they were cut from
+
+        def turn_begins(self, fault: ModelFault) -> None:
+            self.fault, self.reads, self.cut_texts, self.whole_texts = fault, [], [], []
 
         def _request(
             self,
@@ -360,7 +393,7 @@ def gallery_demo_model(*, window: int = WINDOW) -> Any:
             tokens = self.tokens.count_messages(messages) + self.tokens.count_tools(
                 [t.as_openai() for t in tools or []]
             )
-            if tokens > self.window:
+            if self.window and tokens > self.window:
                 raise LLMClientError(f"context_length_exceeded: {tokens} tokens > {self.window}")
             if schema is not None and purpose in ("slots", "route") and self.fault.free_text:
                 return RawCompletion(text=self.fault.free_text, finish_reason="stop", model=self.model)
@@ -374,11 +407,89 @@ def gallery_demo_model(*, window: int = WINDOW) -> Any:
                     purpose=purpose,
                 )
             self.reads.append((messages, tokens))
-            raw = self._reply(messages, temperature=temperature, max_tokens=max_tokens, tools=tools)
-            if self.fault.truncate and raw.text and not raw.tool_calls:
-                self.cut_texts.append(cut_in_half(raw.text, self.tokens))
-                return RawCompletion(text=self.cut_texts[-1], finish_reason="length", model=self.model)
-            return raw
+            case = self.fault.truncate
+            partial = continued_partial(messages)
+            if partial is None or not case or not self.cut_texts:
+                raw = self._reply(messages, temperature=temperature, max_tokens=max_tokens, tools=tools)
+                if case and partial is None and raw.text and not raw.tool_calls:
+                    self.whole_texts.append(raw.text)
+                    self.cut_texts.append(cut_in_half(raw.text, self.tokens))
+                    return RawCompletion(text=self.cut_texts[-1], finish_reason="length", model=self.model)
+                return raw
+            # Asked to continue the reply it cut off: what a real endpoint may answer.
+            if case == "empty":
+                return RawCompletion(text="", finish_reason="stop", model=self.model)
+            if case == "repeats":
+                return RawCompletion(text=partial, finish_reason="stop", model=self.model)
+            rest = self._continuation(messages, partial, temperature=temperature, max_tokens=max_tokens, tools=tools)
+            if case == "cut_again" and rest:
+                return RawCompletion(text=cut_in_half(rest, self.tokens), finish_reason="length", model=self.model)
+            return RawCompletion(text=rest, finish_reason="stop", model=self.model)
+
+        def _open_stream(
+            self,
+            messages: list[dict[str, Any]],
+            *,
+            temperature: float | None,
+            max_tokens: int | None,
+            tools: list[Any] | None,
+            purpose: str,
+        ) -> OpenedStream:
+            # Through ``_request`` (the faults apply there), streamed in word-sized deltas.
+            raw = self._request(
+                messages, temperature=temperature, max_tokens=max_tokens, tools=tools, schema=None, purpose=purpose
+            )
+            return OpenedStream(chunks=_chunks(raw))
+
+        def _reply(
+            self, messages: list[dict[str, Any]], *, temperature: float | None, max_tokens: int | None, tools: Any
+        ) -> RawCompletion:
+            return super()._request(
+                messages, temperature=temperature, max_tokens=max_tokens, tools=tools, schema=None, purpose="reply"
+            )
+
+        def _continuation(
+            self,
+            messages: list[dict[str, Any]],
+            partial: str,
+            *,
+            temperature: float | None,
+            max_tokens: int | None,
+            tools: Any,
+        ) -> str:
+            # The model's own answer to the request to continue.
+            return self._reply(messages, temperature=temperature, max_tokens=max_tokens, tools=tools).text
+
+    return GalleryModel
+
+
+def _chunks(raw: Any) -> Iterator[Any]:
+    """A completion as a model streams it: word-sized deltas, then the tool calls, then the finish reason."""
+    from agents.llm.provider_base import StreamChunk, ToolCallDelta
+
+    for word in re.findall(r"\s*\S+\s*", raw.text):
+        yield StreamChunk(text=word)
+    for index, call in enumerate(raw.tool_calls):
+        yield StreamChunk(tool_call_deltas=[ToolCallDelta(index=index, id=call.id, name=call.name)])
+        yield StreamChunk(tool_call_deltas=[ToolCallDelta(index=index, arguments=call.arguments)])
+    yield StreamChunk(finish_reason=raw.finish_reason, model=raw.model)
+
+
+def gallery_demo_model(*, window: int = WINDOW) -> Any:
+    """The offline demo model, plus what the gallery needs of a model (same rules as ``NaiveModel``)."""
+    from agents.llm.base import ToolCallRequest
+    from agents.llm.demo import DemoModel
+    from agents.llm.provider_base import RawCompletion
+    from examples.booking.demo import read_prompt_state
+
+    class GalleryDemoModel(_faulted(DemoModel)):  # type: ignore[misc]
+        """``DemoModel`` + a window it enforces, flight searches on request, and the turn's injected faults."""
+
+        knows_rest = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._gallery_init(window=window)
 
         def _reply(
             self, messages: list[dict[str, Any]], *, temperature: float | None, max_tokens: int | None, tools: Any
@@ -405,17 +516,70 @@ def gallery_demo_model(*, window: int = WINDOW) -> Any:
                     id=f"call_search_{len(self.reads)}", name="search_flights", arguments=json.dumps(arguments)
                 )
                 return RawCompletion(text="", finish_reason="tool_calls", model=self.model, tool_calls=[call])
-            return super()._request(
-                messages, temperature=temperature, max_tokens=max_tokens, tools=tools, schema=None, purpose="reply"
+            return DemoModel._request(
+                self,
+                messages,
+                temperature=temperature,
+                max_tokens=max_tokens,
+                tools=tools,
+                schema=None,
+                purpose="reply",
             )
+
+        def _continuation(
+            self,
+            messages: list[dict[str, Any]],
+            partial: str,
+            *,
+            temperature: float | None,
+            max_tokens: int | None,
+            tools: Any,
+        ) -> str:
+            # The demo's words are deterministic: the rest of the reply it cut off is known.
+            whole = self.whole_texts[-1]
+            return whole[len(partial) :] if whole.startswith(partial) else ""
 
     return GalleryDemoModel()
 
 
-def run_app(script: list[ScriptTurn], *, user: Any) -> AgentRun:
-    """The app: ``turn_run`` with the flight-booking agent, one session, on ``GalleryDemoModel``."""
+def gallery_real_model(profile: Any) -> Any:
+    """A real OpenAI-compatible endpoint (``profile``) with the gallery's faults: its replies are its own, cut
+    where the script says; asked to continue, it answers itself (``continued``, and ``cut_again`` cut once
+    more), or the injected empty or repeated answer."""
+    from agents.llm.openai_compat import OpenAICompatibleProvider
+
+    class GalleryRealModel(_faulted(OpenAICompatibleProvider)):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__(profile=profile)
+            self._gallery_init(window=None)
+
+    return GalleryRealModel()
+
+
+def _cut_outcome(
+    reply: str, *, failed: bool, truncated: bool, cuts: list[str], wholes: list[str], cut_last: bool
+) -> str:
+    """What the user got on a turn whose reply was cut off (``CUT_OUTCOMES``), judged apart from the app's own
+    rules: unmarked, the reply must hold the whole text (when known) or go on past the cut with new words."""
+    if failed:
+        return "failed"
+    if truncated:
+        return "marked"
+    if wholes and wholes[-1] in reply:
+        return "whole"
+    if cut_last or not cuts:  # the last reply call was cut, or (a real model's own limit) it was not
+        return "shown as whole" if cut_last else "whole"
+    cut = max(cuts, key=len).strip()
+    rest = reply.strip()[len(cut) :] if reply.strip().startswith(cut) else reply
+    added = rest.strip()
+    return "whole" if added and added not in cut and not wholes else "shown as whole"
+
+
+def run_app(script: list[ScriptTurn], *, user: Any, model: Any = None, max_tokens: int | None = None) -> AgentRun:
+    """The app: ``turn_run`` with the flight-booking agent, one session, on ``GalleryDemoModel`` (or ``model``,
+    from ``gallery_real_model``)."""
     from agents.llm.providers import provider_override
-    from agents.models import Agent, ToolInvocation
+    from agents.models import Agent, LLMCall, ToolInvocation
     from agents.runtime import turn_run
     from agents.services import default_agents_ensure
     from memory.models import Memory
@@ -424,13 +588,16 @@ def run_app(script: list[ScriptTurn], *, user: Any) -> AgentRun:
 
     default_agents_ensure()
     agent = Agent.objects.get(slug="flight-booking")
-    model = gallery_demo_model(window=agent.context_window)
+    if max_tokens is not None:
+        agent.max_tokens = max_tokens
+        agent.save(update_fields=["max_tokens"])
+    model = model or gallery_demo_model(window=agent.context_window)
     session = session_create(user=user, agent=agent, title="failure gallery")
     run = AgentRun(name="this app")
     started = time.monotonic()
     with provider_override(model):
         for seq, turn in enumerate(script, start=1):
-            model.fault, model.reads, model.cut_texts = turn.model_fault, [], []
+            model.turn_begins(turn.model_fault)
             record = TurnRecord(seq=seq, reply=None, branch="", prompt_tokens=0)
             try:
                 with _tool_faults(turn):
@@ -443,10 +610,23 @@ def run_app(script: list[ScriptTurn], *, user: Any) -> AgentRun:
                 record.branch = (
                     "book" if "book_flight" in tools_run else "search" if "search_flights" in tools_run else "answer"
                 )
-                # Shown as whole: the saved reply contains the cut-off text the model returned.
-                record.cut_reply_shown = any(cut and cut in saved.assistant_message for cut in model.cut_texts)
+                calls = list(
+                    LLMCall.objects.filter(turn=saved, purpose="reply").order_by("pk").values_list("outcome", flat=True)
+                )
+                if model.cut_texts or "truncated" in calls:
+                    record.cut_outcome = _cut_outcome(
+                        saved.assistant_message,
+                        failed=record.failed,
+                        truncated=saved.truncated,
+                        cuts=model.cut_texts,
+                        wholes=model.whole_texts if model.knows_rest else [],
+                        cut_last=bool(calls) and calls[-1] == "truncated",
+                    )
+                    record.cut_reply_shown = record.cut_outcome == "shown as whole"
             except Exception as exc:  # noqa: BLE001 - an exception reaching the caller is a crash, whatever it is
                 record.error = f"{type(exc).__name__}: {exc}"
+                if turn.model_fault.truncate:
+                    record.cut_outcome = "crash"
             record.prompt_tokens = max((tokens for _, tokens in model.reads), default=0)
             run.turns.append(record)
         session = ChatSession.objects.get(pk=session.pk)
@@ -503,6 +683,7 @@ def run_naive(script: list[ScriptTurn], *, user: Any, today: date) -> AgentRun:
                 branch=last.branch if last.reply else "",
                 prompt_tokens=last.prompt_tokens,
                 cut_reply_shown=bool(last.reply) and last.finish_reason == "length",
+                cut_outcome=(("shown as whole" if last.reply else "crash") if turn.model_fault.truncate else ""),
                 error=last.error,
             )
         )
@@ -554,51 +735,108 @@ def gallery(*, user: Any, turns: int = 60, today: date | None = None) -> dict[st
     }
 
 
-def _table(result: dict[str, Any]) -> Any:
-    from rich.table import Table
+def real_model_gallery(*, user: Any, profile: Any, turns: int = 60, max_tokens: int | None = None) -> dict[str, Any]:
+    """The app alone through the script on a real OpenAI-compatible endpoint (``profile``), the same faults
+    injected (``gallery_real_model``); the naive agent's figures do not depend on the model, so it is not run.
+    ``max_tokens``: the booking agent's reply budget (a small model's window leaves little room)."""
+    today = date.today()
+    script = conversation(today)[:turns]
+    with gallery_settings():
+        app = run_app(script, user=user, model=gallery_real_model(profile), max_tokens=max_tokens)
+    return {
+        "turns": len(script),
+        "model": profile.model,
+        "base_url": profile.base_url,
+        "max_tokens": max_tokens,
+        "faults": {str(i): t.fault_label() for i, t in enumerate(script, start=1) if t.fault_label()},
+        "agents": {"app": measure(app, script)},
+        "replies": {"app": [r.reply if r.reply is not None else f"(crash: {r.error})" for r in app.turns]},
+    }
 
-    naive, app = result["agents"]["naive"], result["agents"]["app"]
-    table = Table(title=f"Failure gallery: {result['turns']} turns, same messages, faults and model behaviour")
-    table.add_column("measure")
-    table.add_column("naive agent (seeds)", justify="right")
-    table.add_column("this app", justify="right")
 
-    def lost(m: dict[str, Any]) -> str:
-        return f"{len(m['lost_data'])}/{len(FACTS)}" + (f" ({', '.join(m['lost_data'])})" if m["lost_data"] else "")
+def table_rows(result: dict[str, Any], real: dict[str, Any] | None = None) -> tuple[list[str], list[list[str]]]:
+    """The gallery's table: its header and rows, one column per agent (and the app on a real model, from
+    ``real_model_gallery``'s result, when given)."""
+    columns = [("naive agent (seeds)", result["agents"]["naive"]), ("this app (demo model)", result["agents"]["app"])]
+    if real is not None:
+        columns.append((f"this app ({real['model']}, real)", real["agents"]["app"]))
+    measures = [m for _, m in columns]
+
+    def turns(numbers: list[int]) -> str:
+        return f" (turn{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))})" if numbers else ""
+
+    def row(label: str, cell: Any) -> list[str]:
+        return [label, *(cell(m) for m in measures)]
 
     rows = [
-        ("crashes (exception / no reply)", str(naive["crashes"]), str(app["crashes"])),
-        (
-            "failed turns, explained to the user",
-            str(len(naive["failed_turns_explained"])),
-            str(len(app["failed_turns_explained"])),
+        row(
+            "crashes (exception reached the caller / no reply)", lambda m: f"{m['crashes']}{turns(m['crashed_turns'])}"
         ),
+        row(
+            "failed turns, explained to the user",
+            lambda m: f"{len(m['failed_turns_explained'])}{turns(m['failed_turns_explained'])}",
+        ),
+        row(
+            f"prompt tokens at turn {' / '.join(str(n) for n in CHECKPOINTS)}",
+            lambda m: " / ".join(f"{m['prompt_tokens'].get(str(n), 0):,}" for n in CHECKPOINTS),
+        ),
+        row("prompt growth per turn, second half", lambda m: f"{m['prompt_growth_per_turn']:+g}"),
+        row(
+            "repeated questions (asks for a slot already given)",
+            lambda m: f"{m['repeated_questions']}{turns([d['turn'] for d in m['repeated_detail']])}",
+        ),
+        row(
+            "mis-routes (free-text routing)",
+            lambda m: f"{m['misroutes']}{turns([d['turn'] for d in m['misroute_detail']])}",
+        ),
+        row(
+            "other wrong branches",
+            lambda m: f"{len(m['other_wrong_branches'])}{turns([d['turn'] for d in m['other_wrong_branches']])}",
+        ),
+        row(
+            "cut-off replies shown as whole",
+            lambda m: (
+                f"{m['cut_replies_shown']}"
+                + turns([d["turn"] for d in m["cut_off_detail"] if d["outcome"] == "shown as whole"])
+            ),
+        ),
+        row("cut-off replies kept, marked cut off", lambda m: str(m["cut_replies_marked"])),
     ]
-    for n in CHECKPOINTS:
-        if str(n) in naive["prompt_tokens"]:
+    for case in result["agents"]["app"]["cut_off_detail"]:
+        if case["continuation"]:
+            n = case["turn"]
             rows.append(
-                (
-                    f"prompt tokens at turn {n}",
-                    f"{naive['prompt_tokens'][str(n)]:,}",
-                    f"{app['prompt_tokens'][str(n)]:,}",
+                row(
+                    f"turn {n}, cut off; asked to continue, the model gives {CUT_CASES[case['continuation']]}",
+                    lambda m, n=n: next((d["outcome"] for d in m["cut_off_detail"] if d["turn"] == n), "-") or "-",
                 )
             )
-    rows += [
-        ("repeated questions", str(naive["repeated_questions"]), str(app["repeated_questions"])),
-        ("mis-routes (free-text routing)", str(naive["misroutes"]), str(app["misroutes"])),
-        ("other wrong branches", str(len(naive["other_wrong_branches"])), str(len(app["other_wrong_branches"]))),
-        ("cut-off replies shown as whole", str(naive["cut_replies_shown"]), str(app["cut_replies_shown"])),
-        (f"early facts lost at turn {result['turns']}", lost(naive), lost(app)),
-    ]
     rows.append(
-        (
-            "prompt growth per turn (2nd half)",
-            f"{naive['prompt_growth_per_turn']:+g}",
-            f"{app['prompt_growth_per_turn']:+g}",
+        row(
+            f"early facts lost at turn {result['turns']} (of {len(FACTS)})",
+            lambda m: f"{len(m['lost_data'])}" + (f": {', '.join(m['lost_data'])}" if m["lost_data"] else ""),
         )
     )
-    for row in rows:
-        table.add_row(*row)
+    return ["measure", *(name for name, _ in columns)], rows
+
+
+def markdown_table(result: dict[str, Any], real: dict[str, Any] | None = None) -> str:
+    header, rows = table_rows(result, real)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _table(result: dict[str, Any], real: dict[str, Any] | None = None) -> Any:
+    from rich.table import Table
+
+    header, rows = table_rows(result, real)
+    table = Table(title=f"Failure gallery: {result['turns']} turns, same messages, faults and model behaviour")
+    table.add_column(header[0])
+    for name in header[1:]:
+        table.add_column(name, justify="right")
+    for r in rows:
+        table.add_row(*r)
     return table
 
 
@@ -606,6 +844,13 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench gallery")
     parser.add_argument("--turns", type=int, default=60, help="how many turns of the 60-turn script to run")
     parser.add_argument("--output", type=Path, default=RESULTS / "gallery.json")
+    parser.add_argument(
+        "--real-model",
+        type=Path,
+        default=None,
+        help="a real-model run's result (tests/llm/test_real_gallery.py with GALLERY_REAL_OUTPUT): its column too",
+    )
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (docs/reliability.md)")
     args, _ = parser.parse_known_args(argv)  # options after "--" are shared by every part
 
     from django.contrib.auth import get_user_model
@@ -616,8 +861,11 @@ def main(argv: list[str]) -> int:
     setup_databases(verbosity=0, interactive=False, keepdb=True, aliases={"default"})  # type: ignore[arg-type]
     user, _ = get_user_model().objects.get_or_create(username=f"gallery-{time.time_ns()}")
     result = gallery(user=user, turns=max(1, min(args.turns, 60)))
+    real = json.loads(args.real_model.read_text()) if args.real_model else None
     console = Console()
-    console.print(_table(result))
+    console.print(_table(result, real))
+    if args.markdown:
+        print(markdown_table(result, real))
     for name in ("naive", "app"):
         m = result["agents"][name]
         console.print(

@@ -65,11 +65,21 @@ class ModelFault:
     """A model misbehaviour for one turn, injected identically into both agents' models.
 
     ``free_text``: the routing output is this free text ("Search", "検索する") instead of a valid choice.
-    ``truncate``: the reply is cut off at half its length (finish reason ``length``).
+    ``truncate``: the reply is cut off at half its length (finish reason ``length``), and a request to continue
+    it is answered as ``truncate`` says (``CUT_CASES``: what real endpoints do). The naive agent never asks.
     """
 
     free_text: str = ""
-    truncate: bool = False
+    truncate: str = ""
+
+
+# What an endpoint answers when asked to continue a reply it cut off (``agents.llm.continuation``):
+CUT_CASES = {
+    "continued": "the rest of the reply",
+    "cut_again": "the next part of the rest, cut off again",
+    "empty": "nothing (finish reason stop)",
+    "repeats": "what it said already, again (finish reason stop)",
+}
 
 
 @dataclass

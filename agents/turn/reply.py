@@ -15,7 +15,13 @@ from typing import Any
 
 from agents.call_records import tool_invocation_insert
 from agents.llm.base import HANDOFF_TOOL, LLMError, Message, ToolCallRequest, ToolSpec, TruncatedOutputError
-from agents.llm.continuation import CONTINUE_INSTRUCTION, MAX_CONTINUATIONS, continuation_messages
+from agents.llm.continuation import (
+    CONTINUE_INSTRUCTION,
+    MAX_CONTINUATIONS,
+    continuation_messages,
+    continuation_news,
+    may_repeat,
+)
 from agents.llm.prompt import BuiltPrompt, ContextBudget, MemoryItem, PromptInputs, build_prompt
 from agents.tools import TOOL_ERROR_POLICY, ToolContext, run_tool_call, tool_specs
 from agents.tools.registry import record_invocation
@@ -135,7 +141,8 @@ def _streamed_step(
     """Stream one model reply; a prose reply cut off by the token limit is continued (``agents.llm.continuation``)
     while the grown prompt fits, ``MAX_CONTINUATIONS`` times at most, each call checkpointed first. A reply cut
     off in a tool call, or by anything but the length limit (a closed connection, a content filter), fails as
-    before: it is not whole, and there is nothing safe to continue."""
+    before: it is not whole, and there is nothing safe to continue. A continuation that adds nothing (empty, or
+    a repeat of what was said) ends the continuing: the reply is kept as it was and marked as cut off."""
     agent = ctx.agent
     parts: list[str] = []
     messages = built.messages
@@ -144,6 +151,10 @@ def _streamed_step(
     while True:
         ctx.before_call()
         step_text: list[str] = []
+        said = "".join(parts)
+        # A continuation's text is held back while it may still be a repeat of what was said (the user saw that
+        # already); once it adds something, what it adds is shown and the rest streams as it comes.
+        held = bool(continuations)
         with span("llm.call", purpose="reply", step=step, continuation=continuations):
             stream = ctx.provider.stream(
                 messages,
@@ -154,26 +165,41 @@ def _streamed_step(
             )
             try:
                 for delta in stream:
-                    if delta:
-                        step_text.append(delta)
+                    if not delta:
+                        continue
+                    step_text.append(delta)
+                    if not held:
                         yield {"type": "delta", "text": delta}
+                    elif not may_repeat(said, "".join(step_text)):
+                        held = False
+                        if news := continuation_news(said, "".join(step_text)):
+                            yield {"type": "delta", "text": news}
             except LLMError as exc:
                 if not isinstance(exc, TruncatedOutputError):
                     if not continuations:
                         raise
                     # A continuation failed (the endpoint went away, a timeout): what was said stands, marked.
                     logger.warning("turn %s: continuation %s failed: %s", ctx.turn.pk, continuations, exc)
-                    parts.append("".join(step_text))
-                    return StreamedStep(text="".join(parts), continuations=continuations, truncated=True)
+                    news = continuation_news(said, "".join(step_text))
+                    yield from _released(news, held=held)
+                    return StreamedStep(text=said + news, continuations=continuations, truncated=True)
                 completion = stream.completion
                 text = "".join(step_text) or exc.partial_text
                 if completion is None or completion.finish_reason != "length" or completion.tool_calls or not text:
                     if not continuations:
                         raise
                     # A continuation that ended otherwise (a filter, a closed stream): what was said stands.
-                    parts.append(text if completion is None or not completion.tool_calls else "")
-                    return StreamedStep(text="".join(parts), continuations=continuations, truncated=True)
-                parts.append(text)
+                    kept = text if completion is None or not completion.tool_calls else ""
+                    news = continuation_news(said, kept)
+                    yield from _released(news, held=held)
+                    return StreamedStep(text=said + news, continuations=continuations, truncated=True)
+                news = continuation_news(said, text) if continuations else text
+                yield from _released(news, held=held)
+                if not news:
+                    # Cut again without adding anything (the same words again): asking once more would not help.
+                    logger.info("turn %s: continuation %s added nothing", ctx.turn.pk, continuations)
+                    return StreamedStep(text=said, continuations=continuations, truncated=True)
+                parts.append(news)
                 so_far = "".join(parts)
                 grown = {"continuation": ctx.counter.count(so_far) + ctx.counter.count(CONTINUE_INSTRUCTION) + 8}
                 if (
@@ -186,12 +212,25 @@ def _streamed_step(
                 sections = {**dict(built.sections), **grown}
                 continue
         completion = stream.completion
-        parts.append("".join(step_text) if step_text else (completion.text if completion else ""))
-        return StreamedStep(
-            text="".join(parts),
-            calls=list(completion.tool_calls) if completion else [],
-            continuations=continuations,
-        )
+        text = "".join(step_text) if step_text else (completion.text if completion else "")
+        calls = list(completion.tool_calls) if completion else []
+        if continuations:
+            news = continuation_news(said, text)
+            yield from _released(news, held=held)
+            if not news and not calls:
+                # A continuation that came back empty, or said again what was said, did not finish the reply,
+                # whatever its finish reason: the reply stays as it was, cut off (``agents.llm.continuation``).
+                logger.info("turn %s: continuation %s added nothing", ctx.turn.pk, continuations)
+                return StreamedStep(text=said, continuations=continuations, truncated=True)
+            text = news
+        parts.append(text)
+        return StreamedStep(text="".join(parts), calls=calls, continuations=continuations)
+
+
+def _released(news: str, *, held: bool) -> Iterator[TurnEvent]:
+    """The held-back text of a continuation that has ended, when it added something."""
+    if held and news:
+        yield {"type": "delta", "text": news}
 
 
 def _prompt_inputs(ctx: TurnContext, specs: list[Any], tool_messages: list[Message]) -> PromptInputs:

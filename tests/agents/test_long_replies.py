@@ -7,9 +7,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.test import Client
+from django.urls import reverse
 from rest_framework.test import APIClient
 
-from agents.llm.continuation import CONTINUE_INSTRUCTION, MAX_CONTINUATIONS, default_reply_tokens
+from agents.llm.continuation import (
+    CONTINUE_INSTRUCTION,
+    MAX_CONTINUATIONS,
+    continuation_news,
+    default_reply_tokens,
+)
 from agents.llm.prompt import ContextBudget
 from agents.models import Agent, LLMCall
 from agents.runtime import turn_run, turn_stream
@@ -84,6 +91,84 @@ def test_a_reply_still_cut_after_its_continuations_is_kept_and_marked(
     body = client.get(f"/api/sessions/{session.pk}/messages/").json()
     rows = body["results"] if isinstance(body, dict) else body
     assert rows[0]["truncated"] is True and rows[0]["assistant_message"] == whole
+
+
+CUT = "The first half of the answer: take the early train, then"
+
+
+@pytest.mark.parametrize(
+    ("continuation", "calls"),
+    [
+        # Cut again, on and on: what each continuation added is kept, and the reply is still marked.
+        ([stream(f" part {n},", finish_reason="length") for n in range(MAX_CONTINUATIONS)], MAX_CONTINUATIONS + 1),
+        ([stream("")], 2),  # nothing at all, finish reason stop
+        ([stream("  \n")], 2),  # only blanks
+        ([stream(CUT)], 2),  # the reply so far, said again
+        ([stream(" take the early train, then")], 2),  # its last words again
+        ([stream(CUT, finish_reason="length")], 2),  # said again and cut at the same place: no use asking again
+    ],
+    ids=["cut-again", "empty", "blank", "repeats-all", "repeats-the-end", "repeats-and-cut"],
+)
+def test_a_continuation_that_adds_nothing_leaves_the_reply_marked_cut_off(
+    alice: Any, chat_agent: Agent, remote_model: Any, continuation: list[Any], calls: int
+) -> None:
+    remote_model.enqueue(stream(CUT, finish_reason="length"), *continuation, stream("never asked for"))
+    session = session_create(user=alice, agent=chat_agent)
+    events = list(turn_stream(session=session, message="Explain at length."))
+    turn = Turn.objects.get(session=session)
+    added = "".join(f" part {n}," for n in range(MAX_CONTINUATIONS)) if calls > 2 else ""
+    assert turn.status == Turn.Status.COMPLETED, turn.error
+    assert turn.truncated is True and turn.composition["truncated"] is True
+    assert turn.assistant_message == CUT + added  # kept as far as it went, nothing said twice
+    assert len(remote_model.chat_requests()) == calls
+    # The user saw the same: the cut-off reply once, and the note that it is cut off.
+    assert "".join(e["text"] for e in events if e["type"] == "delta") == CUT + added
+    done = next(e for e in events if e["type"] == "done")
+    assert done["truncated"] is True and done["reply"] == CUT + added
+    client = Client()
+    client.force_login(alice)
+    page = client.get(reverse("chat", args=[session.pk])).content.decode()
+    assert "This reply was cut off at the length limit." in page and "continue-reply" in page
+
+
+def test_a_continuation_that_starts_over_adds_only_what_is_new(
+    alice: Any, chat_agent: Agent, remote_model: Any
+) -> None:
+    # A model that answers "continue" with the whole reply again, this time to its end.
+    remote_model.enqueue(stream(CUT, finish_reason="length"), stream(CUT + " the ferry to the island."))
+    session = session_create(user=alice, agent=chat_agent)
+    events = list(turn_stream(session=session, message="Explain at length."))
+    turn = Turn.objects.get(session=session)
+    whole = CUT + " the ferry to the island."
+    assert turn.status == Turn.Status.COMPLETED and not turn.truncated
+    assert turn.assistant_message == whole
+    assert "".join(e["text"] for e in events if e["type"] == "delta") == whole
+
+
+def test_a_short_ending_that_occurs_earlier_still_completes_the_reply(
+    alice: Any, chat_agent: Agent, remote_model: Any
+) -> None:
+    remote_model.enqueue(stream(CUT, finish_reason="length"), stream(" the"), stream("never asked for"))
+    turn = turn_run(session=session_create(user=alice, agent=chat_agent), message="Explain.").turn
+    assert not turn.truncated and turn.assistant_message == CUT + " the"
+
+
+@pytest.mark.parametrize(
+    ("continuation", "news"),
+    [
+        (" the ferry.", " the ferry."),  # new words
+        ("", ""),
+        (" \n ", ""),
+        (CUT, ""),  # all of it again
+        ("\n" + CUT + "\n", ""),
+        (" take the early train,", ""),  # a part of it again
+        (CUT + " the ferry.", " the ferry."),  # started over, then went further: only what is past the old text
+        (" the", " the"),  # a short real ending that happens to occur earlier is kept
+        ("The first half", ""),  # the start of a restart that stopped there
+    ],
+)
+def test_what_a_continuation_adds(continuation: str, news: str) -> None:
+    assert continuation_news(CUT, continuation) == news
 
 
 def test_a_continuation_that_fails_keeps_what_was_said_marked(alice: Any, chat_agent: Agent, remote_model: Any) -> None:

@@ -7,7 +7,11 @@ from typing import Any
 
 import pytest
 
-from bench.gallery import WINDOW, conversation, gallery, script_problems
+from agents.llm.continuation import MAX_CONTINUATIONS
+from agents.llm.providers import provider_override
+from agents.models import Agent, LLMCall
+from agents.runtime import turn_run
+from bench.gallery import WINDOW, conversation, gallery, gallery_demo_model, script_problems
 from bench.naive_agent import ContextLengthExceeded, ModelFault, NaiveAgent, NaiveModel, asked_slots
 
 
@@ -70,6 +74,34 @@ def test_the_naive_loop_routes_on_substrings_and_refuses_a_prompt_over_its_windo
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("case", ["continued", "cut_again", "empty", "repeats"])
+def test_the_demo_model_cut_off_and_asked_to_continue_through_the_turn(alice: Any, case: str) -> None:
+    # The gallery's fault injection on the demo provider: the reply call is cut at half its length, and the
+    # request to continue is answered as a real endpoint may answer it.
+    from sessions.services import session_create
+
+    agent = Agent.objects.create(name="Chat", slug="chat", system_prompt="Be thorough.", workflow="free_chat")
+    model = gallery_demo_model()
+    model.turn_begins(ModelFault(truncate=case))
+    with provider_override(model):
+        turn = turn_run(session=session_create(user=alice, agent=agent), message="Tell me about trains.").turn
+    [whole], [cut] = model.whole_texts, model.cut_texts
+    outcomes = list(LLMCall.objects.filter(turn=turn, purpose="reply").order_by("pk").values_list("outcome", flat=True))
+    assert turn.status == turn.Status.COMPLETED, turn.error
+    if case == "continued":
+        assert not turn.truncated and turn.assistant_message == whole
+        assert outcomes == ["truncated", "ok"]
+    elif case == "cut_again":
+        # Each continuation added the next part and was cut again: kept as far as it went, still marked.
+        assert turn.truncated and turn.assistant_message.startswith(cut) and cut != turn.assistant_message
+        assert whole.startswith(turn.assistant_message) and whole != turn.assistant_message
+        assert outcomes == ["truncated"] * (MAX_CONTINUATIONS + 1)
+    else:  # empty, or the same words again: nothing was added, the cut-off reply stays as it was, marked
+        assert turn.truncated and turn.assistant_message == cut
+        assert outcomes == ["truncated", "ok"]
+
+
+@pytest.mark.django_db
 def test_gallery_on_the_first_turns(alice: Any) -> None:
     result = gallery(user=alice, turns=14)
     naive, app = result["agents"]["naive"], result["agents"]["app"]
@@ -83,3 +115,24 @@ def test_gallery_on_the_first_turns(alice: Any) -> None:
     assert [d["turn"] for d in naive["misroute_detail"]] == [11]
     assert 0 < app["max_prompt_tokens"] <= WINDOW
     assert len(result["replies"]["app"]) == 14 and all(result["replies"]["app"])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_whole_gallery_on_the_demo_model(alice: Any) -> None:
+    # All 60 turns (about 11 s): the app's whole column, as docs/reliability.md shows it. Transactions commit,
+    # as in `python -m bench gallery`: the summaries (sent on commit) keep the prompt flat.
+    result = gallery(user=alice, turns=60)
+    app, naive = result["agents"]["app"], result["agents"]["naive"]
+    assert app["crashes"] == 0 and all(result["replies"]["app"])
+    assert app["cut_replies_shown"] == 0
+    assert app["repeated_questions"] == 0 and app["misroutes"] == 0 and app["other_wrong_branches"] == []
+    assert app["lost_data"] == []
+    assert app["prompt_growth_per_turn"] < 2
+    assert 0 < app["max_prompt_tokens"] <= WINDOW
+    # Each way an endpoint answers a request to continue, as the user got it: the continued reply whole; the
+    # others kept as far as they went, marked cut off. The naive agent shows every cut-off reply as whole.
+    cases = {d["continuation"]: d["outcome"] for d in app["cut_off_detail"]}
+    assert cases == {"continued": "whole", "cut_again": "marked", "empty": "marked", "repeats": "marked"}
+    assert app["cut_replies_marked"] == 3
+    assert {d["outcome"] for d in naive["cut_off_detail"]} == {"shown as whole"}
+    assert naive["cut_replies_shown"] == 4

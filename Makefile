@@ -33,7 +33,7 @@ test-slow: install-dev
 	$(PY) -m pytest -m "slow and not llm" $(PYTEST_ARGS)
 
 # A real model server (llama-cpp-python with Gemma 3 270M) in .venv-llm, apart from the app's environment.
-# The first install compiles llama.cpp (about 5 minutes on 2 cores; longer on slower machines), for a portable
+# The first install compiles llama.cpp (5 to 10 minutes on 2 cores; longer on slower machines), for a portable
 # x86-64 CPU: its AVX-512 and AMX kernels crash on some virtual machines. --no-cache-dir: pip's cache could
 # hand back a wheel compiled with other flags.
 LLM := .venv-llm

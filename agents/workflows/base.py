@@ -475,6 +475,10 @@ class Workflow:
         )
 
 
+class _NoSlotsRead(BaseModel):
+    """The demo model's slot update: nothing read (pydantic refuses a bare ``BaseModel()``)."""
+
+
 def demo_decision(messages: Sequence[Mapping[str, Any]]) -> WorkflowDecision | None:
     """The offline demo model's decision for a workflow it has no script for: stay in ``CURRENT_STATE``,
     read no slots (the demo model is not a language model); a workflow's own script takes precedence."""
@@ -485,7 +489,7 @@ def demo_decision(messages: Sequence[Mapping[str, Any]]) -> WorkflowDecision | N
     user = next((str(m.get("content") or "") for m in reversed(messages) if m.get("role") == "user"), "")
     return WorkflowDecision(
         next_state=current.group(1),
-        slots=BaseModel(),
+        slots=_NoSlotsRead(),
         reasoning="demo model: it stays and reads no slots",
         wants_person=asks_for_person(user),
     )

@@ -330,3 +330,26 @@ def test_a_declared_state_label_is_what_people_read_in_the_chat(staff_client: Cl
     assert response.status_code == 302
     page = web.get(response["Location"]).content.decode()
     assert ">Your phone number</strong>" in page and ">Asking topic</li>" in page
+
+
+@pytest.mark.django_db
+def test_a_declared_workflow_runs_on_the_demo_model_and_hands_off_when_asked(
+    staff_client: Client, alice: Any, caplog: Any
+) -> None:
+    """The demo model has no script for a workflow of yours: it stays in the state and reads no slots, and
+    hands the chat to a person when asked. Its decision used to be built with an empty ``BaseModel()``, which
+    pydantic refuses: every turn logged an error and asking for a person did nothing (the walk of 2026-12-03)."""
+    add = reverse("admin:agents_workflowdefinition_add")
+    assert _admin_post(staff_client, add, name="callback", spec=declaration()).status_code == 302
+    Agent.objects.create(
+        name="Callbacks", slug="callbacks", system_prompt="You arrange callbacks.", workflow="callback"
+    )
+    client = token_client(alice)
+    session = client.post("/api/sessions/", {"agent": "callbacks"}, format="json").json()
+
+    with caplog.at_level("WARNING"):
+        say(client, session["id"], "Hello, I would like a callback.")
+        assert ChatSession.objects.get(pk=session["id"]).state == "ASKING_PHONE"
+        say(client, session["id"], "I want to talk to a human please")
+    assert ChatSession.objects.get(pk=session["id"]).status == ChatSession.Status.NEEDS_HUMAN
+    assert [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []

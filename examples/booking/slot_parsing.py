@@ -83,7 +83,7 @@ _BARE_NUMBER = re.compile(rf"^\s*(?:just\s+|only\s+)?(?P<n>{_NUM})\s*[.!]?\s*$",
 # A place: words made of letters (and . ' -), stopping before a word that starts the next phrase.
 _STOP = (
     r"on|in|at|for|next|this|coming|departing|leaving|returning|return|with|between|and|from|to|by|"
-    r"around|please|tomorrow|today|via|then|" + _MONTH + "|" + _WEEKDAY
+    r"around|please|tomorrow|today|via|then|instead|rather|than|but|not|" + _MONTH + "|" + _WEEKDAY
 )
 _PLACE = rf"(?P<{{name}}>[^\W\d_][\w.'-]*(?:\s+(?!(?:{_STOP})\b)[^\W\d_][\w.'-]*){{{{0,3}}}})"
 _FROM_TO = re.compile(
@@ -243,16 +243,28 @@ _INSTEAD = re.compile(
 _NOT_BUT = re.compile(
     r"\bnot\s+" + _PLACE.format(name="old") + r",?\s+but\s+" + _PLACE.format(name="new"), re.IGNORECASE
 )
+_RATHER_THAN = re.compile(_PLACE.format(name="new") + r"\s+rather than\s+" + _PLACE.format(name="old"), re.IGNORECASE)
+
+
+def _without_lead(raw: str) -> str:
+    """``raw`` without the words before a place ("go to Paris" → "Paris"): a correction's new place is matched
+    from wherever the sentence starts."""
+    words = raw.split()
+    while words and (words[0].lower() in _NOT_IN_A_BARE_PLACE or _STOP_WORD.match(words[0])):
+        words.pop(0)
+    return " ".join(words)
 
 
 def extract_correction(text: str, current: Mapping[str, Any]) -> dict[str, str]:
     """A stated change of a place already collected ("make that Rome instead of Paris"): the slot whose value
-    is the old place gets the new one. {} when the message names no such change."""
-    for pattern in (_INSTEAD, _NOT_BUT):
+    is the old place gets the new one. {} when the message names no such change, or no slot holds the old
+    place: then "to Paris instead of Berlin" is read as any other message ("to Paris": places stop before
+    "instead", "rather", "but", "not")."""
+    for pattern in (_INSTEAD, _RATHER_THAN, _NOT_BUT):
         match = pattern.search(text)
         if not match:
             continue
-        old, new = _clean_place(match.group("old")), _clean_place(match.group("new"))
+        old, new = _clean_place(match.group("old")), _clean_place(_without_lead(match.group("new")))
         if not old or not new:
             continue
         for slot in ("origin", "destination"):

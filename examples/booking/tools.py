@@ -17,11 +17,21 @@ from datetime import date, datetime
 from typing import Annotated, Any
 
 from django.db import IntegrityError, transaction
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from agents.models import Booking
 from agents.tools.errors import ToolInputError
 from agents.tools.registry import Tool, ToolContext, ToolOutput
+from examples.booking.workflow import place_name
 
 _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
@@ -45,7 +55,8 @@ IsoDate = Annotated[
     BeforeValidator(_iso_date),
     WithJsonSchema({"type": "string", "format": "date", "description": "YYYY-MM-DD"}),
 ]
-City = Annotated[str, Field(min_length=2, max_length=80)]
+# A city the booking tools take: a name, never a sentence ("Paris instead of Berlin" is refused, not booked).
+City = Annotated[str, Field(min_length=2, max_length=80), AfterValidator(place_name)]
 
 
 class SearchFlightsArgs(BaseModel):

@@ -43,14 +43,21 @@ BookingState = Literal[
 _PLACE = re.compile(r"^[^\W\d_][\w .,'()/-]*$")
 
 
-def _place_name(value: str) -> str:
-    if not _PLACE.match(value):
+# Words of a sentence, never of a city's name: "Paris instead of Berlin" is a change of mind, not a place.
+_SENTENCE_WORDS = frozenset("instead rather than not but want wanna please actually i i'd i'm we go fly".split())
+
+
+def place_name(value: str) -> str:
+    """``value`` as a city or airport name (spaces normalised); ``ValueError`` for anything else, a sentence
+    included."""
+    words = value.split()
+    if not _PLACE.match(value) or len(words) > 5 or any(w.lower().strip(".,") in _SENTENCE_WORDS for w in words):
         raise ValueError("must be a city or airport name")
-    return " ".join(value.split())
+    return " ".join(words)
 
 
 PlaceName = Annotated[
-    str, StringConstraints(strip_whitespace=True, min_length=2, max_length=80), AfterValidator(_place_name)
+    str, StringConstraints(strip_whitespace=True, min_length=2, max_length=80), AfterValidator(place_name)
 ]
 
 

@@ -195,3 +195,21 @@ def test_inside_a_transaction_the_tool_sees_the_callers_uncommitted_rows(alice: 
     )
     assert result.ok, result.content
     assert Booking.objects.get(session=context.session).flight_number == first.number
+
+
+@pytest.mark.django_db
+def test_the_booking_tools_refuse_a_sentence_as_a_city(alice: Any) -> None:
+    args = {
+        "origin": "London",
+        "destination": "Paris instead of Berlin",
+        "depart_date": DAY.isoformat(),
+        "passengers": 1,
+    }
+    booked = run_tool_call(call=call("book_flight", **args), context=context_for(alice))
+    assert not booked.ok and "city or airport" in booked.content
+    searched = run_tool_call(
+        call=call("search_flights", origin="London", destination="I want to go to Paris", date=DAY.isoformat()),
+        context=ToolContext(user=alice),
+    )
+    assert not searched.ok and "city or airport" in searched.content
+    assert Booking.objects.count() == 0

@@ -230,6 +230,28 @@ def test_a_stated_change_of_a_collected_place_is_applied() -> None:
 
 
 @pytest.mark.parametrize(
+    ("said", "collected"),
+    [
+        # The walk of 2026-12-03: the destination became "Paris instead of Berlin", and was booked.
+        ("Actually… I want to go to Paris instead of Berlin", {"origin": "London", "destination": "Berlin"}),
+        ("I'd rather fly to Paris instead of Berlin.", {"origin": "London", "destination": "Berlin"}),
+        ("Actually I want to go to Paris instead of Berlin", {"origin": "London"}),  # no Berlin collected yet
+        ("to Paris rather than Berlin", {"origin": "London"}),
+    ],
+)
+def test_x_instead_of_y_changes_the_slot_to_x_exactly(said: str, collected: dict[str, Any]) -> None:
+    decision = propose_decision(state="GATHERING_DATES", collected=collected, user_message=said, today=TODAY)
+    merged, errors = WF.merge_slots(collected, decision.slots, today=TODAY)
+    assert (merged["destination"], merged["origin"], errors) == ("Paris", "London", []), said
+
+
+@pytest.mark.parametrize("sentence", ["Paris instead of Berlin", "I want to go to Paris", "not Paris but Rome"])
+def test_a_place_slot_refuses_a_sentence(sentence: str) -> None:
+    merged, errors = WF.merge_slots({"origin": "London"}, {"destination": sentence}, today=TODAY)
+    assert "destination" not in merged and errors and "city or airport" in errors[0]
+
+
+@pytest.mark.parametrize(
     ("said", "reason"),
     [
         ("250 passengers", "passengers: at most 9"),

@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,29 +40,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.soak import LOOPBACK, free_port, percentile
 from bench.stand_in_model import StandInModel
 from config.db import database_url
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
-LOOPBACK = "127.0.0.1"
 MESSAGE = "Hello! What can you do for me, and what do you remember about me?"
 # A record at ERROR or above, in the JSON log format (the default) or the plain one, or a traceback.
 ERROR_RECORD = re.compile(r'"level": "(ERROR|CRITICAL)"|^\S+ \S+ (ERROR|CRITICAL) |^Traceback', re.MULTILINE)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The ``q`` quantile (0..1) by the nearest-rank method; 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[max(1, min(len(ordered), math.ceil(q * len(ordered)))) - 1]
 
 
 @dataclass

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -362,6 +361,7 @@ def _faulted(base: type) -> type:
     token limit, whose continuations are answered as the turn's ``ModelFault.truncate`` says (``CUT_CASES``)."""
     from agents.llm.base import LLMClientError
     from agents.llm.continuation import continued_partial
+    from agents.llm.demo import word_chunks
     from agents.llm.provider_base import OpenedStream, RawCompletion
     from agents.llm.tokens import counter_for
 
@@ -439,7 +439,7 @@ def _faulted(base: type) -> type:
             raw = self._request(
                 messages, temperature=temperature, max_tokens=max_tokens, tools=tools, schema=None, purpose=purpose
             )
-            return OpenedStream(chunks=_chunks(raw))
+            return OpenedStream(chunks=word_chunks(raw))
 
         def _reply(
             self, messages: list[dict[str, Any]], *, temperature: float | None, max_tokens: int | None, tools: Any
@@ -461,18 +461,6 @@ def _faulted(base: type) -> type:
             return self._reply(messages, temperature=temperature, max_tokens=max_tokens, tools=tools).text
 
     return GalleryModel
-
-
-def _chunks(raw: Any) -> Iterator[Any]:
-    """A completion as a model streams it: word-sized deltas, then the tool calls, then the finish reason."""
-    from agents.llm.provider_base import StreamChunk, ToolCallDelta
-
-    for word in re.findall(r"\s*\S+\s*", raw.text):
-        yield StreamChunk(text=word)
-    for index, call in enumerate(raw.tool_calls):
-        yield StreamChunk(tool_call_deltas=[ToolCallDelta(index=index, id=call.id, name=call.name)])
-        yield StreamChunk(tool_call_deltas=[ToolCallDelta(index=index, arguments=call.arguments)])
-    yield StreamChunk(finish_reason=raw.finish_reason, model=raw.model)
 
 
 def gallery_demo_model(*, window: int = WINDOW) -> Any:

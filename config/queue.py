@@ -90,17 +90,22 @@ def _redis_url(broker_url: str) -> str | None:
     return None
 
 
+def _broker_client(broker_url: str | None, timeout: float) -> redis.Redis | None:
+    """A client of the app's broker (or of ``broker_url``) that gives up after ``timeout`` seconds; None when the
+    broker is not a Redis-protocol one."""
+    url = _redis_url(broker_url or str(current_app._get_current_object().conf.broker_url))
+    return None if url is None else redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+
+
 def queue_stats(*, broker_url: str | None = None, queue: str | None = None, timeout: float = 1.0) -> QueueStats | None:
     """How many tasks wait in ``queue`` (the default one) and for how long the oldest has, on a Redis-protocol
     broker (the embedded one, or Redis); None on another transport. The age comes from the ``sent_at`` header
     every task carries (``config/celery.py``). Raises the client's error when the broker does not answer within
     ``timeout`` seconds."""
-    app = current_app._get_current_object()
-    url = _redis_url(broker_url or str(app.conf.broker_url))
-    if url is None:
+    client = _broker_client(broker_url, timeout)
+    if client is None:
         return None
-    name = queue or str(app.conf.task_default_queue)
-    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    name = queue or str(current_app._get_current_object().conf.task_default_queue)
     try:
         # kombu's Redis transport pushes on the left and takes from the right; priorities other than the
         # default go to keys of their own (the name, "\x06\x16", the priority).
@@ -110,8 +115,7 @@ def queue_stats(*, broker_url: str | None = None, queue: str | None = None, time
         raw = client.lindex(name, -1)
         if raw is not None:
             try:
-                sent_at = float(json.loads(raw)["headers"]["sent_at"])
-                oldest = max(0.0, time.time() - sent_at)
+                oldest = max(0.0, time.time() - float(json.loads(raw)["headers"]["sent_at"]))
             except (ValueError, KeyError, TypeError):  # a message from before the header (or not Celery's)
                 oldest = None
         return QueueStats(queue=name, depth=depth, oldest_seconds=oldest)
@@ -119,18 +123,25 @@ def queue_stats(*, broker_url: str | None = None, queue: str | None = None, time
         client.close()
 
 
+def queues_stats(*, timeout: float = 1.0) -> list[QueueStats] | None:
+    """``queue_stats`` of the default queue and of its operations queue (``<queue>-ops``: beat's tasks and turn
+    recovery); None on a broker that is not a Redis-protocol one."""
+    default = str(current_app._get_current_object().conf.task_default_queue)
+    found = [queue_stats(queue=name, timeout=timeout) for name in (default, f"{default}-ops")]
+    known = [stats for stats in found if stats is not None]
+    return known if len(known) == len(found) else None
+
+
 def queued_args(name: str, *, limit: int = 100_000, timeout: float = 2.0) -> set[tuple[Any, ...]] | None:
     """The arguments of every task ``name`` waiting in the default queue (at most ``limit`` messages read), on
     a Redis-protocol broker; None on another transport or when the broker does not answer: then nothing is
     known to be queued. The outbox sweeps skip what is in it (a backlog is not lost work)."""
-    app = current_app._get_current_object()
-    url = _redis_url(str(app.conf.broker_url))
-    if url is None:
+    client = _broker_client(None, timeout)
+    if client is None:
         return None
-    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
     found: set[tuple[Any, ...]] = set()
     try:
-        for raw in client.lrange(str(app.conf.task_default_queue), 0, limit - 1):
+        for raw in client.lrange(str(current_app._get_current_object().conf.task_default_queue), 0, limit - 1):
             try:
                 headers = json.loads(raw)["headers"]
                 if headers.get("task") == name:

@@ -15,7 +15,6 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from celery import current_app
 from django.conf import settings
 from django.http import HttpRequest
 from django.utils import timezone
@@ -25,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from agents.models import Agent
 from config.models import TaskSendFailure
-from config.queue import queue_stats
+from config.queue import queues_stats
 from observability.models import Alert
 from observability.selectors import HistogramSpec, indicators, metric_totals_by_agent
 
@@ -148,16 +147,14 @@ class DatabaseCollector(Collector):
 
     @staticmethod
     def _queue() -> Iterator[Metric]:
-        """The default queue's backlog on a Redis-protocol broker (none on another transport, or when the broker
+        """The queues' backlog on a Redis-protocol broker (none on another transport, or when the broker
         does not answer within a second: the scrape still answers, and /healthz says why)."""
-        default = str(current_app.conf.task_default_queue)
         try:
-            found = [queue_stats(queue=name, timeout=1.0) for name in (default, f"{default}-ops")]
+            known = queues_stats(timeout=1.0)
         except Exception:
             logger.warning("metrics: the broker's queue could not be read", exc_info=True)
             return
-        known = [stats for stats in found if stats is not None]
-        if len(known) != len(found):  # not a Redis-protocol broker
+        if known is None:  # not a Redis-protocol broker
             return
         depth = GaugeMetricFamily("agent_queue_depth", "Background tasks waiting for a worker.", labels=["queue"])
         oldest = GaugeMetricFamily(

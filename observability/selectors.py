@@ -15,13 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from celery import current_app
 from django.db import connection, transaction
 from django.db.models import Aggregate, Avg, Count, DateTimeField, DurationField, F, FloatField, Func, Q, Sum, Value
 from django.db.models.functions import Coalesce
 
 from agents.models import Agent, LLMCall, ToolInvocation
-from config.queue import queue_stats
+from config.queue import queues_stats
 from observability.models import Alert, AlertRule, MetricTotals
 from sessions.models import ChatSession, Checkpoint, Turn
 
@@ -265,13 +264,11 @@ def queue_wait_reading() -> MetricReading:
     """How long the oldest task waiting in the default or the operations queue has waited (seconds), on a
     Redis-protocol broker; no value on another transport or when the broker does not answer (``/healthz``
     says that)."""
-    default = str(current_app.conf.task_default_queue)
     try:
-        found = [queue_stats(queue=name, timeout=1.0) for name in (default, f"{default}-ops")]
+        known = queues_stats(timeout=1.0)
     except Exception:
         logger.warning("alerts: the broker's queues could not be read", exc_info=True)
         return MetricReading(value=None, samples=0)
-    known = [stats for stats in found if stats is not None]
     if not known:
         return MetricReading(value=None, samples=0)
     waits = [stats.oldest_seconds or 0.0 for stats in known]

@@ -135,11 +135,12 @@ class DemoModel(BaseProvider):
         raw = self._request(
             messages, temperature=temperature, max_tokens=max_tokens, tools=tools, schema=None, purpose=purpose
         )
-        return OpenedStream(chunks=_word_chunks(raw))
+        return OpenedStream(chunks=word_chunks(raw))
 
 
-def _word_chunks(raw: RawCompletion) -> Iterator[StreamChunk]:
-    # Word-sized deltas (each word with the whitespace after it), like a model streams tokens.
+def word_chunks(raw: RawCompletion) -> Iterator[StreamChunk]:
+    """A completion as a model streams it: word-sized deltas (each word with the whitespace after it), then the
+    tool calls, then the finish reason."""
     for word in re.findall(r"\s*\S+\s*", raw.text):
         yield StreamChunk(text=word)
     for index, call in enumerate(raw.tool_calls):

@@ -24,6 +24,12 @@ ROOT = Path(__file__).resolve().parent
 # in the table (or Redis) a running app and earlier runs use. Set before anything touches the cache
 # (Django builds it on first use); emptied around every test (``_fresh_cache``).
 django_settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+# Turns run in the request in the tests (and the servers they start), unless a test starts a turn worker.
+os.environ.setdefault("TURN_RUNNER", "inline")
+django_settings.TURN_RUNNER = os.environ["TURN_RUNNER"]
+# A dead runner's turn lease runs out in 5 s here (30 s by default), for the crash tests' children too.
+os.environ.setdefault("TURN_LEASE_SECONDS", "5")
+django_settings.TURN_LEASE_SECONDS = float(os.environ["TURN_LEASE_SECONDS"])
 # Where tasks go: the idle queue nobody consumes, and the worker's once ``celery_worker`` has started.
 _BROKERS: dict[str, dict[str, Any]] = {}
 

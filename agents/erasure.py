@@ -19,13 +19,13 @@ from typing import Any
 from django.contrib.admin.models import LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.core.cache import cache
-from django.db import connection, transaction
+from django.db import transaction
 
 from agents.models import Booking, Erasure, LLMCall
 from memory.models import Memory, MemoryReview
 from memory.services import lock_user_memories
-from sessions.locks import SessionBusyError, lock_key
-from sessions.models import ChatSession
+from sessions.locks import SessionBusyError, session_lease_take_in_transaction
+from sessions.models import ChatSession, SessionLease
 
 logger = logging.getLogger(__name__)
 
@@ -46,14 +46,11 @@ def person_erase(*, user: Any, actor: Any = None) -> ErasureResult:
     with transaction.atomic():
         lock_user_memories(user.pk)
         session_ids = list(ChatSession.objects.filter(user=user).values_list("pk", flat=True))
-        with connection.cursor() as cursor:
-            for session_id in session_ids:
-                cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [lock_key(session_id)])
-                (taken,) = cursor.fetchone() or (False,)
-                if not taken:
-                    raise SessionBusyError(
-                        "A message of this person is still being answered; erase again when it has finished."
-                    )
+        for session_id in session_ids:
+            if not session_lease_take_in_transaction(session_id):
+                raise SessionBusyError(
+                    "A message of this person is still being answered; erase again when it has finished."
+                )
         # The admin's history names the objects it changed ("semantic: <the first words>"): theirs goes too.
         logged = [
             (ContentType.objects.get_for_model(ChatSession), [str(pk) for pk in session_ids]),
@@ -73,6 +70,7 @@ def person_erase(*, user: Any, actor: Any = None) -> ErasureResult:
             "bookings": Booking.objects.filter(user=user).delete()[0],
         }
         deleted, by_model = ChatSession.objects.filter(pk__in=session_ids).delete()
+        SessionLease.objects.filter(session_id__in=session_ids).delete()
         counts["sessions"] = by_model.get("chat_sessions.ChatSession", 0)
         counts["turns"] = by_model.get("chat_sessions.Turn", 0)
         counts["checkpoints"] = by_model.get("chat_sessions.Checkpoint", 0)

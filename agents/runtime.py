@@ -19,15 +19,18 @@ crash, and the next request (or the sweep beat runs every minute) resumes it fro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import connection
 from django.db.models import Case, F, Func, JSONField, QuerySet, TextField, Value, When
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
@@ -53,6 +56,7 @@ from agents.turn.context import (
     TurnEvent,
     done_event,
     error_event,
+    release_connection_before_model_calls,
     reload_session,
     state_event,
 )
@@ -70,6 +74,8 @@ from agents.turn.steps import (
     stop_if_handed_off,
 )
 from agents.workflows import get_workflow
+from config import events as run_channel
+from config.errors import Refusal
 from config.queue import enqueue
 from config.services import requeue_each
 from observability.logging import log_context
@@ -176,22 +182,32 @@ class TurnStream:
 
 def turn_stream(
     *, session: ChatSession, message: str, idempotency_key: str | None = None, wait_seconds: float | None = None
-) -> TurnStream:
-    """``turn_begin`` then ``turn_events``: validation and busy errors raise before the first event."""
+) -> TurnStream | RunStream:
+    """``turn_begin``, then the turn's events: run here (``TurnStream``), or by a turn worker and read from the run
+    channel (``RunStream``, see ``turn_runner``). Validation and busy errors raise before the first event, and so
+    does ``TurnsQueueFull`` (back-pressure), before anything is saved."""
+    turns_queue_check()
     handle = turn_begin(session=session, message=message, idempotency_key=idempotency_key, wait_seconds=wait_seconds)
+    if handle.replay is None and turn_runner() == "worker":
+        run = turn_submit(handle)
+        if run is not None:
+            return run
     return TurnStream(handle)
 
 
 def turn_run(
     *, session: ChatSession, message: str, idempotency_key: str | None = None, wait_seconds: float | None = None
 ) -> TurnResult:
-    """Run one turn to the end and return its saved result."""
+    """Run one turn to the end (here, or on a turn worker while this waits) and return its saved result."""
+    turns_queue_check()
     handle = turn_begin(session=session, message=message, idempotency_key=idempotency_key, wait_seconds=wait_seconds)
     if handle.replay is not None:
         return TurnResult(
             turn=handle.replay, reply=handle.replay.assistant_message, replayed=True, is_demo=handle.replay.is_demo
         )
-    recovered = [Turn.objects.get(pk=event["turn_id"]) for event in turn_events(handle) if event["type"] == "recovered"]
+    run = turn_submit(handle) if turn_runner() == "worker" else None
+    events: Iterator[TurnEvent] = run if run is not None else turn_events(handle)
+    recovered = [Turn.objects.get(pk=event["turn_id"]) for event in events if event["type"] == "recovered"]
     turn = handle.turn
     assert turn is not None
     # The saved row is the outcome (completed or failed); the events only mirror it. Every ending of
@@ -199,6 +215,194 @@ def turn_run(
     if turn.status not in FINISHED:
         turn = Turn.objects.get(pk=turn.pk)
     return TurnResult(turn=turn, reply=turn.assistant_message, is_demo=turn.is_demo, recovered=recovered)
+
+
+# --------------------------------------------------------------------------------------------------
+# Turns run by a turn worker: accepted here, executed there, their events read from the run channel
+# --------------------------------------------------------------------------------------------------
+
+
+def turn_runner() -> str:
+    """Where accepted turns run: ``"worker"`` (a turn worker, events through the run channel) when
+    ``TURN_RUNNER`` says so and there is a channel and a broker to send to; else ``"inline"`` (in the request)."""
+    wanted = str(getattr(settings, "TURN_RUNNER", "inline"))
+    if wanted != "worker" or getattr(settings, "CELERY_TASK_ALWAYS_EAGER", False) or run_channel.channel_url() is None:
+        return "inline"
+    return "worker"
+
+
+class TurnsQueueFull(Refusal):
+    """More turns wait for a turn worker than ``TURN_QUEUE_LIMIT``: refused before anything is saved."""
+
+    code = "busy"
+    status = 503
+    default_message = "Too many messages are waiting to be answered right now; nothing was saved. Try again shortly."
+    retry_after = 5
+
+
+def turns_queue_name() -> str:
+    return f"{settings.CELERY_TASK_DEFAULT_QUEUE}-turns"
+
+
+def turns_queue_check() -> None:
+    """Back-pressure: ``TurnsQueueFull`` when more turns wait for a worker than ``TURN_QUEUE_LIMIT`` (0: no limit).
+    A broker that cannot be read is not a reason to refuse (the send will say)."""
+    limit = int(getattr(settings, "TURN_QUEUE_LIMIT", 0))
+    if not limit or turn_runner() != "worker":
+        return
+    try:
+        waiting = run_channel.backlog(turns_queue_name())
+    except Exception:
+        logger.warning("could not read the turns queue's length", exc_info=True)
+        return
+    if waiting is not None and waiting >= limit:
+        raise TurnsQueueFull()
+
+
+def turn_submit(handle: TurnHandle) -> RunStream | None:
+    """Send an accepted turn to a turn worker, handing it the session's lease; its events follow on the run
+    channel. None when it could not be sent (the broker refused): the caller runs it here, still holding the lease."""
+    assert handle.turn is not None and handle.lock is not None
+    turn, lock = handle.turn, handle.lock
+    owner = lock.hand_over(seconds=float(getattr(settings, "TURN_QUEUE_SECONDS", 300)))
+    try:
+        enqueue(
+            "agents.tasks.run_turn",
+            turn.pk,
+            owner,
+            [orphan.pk for orphan in handle.orphans],
+            handle.resumed,
+            handle.checkpoint_fresh,
+        )
+    except Exception:
+        logger.exception("could not send turn %s to a turn worker; answering it in this process", turn.pk)
+        if lock.try_acquire():  # ours still (the same owner): nobody could take it meanwhile
+            return None
+        raise
+    return RunStream(turn)
+
+
+def turn_execute(*, turn_id: int, owner: str, orphan_ids: list[int], resumed: bool, checkpoint_fresh: bool) -> str:
+    """A turn worker runs a submitted turn under the lease it was handed, publishing each event on the run
+    channel. Returns what became of it: "ran", "finished" (done elsewhere: its saved end is published) or
+    "taken" (someone else runs it now; they publish)."""
+    turn = Turn.objects.select_related("session__agent", "session__user").filter(pk=turn_id).first()
+    if turn is None:
+        run_channel.publish(turn_id, {"type": "error", "code": "not_found", "message": "This turn was deleted."})
+        return "finished"
+    if turn.status in FINISHED:
+        run_channel.publish(turn_id, turn_end_event(turn))
+        return "finished"
+    lock = SessionTurnLock(turn.session_id, owner=owner)
+    if not lock.try_acquire():
+        return "taken"
+    session = turn.session
+    orphans = list(Turn.objects.filter(pk__in=orphan_ids, status__in=UNFINISHED).order_by("seq"))
+    handle = TurnHandle(
+        session=session, turn=turn, lock=lock, orphans=orphans, resumed=resumed, checkpoint_fresh=checkpoint_fresh
+    )
+    with connections_released_while_models_answer():
+        for event in turn_events(handle):
+            run_channel.publish(turn_id, event)
+    return "ran"
+
+
+def _publish_quietly(run: int, event: TurnEvent) -> None:
+    """Publish on the run channel; a channel that fails costs its followers the live events (they end from the
+    database), never the turn."""
+    try:
+        run_channel.publish(run, event)
+    except Exception:
+        logger.warning("could not publish an event of turn %s on the run channel", run, exc_info=True)
+
+
+def turn_end_event(turn: Turn) -> TurnEvent:
+    """The final event of a finished turn, from what is saved: its ``done`` (or ``error`` when it failed)."""
+    session = ChatSession.objects.get(pk=turn.session_id)
+    if turn.status == Turn.Status.FAILED:
+        return error_event("turn_failed", turn.assistant_message or "This turn failed.", turn)
+    return done_event(turn, session)
+
+
+class RunStream:
+    """A submitted turn's events, read from the run channel (from the start, or after ``after``: the SSE
+    ``Last-Event-ID``): iterated in a thread, or with ``async for`` on an ASGI door (no thread held while it waits).
+    Each event carries its ``event_id``. Closing it stops reading only: the turn runs on, on its worker.
+
+    A stream that falls quiet is checked against the database: a turn found finished some other way (the sweep
+    after a crash, a later message) ends with its saved outcome."""
+
+    def __init__(self, turn: Turn, *, after: str = "0") -> None:
+        self.turn_id = turn.pk
+        self.after = after or "0"
+        self._sync: Iterator[TurnEvent] | None = None
+
+    def _idle(self) -> TurnEvent | None:
+        try:
+            turn = Turn.objects.filter(pk=self.turn_id).first()
+            if turn is None:
+                return {"type": "error", "code": "not_found", "message": "This turn was deleted."}
+            if turn.status in FINISHED:
+                return turn_end_event(turn)
+            return None
+        finally:
+            release_connection()  # a reader waits on the channel, not on the database
+
+    def _events(self) -> Iterator[TurnEvent]:
+        release_connection()
+        for event_id, event in run_channel.follow(self.turn_id, after=self.after, idle=self._idle):
+            yield _with_id(event, event_id)
+
+    def __iter__(self) -> RunStream:
+        return self
+
+    def __next__(self) -> TurnEvent:
+        if self._sync is None:
+            self._sync = self._events()
+        return next(self._sync)
+
+    async def __aiter__(self) -> AsyncIterator[TurnEvent]:
+        idle = sync_to_async(self._idle, thread_sensitive=False)
+        async for event_id, event in run_channel.afollow(self.turn_id, after=self.after, idle=idle):
+            yield _with_id(event, event_id)
+
+    def close(self) -> None:
+        if self._sync is not None:
+            close = getattr(self._sync, "close", None)
+            if close is not None:
+                close()
+
+
+def _with_id(event: dict[str, Any], event_id: str) -> TurnEvent:
+    """A channel event as the doors send it: with its id (the SSE ``id:``), when it has one."""
+    return cast(TurnEvent, {**event, "event_id": event_id} if event_id else event)
+
+
+def turn_follow(turn: Turn, *, after: str = "") -> Iterator[TurnEvent] | RunStream:
+    """A turn's events for a client that comes back (SSE ``Last-Event-ID``): the rest of its run from the channel
+    while it is kept, else what is saved (a finished turn's end; a running one's run, as it comes)."""
+    if run_channel.channel_url() is not None and (turn.status not in FINISHED or run_channel.exists(turn.pk)):
+        return RunStream(turn, after=after)
+    return iter([turn_end_event(turn)])
+
+
+def release_connection() -> None:
+    """Give this thread's database connection back (to the pool, or closed) unless a transaction uses it: before
+    a wait that needs none (a model's answer, a run's next event)."""
+    if not connection.in_atomic_block:
+        connection.close()
+
+
+@contextlib.contextmanager
+def connections_released_while_models_answer() -> Iterator[None]:
+    """In a turn worker's thread: give the database connection back before each model call (to the pool, or
+    closed), so hundreds of turns waiting on models hold no connections."""
+    token = release_connection_before_model_calls.set(True)
+    try:
+        yield
+    finally:
+        release_connection_before_model_calls.reset(token)
+        connection.close()
 
 
 def turn_recover(*, turn_id: int) -> bool:
@@ -213,7 +417,11 @@ def turn_recover(*, turn_id: int) -> bool:
         turn.refresh_from_db()
         if turn.status not in UNFINISHED:
             return False
-        _drain(_execute(turn.session, turn, resumed=True))
+        # A client may follow the turn on the run channel (its message's stream, left waiting by a dead worker).
+        channel = run_channel.channel_url() is not None
+        for event in _execute(turn.session, turn, resumed=True):
+            if channel:
+                _publish_quietly(turn.pk, event)
         return True
     finally:
         lock.release()

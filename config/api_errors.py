@@ -50,6 +50,12 @@ def runtime_error_status(exc: Exception) -> tuple[str, str, int] | None:
     return None
 
 
+def refusal_headers(exc: Exception) -> dict[str, str]:
+    """``Retry-After`` for a refusal that says when to try again (a full turns queue)."""
+    wait = getattr(exc, "retry_after", None)
+    return {"Retry-After": str(int(wait))} if wait else {}
+
+
 def _message_of(detail: Any) -> str:
     if isinstance(detail, list) and detail:
         return _message_of(detail[0])
@@ -73,7 +79,7 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
     if runtime is not None:
         code, message, status_code = runtime
         set_rollback()
-        return Response(error_body(code, message), status=status_code)
+        return Response(error_body(code, message), status=status_code, headers=refusal_headers(exc))
 
     if isinstance(exc, (OperationalError, InterfaceError)):
         # The database is unreachable (restarting, failing over, out of connections): a temporary

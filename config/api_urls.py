@@ -15,6 +15,7 @@ from sessions.api import (
     SessionMessageStreamApi,
     SessionStateApi,
     TurnCompositionApi,
+    TurnEventsApi,
 )
 
 urlpatterns = [
@@ -36,6 +37,7 @@ urlpatterns = [
         name="api-session-messages-stream",
     ),
     path("turns/<int:turn_id>/composition/", TurnCompositionApi.as_view(), name="api-turn-composition"),
+    path("turns/<int:turn_id>/events/", TurnEventsApi.as_view(), name="api-turn-events"),
     path("memories/", MemoryListApi.as_view(), name="api-memories"),
     path("memories/search/", MemorySearchApi.as_view(), name="api-memory-search"),
     path("memories/<int:memory_id>/", MemoryDetailApi.as_view(), name="api-memory"),

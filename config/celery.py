@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from celery import Celery, bootsteps
-from celery.signals import beat_init, before_task_publish, celeryd_init, worker_process_init
+from celery.signals import beat_init, before_task_publish, celeryd_init, worker_process_init, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -80,3 +80,15 @@ def _warm_up_worker_process(**kwargs: Any) -> None:
 
     process_prepare()
     warm_up_in_background()
+
+
+@worker_ready.connect
+def _warm_up_worker_without_children(sender: Any = None, **kwargs: Any) -> None:
+    # A worker whose tasks run in its own process (the turn worker's threads; solo) has no pool process to warm:
+    # it sets up and loads the models itself, before its first turn rather than during it.
+    pool = getattr(sender, "pool", None)
+    if pool is not None and "prefork" not in type(pool).__module__:
+        from config.warmup import process_prepare, warm_up_in_background
+
+        process_prepare()
+        warm_up_in_background()

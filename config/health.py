@@ -69,6 +69,8 @@ def _in_own_thread(check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         close_old_connections()  # a connection that broke or aged out is replaced, as between requests
         return check()
     finally:
+        if settings.DATABASE_POOL_MAX_SIZE:
+            connection.close()  # back to the pool: a pooled connection kept by a checks' thread is one less to share
         with _pool_lock:
             _waiting -= 1
 

@@ -158,8 +158,19 @@ STATEMENT_TIMEOUT_SECONDS = env_int("DATABASE_STATEMENT_TIMEOUT", 120, minimum=0
 if STATEMENT_TIMEOUT_SECONDS:
     _given = str(_options.get("options", "")).strip()
     _options["options"] = f"{_given} -c statement_timeout={STATEMENT_TIMEOUT_SECONDS * 1000}".strip()
+# A pool of at most DATABASE_POOL_MAX_SIZE connections per process (psycopg's, through Django): a thread takes
+# one for a statement or a transaction and gives it back, so a turn worker's hundreds of threads, each waiting on a
+# model, share a few connections (make run sets it; 0: a connection per thread, kept DATABASE_CONN_MAX_AGE).
+DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 0, minimum=0)
+if DATABASE_POOL_MAX_SIZE:
+    _options["pool"] = {
+        "min_size": 1,
+        "max_size": DATABASE_POOL_MAX_SIZE,
+        "timeout": env_int("DATABASE_POOL_TIMEOUT", 30, minimum=1),
+    }
+    _db["CONN_MAX_AGE"] = 0  # the pool keeps them
 _db["OPTIONS"] = _options
-_db["CONN_HEALTH_CHECKS"] = True
+_db["CONN_HEALTH_CHECKS"] = True  # with the pool: each connection is checked as it is handed out
 # Parallel test runs (several developers or helpers on one machine) each get their own test database.
 _db["TEST"] = {"NAME": f"test_{_db['NAME']}{env_str('TEST_DB_SUFFIX', '') or ''}"}
 # Note: no ATOMIC_REQUESTS. A request waiting on an LLM must not hold a transaction open.
@@ -251,7 +262,10 @@ CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "agents") or "agents"
 # sweeps never wait behind a backlog of memory writes and summaries. A worker takes both queues in turn (without
 # -Q it consumes both: CELERY_TASK_QUEUES); one started with -Q must name both.
 CELERY_OPS_QUEUE = f"{CELERY_TASK_DEFAULT_QUEUE}-ops"
-CELERY_TASK_QUEUES = (Queue(CELERY_OPS_QUEUE), Queue(CELERY_TASK_DEFAULT_QUEUE))
+# Turns accepted by the web doors, run by a turn worker: a thread pool that waits on models (`make run` starts
+# one: celery worker -Q <queue>-turns -P threads). A worker started without -Q takes this queue too.
+CELERY_TURNS_QUEUE = f"{CELERY_TASK_DEFAULT_QUEUE}-turns"
+CELERY_TASK_QUEUES = (Queue(CELERY_OPS_QUEUE), Queue(CELERY_TURNS_QUEUE), Queue(CELERY_TASK_DEFAULT_QUEUE))
 OPS_TASKS = (
     "agents.tasks.recover_stuck_turns",
     "agents.tasks.recover_turn",
@@ -262,7 +276,8 @@ OPS_TASKS = (
     "sessions.tasks.prune_checkpoints",
     "memory.tasks.sync_user_indexes",
 )
-CELERY_TASK_ROUTES = {name: {"queue": CELERY_OPS_QUEUE} for name in OPS_TASKS}
+CELERY_TASK_ROUTES: dict[str, dict[str, str]] = {name: {"queue": CELERY_OPS_QUEUE} for name in OPS_TASKS}
+CELERY_TASK_ROUTES["agents.tasks.run_turn"] = {"queue": CELERY_TURNS_QUEUE}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -355,7 +370,25 @@ SPECTACULAR_SETTINGS = {
 # Longest chat message accepted (characters); longer ones are refused with 413 before anything is saved.
 # Shorter ones that exceed the prompt's message budget are cut with a visible marker (sessions/context.py).
 MAX_MESSAGE_CHARS = env_int("MAX_MESSAGE_CHARS", 32000, minimum=100)
+# Where an accepted turn runs. "worker": on a turn worker (the web request only saves the message and reads the
+# turn's events from the run channel: config/events.py); "inline": in the request itself (no worker needed; each
+# turn holds a web thread while the model answers). "worker" needs a Redis-protocol server for the channel (the
+# embedded Valkey, or REDIS_URL); without one, turns run inline.
+TURN_RUNNER = env_str("TURN_RUNNER", "worker") or "worker"
+if TURN_RUNNER not in ("worker", "inline"):
+    raise ImproperlyConfigured(f"TURN_RUNNER must be 'worker' or 'inline', not {TURN_RUNNER!r}.")
+# Back-pressure: with this many turns waiting for a turn worker, a new message is refused with 503 and
+# Retry-After (nothing saved) instead of waiting behind them. 0: no limit.
+TURN_QUEUE_LIMIT = env_int("TURN_QUEUE_LIMIT", 1000, minimum=0)
+# How long a turn may wait in the queue for a worker before its lease runs out and the sweep takes it over.
+TURN_QUEUE_SECONDS = env_int("TURN_QUEUE_SECONDS", 300, minimum=10)
+# A run's events stay readable (a client that comes back, a second tab) this long after its last one.
+RUN_EVENTS_KEEP_SECONDS = env_int("RUN_EVENTS_KEEP_SECONDS", 3600, minimum=60)
+RUN_EVENTS_URL = env_str("RUN_EVENTS_URL")
 TURN_LOCK_WAIT_SECONDS = env_float("TURN_LOCK_WAIT_SECONDS", 30.0, minimum=0.0)
+# A turn's runner holds the session's lease (sessions/locks.py) for this long past its last heartbeat (every
+# third of it): a runner that dies leaves its turn to the next message or the sweep after at most this long.
+TURN_LEASE_SECONDS = env_float("TURN_LEASE_SECONDS", 30.0, minimum=1.0)
 STUCK_TURN_SECONDS = env_int("STUCK_TURN_SECONDS", 120, minimum=5)
 
 LLM_BASE_URL = env_str("LLM_BASE_URL")

@@ -38,12 +38,14 @@ class Child:
     started_at: float = 0.0
     restart_at: float | None = None
     backoff: float = field(default=0.0)
+    env: dict[str, str] | None = None  # set in the environment it starts with (on top of this process's)
 
     def __post_init__(self) -> None:
         self.backoff = self.backoff or self.min_backoff
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv, start_new_session=True)
+        env = {**os.environ, **self.env} if self.env else None
+        self.proc = subprocess.Popen(self.argv, start_new_session=True, env=env)
         self.started_at = time.monotonic()
 
     def heal(self) -> str:

@@ -8,6 +8,7 @@ staff may read for any turn (it is what the context inspector shows them).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from uuid import UUID
 
@@ -24,7 +25,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agents.llm.providers import DEMO_LABEL
-from agents.runtime import turn_run
+from agents.runtime import turn_follow, turn_run
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.rendering import markdown_to_safe_html
 from sessions.serializers import (
@@ -38,7 +39,7 @@ from sessions.serializers import (
     TurnOutputSerializer,
 )
 from sessions.services import session_create, session_delete
-from sessions.streaming import idempotency_key_from, turn_event_response
+from sessions.streaming import event_response, idempotency_key_from, is_asgi, turn_event_response
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
     name="Idempotency-Key",
@@ -216,8 +217,47 @@ class SessionMessageStreamApi(APIView):
         serializer = MessageInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         return turn_event_response(
-            session=session, message=serializer.validated_data["message"], idempotency_key=_idempotency_key(request)
+            session=session,
+            message=serializer.validated_data["message"],
+            idempotency_key=_idempotency_key(request),
+            asynchronous=is_asgi(request),
         )
+
+
+class TurnEventsApi(APIView):
+    content_negotiation_class = _JSONErrorsNegotiation
+
+    @extend_schema(
+        tags=["messages"],
+        summary="A turn's events again, from where a dropped stream left off",
+        description=(
+            "Answers `text/event-stream` with the events of one of my turns, as the message's stream sent them: "
+            "all of them, or those after the `Last-Event-ID` header (the `id:` of the last event received). The "
+            "model is not asked again: a turn still running goes on where it runs, and this stream follows it. "
+            "Once a finished turn's events are no longer kept (RUN_EVENTS_KEEP_SECONDS), its `done` (or `error`) "
+            "event is sent from what is saved."
+        ),
+        parameters=[
+            OpenApiParameter(
+                name="Last-Event-ID",
+                type=str,
+                location=OpenApiParameter.HEADER,
+                required=False,
+                description="The id of the last event received; the stream starts after it.",
+            )
+        ],
+        responses={(200, "text/event-stream"): OpenApiResponse(OpenApiTypes.STR, description="The turn's events.")},
+    )
+    def get(self, request: Request, turn_id: int) -> HttpResponseBase:
+        owner: Any = request.user
+        turn = get_object_or_404(Turn.objects.filter(session__user=owner), pk=turn_id)
+        after = str(request.headers.get("Last-Event-ID") or "").strip()
+        if after and not _EVENT_ID.fullmatch(after):
+            raise ValidationError({"Last-Event-ID": ["Not an event id of this API (digits-digits)."]})
+        return event_response(turn_follow(turn, after=after), asynchronous=is_asgi(request))
+
+
+_EVENT_ID = re.compile(r"\d{1,20}-\d{1,20}")
 
 
 class TurnCompositionApi(APIView):

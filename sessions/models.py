@@ -188,3 +188,22 @@ class Checkpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_id}#{self.seq} {self.state} ({self.reason})"
+
+
+class SessionLease(models.Model):
+    """Who runs a session's turn now, until when: one turn at a time per session, with no connection held.
+
+    A runner takes the lease (``sessions.locks``), a heartbeat extends it while the turn runs, and it is
+    deleted when the turn ends. A runner that dies stops extending it: once ``expires_at`` passes (the
+    database's clock), the next message or the sweep takes it over and resumes the turn from its checkpoint.
+    No foreign key: a lease may outlive its session by its expiry, and deleting a session takes it first."""
+
+    session_id = models.UUIDField(primary_key=True)
+    owner = models.UUIDField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "turn lease"
+
+    def __str__(self) -> str:
+        return f"lease of {self.session_id} until {self.expires_at:%H:%M:%S}"

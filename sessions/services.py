@@ -25,8 +25,8 @@ from pydantic import BaseModel, ValidationError
 
 from agents.workflows import MAX_RETRIES, Workflow, WorkflowDecision, get_workflow
 from config.db import update_sql
-from sessions.locks import SessionBusyError, lock_key
-from sessions.models import ChatSession, Checkpoint, Turn
+from sessions.locks import SessionBusyError, session_lease_take_in_transaction
+from sessions.models import ChatSession, Checkpoint, SessionLease, Turn
 from sessions.selectors import (
     last_good_checkpoint,
     prune_candidates,
@@ -165,19 +165,18 @@ def session_create(*, user: Any, agent: Any, title: str = "") -> ChatSession:
 
 
 def session_delete(*, session: ChatSession) -> None:
-    """Delete a session with its turns and checkpoints, holding its turn lock until the delete commits.
+    """Delete a session with its turns and checkpoints, holding its turn lease until the delete commits.
 
     Raises ``sessions.locks.SessionBusyError`` when a turn is running: deleting under it would leave it
-    writing into rows that are gone. The lock is the transaction-level form of the turn lock (the same key,
-    so the two exclude each other): held to the commit of the caller's transaction (the admin's delete view
-    runs in one), so no turn starts on the session before the rows are gone."""
+    writing into rows that are gone. The lease is taken inside the caller's transaction (the admin's delete
+    view runs in one) and deleted with the session: a turn that asks for it meanwhile waits for the commit,
+    so no turn starts on the session before the rows are gone."""
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [lock_key(session.pk)])
-            (taken,) = cursor.fetchone() or (False,)
-        if not taken:
+        if not session_lease_take_in_transaction(session.pk):
             raise SessionBusyError("A message on this session is still being answered; try again when it has finished.")
+        session_id = session.pk
         session.delete()
+        SessionLease.objects.filter(session_id=session_id).delete()
 
 
 # --- the checkpoint log -----------------------------------------------------------------------------------

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import AsyncIterator, Generator, Iterator, Mapping
 from typing import Any
 
+from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
 
-from agents.runtime import turn_stream
+from agents.runtime import RunStream, release_connection, turn_stream
 from agents.turn.context import TurnEvent
 from config.incoming import Unstorable, idempotency_key
 from sessions.models import ChatSession
@@ -43,10 +44,13 @@ def idempotency_key_from(headers: Mapping[str, str]) -> str | None:
 
 
 def sse_encode(event: Mapping[str, Any]) -> bytes:
-    """One SSE message. JSON never contains a raw newline, so one ``data:`` line is enough."""
+    """One SSE message. JSON never contains a raw newline, so one ``data:`` line is enough. An event of the run
+    channel has an ``id:`` too: a client that reconnects sends it back as ``Last-Event-ID``."""
     kind = str(event.get("type", "message")).replace("\n", " ")
     payload = json.dumps(event, default=str, ensure_ascii=False)
-    return f"event: {kind}\ndata: {payload}\n\n".encode()
+    event_id = str(event.get("event_id") or "").replace("\n", "")
+    head = f"id: {event_id}\n" if event_id else ""
+    return f"{head}event: {kind}\ndata: {payload}\n\n".encode()
 
 
 def _with_html(event: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -102,7 +106,10 @@ class _EventStream:
                     close()
 
     def _finish_unsent(self) -> None:
-        """Run the turn's remaining events, unsent (none are left when the client read them all)."""
+        """Run the turn's remaining events, unsent (none are left when the client read them all). A turn run by
+        a worker goes on there: nothing to run here."""
+        if isinstance(self._events, RunStream):
+            return
         try:
             for _ in self._events:
                 pass
@@ -110,8 +117,43 @@ class _EventStream:
             logger.exception("could not finish a turn whose client went away")
 
 
+async def _aencoded(events: RunStream) -> AsyncIterator[bytes]:
+    """``_encoded`` for an ASGI server: the run's events read without a thread (the run goes on if the client
+    goes away: it is a worker's)."""
+    try:
+        yield b": stream open\n\n"
+        async for event in events:
+            yield sse_encode(_with_html(event))
+    except Exception:
+        logger.exception("turn stream failed")
+        yield sse_encode({"type": "error", "code": "server_error", "message": "The reply failed on our side."})
+
+
+def is_asgi(request: Any) -> bool:
+    """Is ``request`` served by an ASGI server (whose event loop can stream an async body)?"""
+    return isinstance(getattr(request, "_request", request), ASGIRequest)
+
+
+def event_response(events: Iterator[TurnEvent] | RunStream, *, asynchronous: bool = False) -> StreamingHttpResponse:
+    """``events`` as ``text/event-stream``: read in the event loop when ``asynchronous`` and they come from the run
+    channel, else iterated by the server's thread."""
+    body: Any
+    if isinstance(events, RunStream):
+        # The request's work with the database is done: its connection goes back now, not when the stream ends.
+        release_connection()
+    if asynchronous and isinstance(events, RunStream):
+        body = _aencoded(events)
+    else:
+        body = _EventStream(events)
+    response = StreamingHttpResponse(body, content_type="text/event-stream; charset=utf-8")
+    response["Cache-Control"] = "no-cache"
+    # nginx and similar proxies buffer responses unless told not to; a buffered stream is not a stream.
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
 def turn_event_response(
-    *, session: ChatSession, message: str, idempotency_key: str | None = None
+    *, session: ChatSession, message: str, idempotency_key: str | None = None, asynchronous: bool = False
 ) -> StreamingHttpResponse:
     """Start a turn and answer with its events as ``text/event-stream``.
 
@@ -119,8 +161,4 @@ def turn_event_response(
     byte is sent, for the caller to turn into an error response.
     """
     events = turn_stream(session=session, message=message, idempotency_key=idempotency_key)
-    response = StreamingHttpResponse(_EventStream(events), content_type="text/event-stream; charset=utf-8")
-    response["Cache-Control"] = "no-cache"
-    # nginx and similar proxies buffer responses unless told not to; a buffered stream is not a stream.
-    response["X-Accel-Buffering"] = "no"
-    return response
+    return event_response(events, asynchronous=asynchronous)

@@ -31,14 +31,14 @@ from django.views.decorators.http import require_GET, require_POST
 from agents.models import Agent
 from agents.serializers import agent_model_label
 from agents.workflows import get_workflow, state_label
-from config.api_errors import error_body, error_response, runtime_error_status
+from config.api_errors import error_body, error_response, refusal_headers, runtime_error_status
 from config.incoming import clamped_datetime
 from config.text import state_words
 from config.throttles import messages_rate_wait
 from sessions.locks import SessionBusyError
 from sessions.models import ChatSession, Turn
 from sessions.services import session_create, session_delete
-from sessions.streaming import idempotency_key_from, turn_event_response
+from sessions.streaming import idempotency_key_from, is_asgi, turn_event_response
 
 
 def _own_session(request: HttpRequest, session_id: UUID) -> ChatSession:
@@ -413,13 +413,13 @@ def chat_stream(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
     except ValueError as exc:
         return JsonResponse(error_body("invalid", str(exc)), status=400)
     try:
-        return turn_event_response(session=session, message=message, idempotency_key=key)
+        return turn_event_response(session=session, message=message, idempotency_key=key, asynchronous=is_asgi(request))
     except Exception as exc:
         refusal = runtime_error_status(exc)
         if refusal is None:
             raise
         code, text, status = refusal
-        return JsonResponse(error_body(code, text), status=status)
+        return JsonResponse(error_body(code, text), status=status, headers=refusal_headers(exc))
 
 
 @login_required

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
+
+from django.db import connection
 
 from agents.llm.base import CallContext, Purpose
 from sessions.locks import TurnLockLost
@@ -19,6 +22,13 @@ AGENT_SWITCHED_OFF = "This chat's agent has been switched off by an operator."
 HANDOFF_NOTICE = "I've passed this conversation to a person on our team; they will reply here."
 UNFINISHED = (Turn.Status.RUNNING, Turn.Status.PENDING)
 FINISHED = (Turn.Status.COMPLETED, Turn.Status.FAILED)
+
+
+# Set while a turn worker runs a turn: each model call gives the thread's database connection back before it
+# starts (to the pool, or closed), so a turn that waits on a model holds none (``agents.runtime``).
+release_connection_before_model_calls: ContextVar[bool] = ContextVar(
+    "release_connection_before_model_calls", default=False
+)
 
 
 class TurnEvent(TypedDict, total=False):
@@ -47,6 +57,8 @@ class TurnEvent(TypedDict, total=False):
     resumed: bool
     code: str
     message: str
+    # The run channel's id of the event (a turn run by a turn worker): the SSE ``id:``, for Last-Event-ID.
+    event_id: str
 
 
 @dataclass
@@ -78,7 +90,10 @@ class TurnContext:
         return self.turn.user_message
 
     def call(self, purpose: Purpose, **extra: Any) -> CallContext:
-        """The ``CallContext`` of a model call of this turn."""
+        """The ``CallContext`` of a model call of this turn, which follows at once: on a turn worker, the
+        database connection goes back first (``release_connection_before_model_calls``)."""
+        if release_connection_before_model_calls.get() and not connection.in_atomic_block:
+            connection.close()
         return CallContext(
             purpose=purpose, agent_id=self.agent.pk, session_id=self.session.pk, turn_id=self.turn.pk, **extra
         )

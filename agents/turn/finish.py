@@ -15,7 +15,7 @@ from agents.llm.prompt import TurnText
 from agents.turn.context import UNFINISHED, write_unfinished
 from config.db import reconnect_if_broken
 from memory.services import memory_writes_enqueue
-from sessions.locks import SessionTurnLock, TurnLockLost
+from sessions.locks import HELD_SQL, TurnLockLost, lease_of
 from sessions.models import ChatSession, Turn
 from sessions.services import turn_failure_record
 from sessions.summaries import summary_request_if_due
@@ -80,10 +80,7 @@ def complete_turn(
 
 _COMPLETE = """
 WITH held AS (
-    SELECT EXISTS (
-        SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
-        AND classid = %(classid)s AND objid = %(objid)s AND objsubid = 1
-    ) AS ok
+    SELECT {held} AS ok
 ), s AS (
     UPDATE chat_sessions_chatsession SET updated_at = %(now)s{session_sets}
     WHERE id = %(session)s AND (SELECT ok FROM held)
@@ -116,14 +113,16 @@ def _complete(
     resets_failures: bool,
     now: Any,
 ) -> tuple[Any, ...]:
-    lock = SessionTurnLock(session.pk)
-    unsigned = lock.key & 0xFFFFFFFFFFFFFFFF
+    lock = lease_of(session.pk)
+    if lock is None:
+        raise TurnLockLost("This turn's lease is not held here; another runner is finishing it. Nothing was written.")
     sql = _COMPLETE.format(
-        session_sets=_RESET_FAILURES if resets_failures else "", insert_calls=llm_calls_insert_sql("calls")
+        held=HELD_SQL,
+        session_sets=_RESET_FAILURES if resets_failures else "",
+        insert_calls=llm_calls_insert_sql("calls"),
     )
     params = {
-        "classid": unsigned >> 32,
-        "objid": unsigned & 0xFFFFFFFF,
+        "lease_owner": lock.owner,
         "now": now,
         "session": session.pk,
         "turn": turn.pk,
@@ -146,7 +145,7 @@ def _complete(
                 row = cursor.fetchone()
         except (OperationalError, InterfaceError):
             # Cut while the model answered (or while this statement's answer came back): reconnect, take the
-            # lock again if it is free, and try once more.
+            # lease again if it is free, and try once more.
             if attempt == 2 or not reconnect_if_broken():
                 raise
             cut, row = True, (False, 0)
@@ -155,7 +154,7 @@ def _complete(
             return tuple(row[2:])
         if held:
             break
-        # The lock is not ours on this connection (it was cut, or replaced): retake it when it is free.
+        # The lease is not ours (it ran out, or was taken over): retake it when it is free.
         if attempt == 2 or not lock.holds_or_retakes():
             raise TurnLockLost("The database connection was lost mid-turn and another request is finishing this turn.")
     if cut and Turn.objects.filter(pk=turn.pk, status=Turn.Status.COMPLETED, completed_at=now).exists():

@@ -62,7 +62,7 @@ def _kill_mid_call(session: Any, message: str, fake_openai: Any) -> Turn:
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=10)
     assert child.returncode == -signal.SIGKILL
-    # PostgreSQL ends the dead client's backend (and releases its turn lock) once it sees the socket close.
+    # The dead process's heartbeat stopped: its turn lease runs out (TURN_LEASE_SECONDS, 5 s in the tests).
     wait_for(lambda: not session_is_locked(session.pk), timeout=30, message="the dead process's lock to be released")
     return turn
 

@@ -6,7 +6,6 @@ from io import BytesIO
 from typing import Any
 
 import pytest
-from django.db import connection
 from rest_framework.authtoken.models import Token
 from rest_framework.exceptions import ParseError
 from rest_framework.test import APIClient
@@ -161,17 +160,15 @@ def test_missing_message_is_400(alice: Any, alice_client: APIClient, chat_agent:
 def test_busy_session_is_409(alice: Any, alice_client: APIClient, chat_agent: Agent, settings: Any) -> None:
     settings.TURN_LOCK_WAIT_SECONDS = 0.0
     session = session_create(user=alice, agent=chat_agent)
-    # Another connection (another web worker, in production) holds the session's turn lock.
-    other = connection.copy()
-    other.connect()
+    # Another runner (a worker, another web process, in production) holds the session's turn lease.
+    other = SessionTurnLock(session.pk)
+    assert other.try_acquire()
     try:
-        with other.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_lock(%s)", [SessionTurnLock(session.pk).key])
         for path in (f"/api/sessions/{session.pk}/messages/", f"/api/sessions/{session.pk}/messages/stream/"):
             assert_error(alice_client.post(path, {"message": "hello"}, format="json"), 409, "session_busy")
         assert_error(alice_client.delete(f"/api/sessions/{session.pk}/"), 409, "session_busy")
     finally:
-        other.close()
+        other.release()
     # Once the other turn is over, the same message goes through.
     assert (
         alice_client.post(f"/api/sessions/{session.pk}/messages/", {"message": "hello"}, format="json").status_code

@@ -26,6 +26,7 @@ EXPECTED_PATHS = {
     "/api/sessions/{session_id}/messages/": {"get", "post"},
     "/api/sessions/{session_id}/messages/stream/": {"post"},
     "/api/turns/{turn_id}/composition/": {"get"},
+    "/api/turns/{turn_id}/events/": {"get"},
     "/api/memories/": {"get", "post"},
     "/api/memories/{memory_id}/": {"get", "patch", "delete"},
     "/api/memories/search/": {"get"},

@@ -41,6 +41,8 @@ class FakeResponse:
     hang: float = 0.0
     # For streams: stop after this many chunks and close the connection without [DONE].
     cut_after: int | None = None
+    # For streams: seconds between two chunks (a model that writes slowly).
+    chunk_delay: float = 0.0
     path: str = CHAT_PATH
 
 
@@ -109,6 +111,7 @@ def stream(
     cut_after: int | None = None,
     hang: float = 0.0,
     pieces: list[str] | None = None,
+    chunk_delay: float = 0.0,
 ) -> FakeResponse:
     """A streamed chat completion: one chunk per word, tool calls in pieces, then finish and usage.
 
@@ -132,7 +135,7 @@ def stream(
         chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason}]})
     if include_usage:
         chunks.append({**base, "choices": [], "usage": _usage(prompt_tokens, len(words))})
-    return FakeResponse(stream=chunks, cut_after=cut_after, hang=hang)
+    return FakeResponse(stream=chunks, cut_after=cut_after, hang=hang, chunk_delay=chunk_delay)
 
 
 def error(status: int, message: str = "", *, headers: dict[str, str] | None = None) -> FakeResponse:
@@ -327,6 +330,8 @@ def _handler_for(server: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
                     self.close_connection = True
                     self.wfile.flush()
                     return
+                if count and response.chunk_delay:
+                    time.sleep(response.chunk_delay)
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 self.wfile.flush()
             self.wfile.write(b"data: [DONE]\n\n")

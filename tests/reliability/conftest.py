@@ -60,14 +60,21 @@ def api_token(user: Any) -> str:
 
 
 class ServerProcess:
-    """``gunicorn config.wsgi`` on a free port, in its own process group, against the test database.
+    """``gunicorn config.wsgi`` (or ``config.asgi``) on a free port, in its own process group, against the test database.
 
     ``kill()`` is SIGKILL to the group (master and workers: a machine losing the web process);
     ``start()`` again brings up a new one on the same port.
     """
 
     def __init__(
-        self, *, env: dict[str, str], log_dir: Path, workers: int = 1, threads: int = 4, as_make_run: bool = False
+        self,
+        *,
+        env: dict[str, str],
+        log_dir: Path,
+        workers: int = 1,
+        threads: int = 4,
+        as_make_run: bool = False,
+        asgi: bool = False,
     ) -> None:
         self.port = free_port()
         # ``as_make_run``: gunicorn's hooks as ``make run`` sets them (config/gunicorn_conf.py: each worker
@@ -77,6 +84,8 @@ class ServerProcess:
         self.log_dir = log_dir
         self.workers = workers
         self.threads = threads
+        # ``asgi``: config.asgi under uvicorn's workers, as make run serves it (MCP at /mcp/ on the same port).
+        self.asgi = asgi
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -93,15 +102,14 @@ class ServerProcess:
                     sys.executable,
                     "-m",
                     "gunicorn",
-                    "config.wsgi:application",
+                    "config.asgi:application" if self.asgi else "config.wsgi:application",
                     "--bind",
                     f"127.0.0.1:{self.port}",
                     "--worker-class",
-                    "gthread",
+                    "uvicorn_worker.UvicornWorker" if self.asgi else "gthread",
                     "--workers",
                     str(self.workers),
-                    "--threads",
-                    str(self.threads),
+                    *([] if self.asgi else ["--threads", str(self.threads)]),
                     "--timeout",
                     "120",
                     "--graceful-timeout",

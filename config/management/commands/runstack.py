@@ -1,8 +1,8 @@
 """Start everything the app needs on this machine, keep it running, and stop it all on Ctrl-C.
 
 The first README command (``make run``) ends here: the embedded PostgreSQL (when
-``DATABASE_URL`` is unset), migrations, a first staff user, a web server (gunicorn), the MCP server and a
-Celery worker with its beat scheduler, all in the foreground. A child that dies is restarted with backoff
+``DATABASE_URL`` is unset), migrations, a first staff user, a web server (gunicorn with uvicorn workers: Django
+and MCP on one port), a Celery worker with its beat scheduler and a turn worker, all in the foreground. A child that dies is restarted with backoff
 (``config.supervisor``), and says so; only Ctrl-C (or SIGTERM) stops everything.
 """
 
@@ -69,7 +69,13 @@ class Command(BaseCommand):
         # env_int: a value that is not a number stops here with ImproperlyConfigured naming the variable.
         parser.add_argument("--port", type=int, default=env_int("PORT", 8000, minimum=1, maximum=65535))
         parser.add_argument("--web-workers", type=int, default=env_int("WEB_WORKERS", 2, minimum=1))
-        parser.add_argument("--no-worker", action="store_true", help="Do not start a Celery worker.")
+        parser.add_argument("--no-worker", action="store_true", help="Do not start the Celery workers.")
+        parser.add_argument(
+            "--turn-threads",
+            type=int,
+            default=env_int("TURN_WORKER_THREADS", 256, minimum=1),
+            help="Turns the turn worker runs at once (threads waiting on models).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         data_dir: Path = settings.DATA_DIR
@@ -82,59 +88,44 @@ class Command(BaseCommand):
         default_agents_ensure()
 
         bind = f"{options['host']}:{options['port']}"
+        # Each process shares a few database connections among its threads (DATABASE_POOL_MAX_SIZE).
+        pooled = {"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "8")}
         children = [
+            # ASGI (config/asgi.py): an open event stream holds no thread; MCP answers at /mcp/ on the same port.
             Child(
                 "web server",
                 [
                     sys.executable,
                     "-m",
                     "gunicorn",
-                    "config.wsgi:application",
+                    "config.asgi:application",
                     "--config",
                     "python:config.gunicorn_conf",
                     "--bind",
                     bind,
                     "--worker-class",
-                    "gthread",
+                    "uvicorn_worker.UvicornWorker",
                     "--workers",
                     str(options["web_workers"]),
-                    "--threads",
-                    "8",
                     "--timeout",
                     "300",
                     "--graceful-timeout",
                     "10",
                 ],
-            ),
-            # The MCP server (streamable HTTP at /mcp/, API tokens) on the next port.
-            Child(
-                "MCP server",
-                [
-                    sys.executable,
-                    str(Path(settings.BASE_DIR) / "manage.py"),
-                    "mcp",
-                    "--http",
-                    "--host",
-                    options["host"],
-                    "--port",
-                    str(options["port"] + 1),
-                ],
+                env=pooled,
             ),
         ]
         if not options["no_worker"]:
+            queue = settings.CELERY_TASK_DEFAULT_QUEUE
+            celery = [sys.executable, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO"]
             children.append(
                 Child(
                     "Celery worker",
                     [
-                        sys.executable,
-                        "-m",
-                        "celery",
-                        "-A",
-                        "config",
-                        "worker",
+                        *celery,
                         "--beat",
-                        "--loglevel",
-                        "INFO",
+                        "-Q",
+                        f"{queue},{settings.CELERY_OPS_QUEUE}",
                         "--concurrency",
                         "2",
                         "--schedule",
@@ -142,7 +133,26 @@ class Command(BaseCommand):
                     ],
                 )
             )
-        mcp_port = options["port"] + 1
+            # Turns: threads that wait on models (each gives its connection back before a model call).
+            children.append(
+                Child(
+                    "turn worker",
+                    [
+                        *celery,
+                        "-Q",
+                        settings.CELERY_TURNS_QUEUE,
+                        "--pool",
+                        "threads",
+                        "--concurrency",
+                        str(options["turn_threads"]),
+                        "--hostname",
+                        "turns@%h",
+                        "--without-gossip",
+                        "--without-mingle",
+                    ],
+                    env=pooled,
+                )
+            )
         for child in children:
             child.start()
 
@@ -153,7 +163,7 @@ class Command(BaseCommand):
             broker = f"embedded Valkey in {settings.EMBEDDED_BROKER_DIR}"
         self.stdout.write(self.style.SUCCESS(f"\nThe app is starting at {url}"))
         self.stdout.write(f"  database: {db}\n  broker:   {broker}\n  health:   {url}healthz\n  admin:    {url}admin/")
-        self.stdout.write(f"  MCP:      http://{options['host']}:{mcp_port}/mcp/ (Authorization: Bearer <API token>)")
+        self.stdout.write(f"  MCP:      {url}mcp/ (Authorization: Bearer <API token>)")
         if password:
             self.stdout.write(self.style.WARNING(f"  sign in as {username!r} with password {password!r}"))
             self.stdout.write(f"  (kept in {data_dir / CREDENTIALS_FILE}; change it in the admin)")

@@ -1,0 +1,50 @@
+"""The ASGI entry point that ``make run`` serves (gunicorn with uvicorn workers): Django, and MCP at /mcp/.
+
+Under ASGI an event stream holds no thread while it waits (a turn runs on a turn worker and its events come
+from the run channel: ``sessions.streaming``), so one process holds thousands of open chats, and ``/healthz``
+never queues behind them. The MCP server (streamable HTTP, API tokens: ``agents.mcp_server``) answers on the
+same port; its session manager starts with the server's lifespan.
+
+A message's stream (``POST .../messages/stream/``) keeps one idle thread for its life: Django runs every
+request in a context of its own, whose thread ends with the response. A re-joined stream (``GET
+/api/turns/<id>/events/``) keeps none (``application`` below).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+django_app = get_asgi_application()
+
+from agents.mcp_server import http_app  # noqa: E402 - after Django is set up
+
+MCP_PATH = "/mcp/"
+_FOLLOW = re.compile(r"^/api/turns/\d+/events/?$")
+mcp_app = http_app(MCP_PATH)
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[Any]]
+Send = Callable[[Any], Awaitable[None]]
+
+
+async def application(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] == "lifespan":
+        await mcp_app(scope, receive, send)  # starts (and stops) MCP's session manager
+        return
+    path = str(scope.get("path", ""))
+    if path == MCP_PATH.rstrip("/") or path.startswith(MCP_PATH):
+        await mcp_app(scope, receive, send)
+        return
+    if _FOLLOW.match(path):
+        # A re-joined stream: Django's per-request context would keep a thread for the stream's whole life. Its
+        # sync parts (middleware, the view's few statements) run on asgiref's one shared thread instead, and the
+        # stream itself is read in the event loop: a thousand followers hold no threads.
+        await django_app.handle(scope, receive, send)
+        return
+    await django_app(scope, receive, send)

@@ -1,0 +1,202 @@
+"""The run channel: a turn's events, readable by any process, from any point, for a while after it ends.
+
+Each run has one Redis stream (``XADD``; the embedded Valkey by default, ``REDIS_URL`` or the broker's Redis
+in production): the worker running the turn appends its events (deltas, tools, state, done), and every web
+process reads them (``XREAD BLOCK``) from the start or from the id a client last saw (SSE ``Last-Event-ID``):
+a dropped client comes back and gets the rest, a second tab gets the same events, and no event needs the
+process that accepted the message. A stream is kept ``RUN_EVENTS_KEEP_SECONDS`` after its last event.
+
+``RunChannel`` has a blocking client for threads and an asyncio one for the ASGI doors, each one per
+process with a connection pool (an async reader holds a connection while it waits, not a thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from django.conf import settings
+
+# An event with this type ends a run's stream (a reader stops after it).
+FINAL_TYPES = frozenset({"done", "error"})
+
+
+def channel_url() -> str | None:
+    """The Redis-protocol server of the run channel: ``RUN_EVENTS_URL``, else ``REDIS_URL``, else the broker when
+    it is a Redis-protocol one (the embedded Valkey by default); None when there is none."""
+    url = str(getattr(settings, "RUN_EVENTS_URL", "") or getattr(settings, "REDIS_URL", "") or "")
+    if not url:
+        url = str(getattr(settings, "CELERY_BROKER_URL", "") or "")
+    if url.startswith("redis+socket://"):
+        return "unix://" + url.removeprefix("redis+socket://")
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        return url
+    return None
+
+
+def stream_key(run: str | int) -> str:
+    return f"agent:run:{run}:events"
+
+
+# A read waits up to _BLOCK seconds for an event; the socket gives up well after that (redis-py's default, 5 s,
+# would cut every quiet wait short). A reader retries a failed read for up to _RETRY_FOR seconds.
+_BLOCK = 15.0
+_READ_TIMEOUT = _BLOCK + 15.0
+_RETRY_FOR = 30.0
+_sync_clients: dict[str, redis.Redis] = {}
+_async_clients: dict[tuple[str, int], aioredis.Redis] = {}
+_clients_lock = threading.Lock()
+
+
+def _client() -> redis.Redis:
+    url = channel_url()
+    if url is None:
+        raise RuntimeError("The run channel needs a Redis-protocol server: set REDIS_URL (or RUN_EVENTS_URL).")
+    with _clients_lock:
+        client = _sync_clients.get(url)
+        if client is None:
+            client = _sync_clients[url] = redis.Redis.from_url(
+                url,
+                socket_connect_timeout=5,
+                socket_timeout=_READ_TIMEOUT,
+                health_check_interval=30,
+                max_connections=1024,
+            )
+    return client
+
+
+def _async_client() -> aioredis.Redis:
+    """One asyncio client per process and event loop (a client's connections belong to one loop)."""
+    url = channel_url()
+    if url is None:
+        raise RuntimeError("The run channel needs a Redis-protocol server: set REDIS_URL (or RUN_EVENTS_URL).")
+    key = (url, id(asyncio.get_running_loop()))
+    with _clients_lock:
+        client = _async_clients.get(key)
+        if client is None:
+            client = _async_clients[key] = aioredis.Redis.from_url(
+                url,
+                socket_connect_timeout=5,
+                socket_timeout=_READ_TIMEOUT,
+                health_check_interval=30,
+                max_connections=4096,
+            )
+    return client
+
+
+def _keep_seconds() -> int:
+    return int(getattr(settings, "RUN_EVENTS_KEEP_SECONDS", 3600))
+
+
+def publish(run: str | int, event: Mapping[str, Any]) -> str:
+    """Append ``event`` to the run's stream; returns its id (the SSE ``id:``)."""
+    key = stream_key(run)
+    pipe = _client().pipeline(transaction=False)
+    pipe.xadd(key, {"e": json.dumps(event, default=str, ensure_ascii=False)})
+    pipe.expire(key, _keep_seconds())
+    event_id, _ = pipe.execute()
+    return event_id.decode() if isinstance(event_id, bytes) else str(event_id)
+
+
+def exists(run: str | int) -> bool:
+    return bool(_client().exists(stream_key(run)))
+
+
+def _decoded(entries: Any) -> list[tuple[str, dict[str, Any]]]:
+    out: list[tuple[str, dict[str, Any]]] = []
+    for _key, items in entries or []:
+        for raw_id, fields in items:
+            event_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
+            payload = fields.get(b"e") or fields.get("e") or b"{}"
+            out.append((event_id, json.loads(payload)))
+    return out
+
+
+def read(run: str | int, *, after: str = "0", block_seconds: float = 15.0) -> list[tuple[str, dict[str, Any]]]:
+    """The run's events after ``after`` (an id, "0" for all), waiting up to ``block_seconds`` for one; [] when
+    none came."""
+    entries = _client().xread({stream_key(run): after}, block=max(1, int(block_seconds * 1000)), count=500)
+    return _decoded(entries)
+
+
+async def aread(run: str | int, *, after: str = "0", block_seconds: float = 15.0) -> list[tuple[str, dict[str, Any]]]:
+    """``read`` for asyncio: waits without a thread."""
+    entries = await _async_client().xread({stream_key(run): after}, block=max(1, int(block_seconds * 1000)), count=500)
+    return _decoded(entries)
+
+
+def follow(run: str | int, *, after: str = "0", idle: Any = None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The run's events from ``after`` until a final one. ``idle()`` is asked after each quiet wait; an event it
+    returns (the run found finished some other way) is the last one. A read that fails (the server restarting)
+    is tried again for up to ``_RETRY_FOR`` seconds before the error is raised."""
+    failing_since: float | None = None
+    while True:
+        try:
+            batch = read(run, after=after, block_seconds=_BLOCK)
+            failing_since = None
+        except (redis.ConnectionError, redis.TimeoutError):
+            failing_since = failing_since or time.monotonic()
+            if time.monotonic() - failing_since > _RETRY_FOR:
+                raise
+            time.sleep(0.5)
+            continue
+        if not batch and idle is not None:
+            final = idle()
+            if final is not None:
+                yield ("", final)
+                return
+        for event_id, event in batch:
+            after = event_id
+            yield event_id, event
+            if event.get("type") in FINAL_TYPES:
+                return
+
+
+async def afollow(run: str | int, *, after: str = "0", idle: Any = None) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """``follow`` for asyncio; ``idle`` is an async callable."""
+    failing_since: float | None = None
+    while True:
+        try:
+            batch = await aread(run, after=after, block_seconds=_BLOCK)
+            failing_since = None
+        except (redis.ConnectionError, redis.TimeoutError):
+            failing_since = failing_since or time.monotonic()
+            if time.monotonic() - failing_since > _RETRY_FOR:
+                raise
+            await asyncio.sleep(0.5)
+            continue
+        if not batch and idle is not None:
+            final = await idle()
+            if final is not None:
+                yield ("", final)
+                return
+        for event_id, event in batch:
+            after = event_id
+            yield event_id, event
+            if event.get("type") in FINAL_TYPES:
+                return
+
+
+def backlog(queue: str) -> int | None:
+    """How many messages wait in the broker's ``queue`` (a Redis-protocol broker's list); None when the broker is
+    not one the channel can read."""
+    broker = str(getattr(settings, "CELERY_BROKER_URL", "") or "")
+    if broker.startswith("redis+socket://"):
+        url: str | None = "unix://" + broker.removeprefix("redis+socket://")
+    elif broker.startswith(("redis://", "rediss://")):
+        url = broker
+    else:
+        return None
+    if url == channel_url():
+        return int(_client().llen(queue))
+    client = redis.Redis.from_url(str(url), socket_connect_timeout=2, socket_timeout=2)
+    try:
+        return int(client.llen(queue))
+    finally:
+        client.close()

@@ -13,7 +13,7 @@ class AgentsConfig(AppConfig):
         from agents.call_records import capability_load, capability_save, llm_call_save, tool_invocation_save
         from agents.endpoints import forget_stored_profiles, stored_profile
         from agents.llm.capabilities import EndpointKey, forget, install_store
-        from agents.llm.demo import register_structured_handler
+        from agents.llm.demo import register_reply_handler, register_structured_handler
         from agents.llm.providers import set_profile_source
         from agents.llm.recording import CallRecord, set_call_recorder
         from agents.models import EndpointCapability, ModelEndpoint
@@ -21,7 +21,7 @@ class AgentsConfig(AppConfig):
         from agents.tools.registry import default_registry, set_invocation_recorder
         from agents.workflow_store import StoredWorkflows
         from agents.workflows import WorkflowDecision, registered_workflows, set_workflow_source
-        from agents.workflows.base import demo_decision
+        from agents.workflows.demo import demo_decision, workflow_reply
         from observability.tracing import genai_annotate
 
         def record(call: CallRecord) -> object:
@@ -52,8 +52,9 @@ class AgentsConfig(AppConfig):
         post_delete.connect(capability_deleted, sender=EndpointCapability, weak=False)
         # Workflows operators declare in the admin, looked up by name and version.
         set_workflow_source(StoredWorkflows())
-        # The offline demo model stays in the current state of a workflow it has no script for.
+        # The offline demo model walks a workflow it has no script for from its declaration (its own script wins).
         register_structured_handler(WorkflowDecision, demo_decision)
+        register_reply_handler(workflow_reply, fallback=True)
         register_structured_handler(RouteDecision, demo_route)
         # Built now, so that a bad AGENT_WORKFLOWS / AGENT_TOOLS entry stops the process at start-up with
         # ImproperlyConfigured naming it, instead of failing every page that lists workflows or tools.

@@ -8,11 +8,16 @@ instance. Other parts of the app teach it their domain through a small registry:
 - ``register_structured_handler(schema, fn)``: ``fn(messages)`` returns an instance of ``schema``
   (or ``None`` to decline); used for that schema and its subclasses.
 - ``register_reply_handler(fn)``: ``fn(messages, tools)`` returns a ``DemoReply`` (or ``None``);
-  handlers are tried in registration order and the first answer wins.
+  handlers are tried in registration order and the first answer wins; ``fallback=True`` ones (the generic
+  workflow reply) after all the others.
+
+A structured handler that serves many schemas reads the one asked for with ``requested_schema()``. The default
+reply quotes what it was given, never the machine lines of a prompt (``WORKFLOW: …``, ``COLLECTED: …``).
 """
 
 from __future__ import annotations
 
+import contextvars
 import datetime as dt
 import enum
 import json
@@ -53,6 +58,16 @@ ReplyHandler = Callable[[list[Message], list[ToolSpec] | None], DemoReply | None
 _lock = threading.Lock()
 _structured_handlers: dict[type[BaseModel], StructuredHandler] = {}
 _reply_handlers: list[ReplyHandler] = []
+_fallback_reply_handlers: list[ReplyHandler] = []
+# The schema of the structured request being answered, for handlers registered for a base class of many.
+_requested_schema: contextvars.ContextVar[type[BaseModel] | None] = contextvars.ContextVar(
+    "demo_requested_schema", default=None
+)
+
+
+def requested_schema() -> type[BaseModel] | None:
+    """The schema a structured handler is answering now (None outside one)."""
+    return _requested_schema.get()
 
 
 def register_structured_handler(schema: type[BaseModel], handler: StructuredHandler) -> None:
@@ -61,11 +76,14 @@ def register_structured_handler(schema: type[BaseModel], handler: StructuredHand
         _structured_handlers[schema] = handler
 
 
-def register_reply_handler(handler: ReplyHandler) -> None:
-    """Add a reply handler after the ones already registered; registering the same one twice is a no-op."""
+def register_reply_handler(handler: ReplyHandler, *, fallback: bool = False) -> None:
+    """Add a reply handler after the ones already registered; registering the same one twice is a no-op.
+    ``fallback``: tried only after every other handler declined (a generic handler that a specific one, such
+    as a workflow's own script, overrides whatever the order the apps register them in)."""
     with _lock:
-        if handler not in _reply_handlers:
-            _reply_handlers.append(handler)
+        handlers = _fallback_reply_handlers if fallback else _reply_handlers
+        if handler not in handlers:
+            handlers.append(handler)
 
 
 def unregister_structured_handler(schema: type[BaseModel]) -> None:
@@ -75,8 +93,9 @@ def unregister_structured_handler(schema: type[BaseModel]) -> None:
 
 def unregister_reply_handler(handler: ReplyHandler) -> None:
     with _lock:
-        if handler in _reply_handlers:
-            _reply_handlers.remove(handler)
+        for handlers in (_reply_handlers, _fallback_reply_handlers):
+            if handler in handlers:
+                handlers.remove(handler)
 
 
 class DemoModel(BaseProvider):
@@ -160,7 +179,7 @@ def demo_reply(messages: list[Message], tools: list[ToolSpec] | None) -> DemoRep
                 text="", tool_calls=[ToolCallRequest(id="call_person", name=HANDOFF_TOOL.name, arguments=arguments)]
             )
     with _lock:
-        handlers = tuple(_reply_handlers)
+        handlers = (*_reply_handlers, *_fallback_reply_handlers)
     for handler in handlers:
         try:
             reply = handler(messages, tools)
@@ -174,6 +193,12 @@ def demo_reply(messages: list[Message], tools: list[ToolSpec] | None) -> DemoRep
 
 
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'-]*")
+# A prompt's machine-readable lines and headers: "WORKFLOW: returns (…)", "COLLECTED: {…}", "## Current workflow step",
+# and the workflow section's instructions to the model ("Next question: …", "Already collected: …").
+_MACHINE_LINE = re.compile(
+    r"^(?:[A-Z][A-Z_]{2,}:|#+\s|(?:Next question|Already collected|Still needed|Current step|Slots):|"
+    r"The user went back to change|NOT ACCEPTED)"
+)
 _STOPWORDS = frozenset(
     """a an the and or but if of to in on at for from by with about as is are was were be been being am do does
     did i me my you your we our it its this that these those what which who whom how when where why can could
@@ -195,7 +220,12 @@ def default_reply(messages: list[Message]) -> str:
     scored: list[tuple[int, int, str]] = []
     position = 0
     for message in context:
-        for sentence in split_sentences(_text_of(message)):
+        text = _text_of(message)
+        if message.get("role") == "system":
+            text = _without_workflow_section(text)
+        for sentence in split_sentences(text):
+            if _MACHINE_LINE.match(sentence):
+                continue  # the prompt's own lines (a workflow's state, its data): not for the user to read
             position += 1
             overlap = len(query & _keywords(sentence))
             if overlap:
@@ -211,6 +241,22 @@ def default_reply(messages: list[Message]) -> str:
         lines.append("I found nothing related in what I was given.")
     lines.append("Set LLM_BASE_URL and LLM_MODEL to talk to a real model.")
     return " ".join(lines)
+
+
+# The header of the prompt's workflow section (``agents.llm.prompt.HEADER_WORKFLOW``; that module imports this one).
+_WORKFLOW_HEADER = "## Current workflow step"
+
+
+def _without_workflow_section(text: str) -> str:
+    """A system prompt without its workflow section: instructions to the model, never quoted to the user."""
+    kept: list[str] = []
+    skipping = False
+    for line in text.splitlines():
+        if line.startswith("## "):
+            skipping = line.strip() == _WORKFLOW_HEADER
+        if not skipping:
+            kept.append(line)
+    return "\n".join(kept)
 
 
 # --- summaries ----------------------------------------------------------------------------------------
@@ -324,11 +370,14 @@ def structured_instance(schema: type[BaseModel], messages: list[Message]) -> Bas
         handler = handlers.get(klass) if isinstance(klass, type) else None
         if handler is None:
             continue
+        token = _requested_schema.set(schema)
         try:
             result = handler(messages)
         except Exception:
             logger.exception("demo structured handler for %s failed", klass.__name__)
             break
+        finally:
+            _requested_schema.reset(token)
         if result is None:
             break
         try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date
@@ -21,7 +22,6 @@ from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origi
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
-from agents.llm.demo import asks_for_person
 from config.errors import Refusal
 from config.text import camel_case, state_words
 
@@ -141,6 +141,7 @@ class Workflow:
         slot_labels: Mapping[str, str] | None = None,
         describe: Callable[[Mapping[str, Any]], dict[str, str]] | None = None,
         on_action_result: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
+        check_recovery: bool = True,
     ) -> None:
         self.name = name
         self.title = title
@@ -174,6 +175,10 @@ class Workflow:
         # that are slots of this workflow.
         self.on_action_result = on_action_result
         self._check_definition()
+        if check_recovery:
+            # Off only to load a version saved before this check (its sessions keep running on it).
+            self._check_recovery()
+        _WORKFLOW_OF_SCHEMA[self.decision_schema] = weakref.ref(self)
 
     def __repr__(self) -> str:
         return f"<Workflow {self.name}>"
@@ -192,6 +197,23 @@ class Workflow:
             ]
         if problems:
             raise ValueError(f"workflow {self.name}: unknown names {sorted(set(problems))}")
+
+    def _check_recovery(self) -> None:
+        # Each action's failures go where they can be fixed, or to an end (``recovery_problems``).
+        wrong = [
+            problem
+            for state, (_success, failure) in self.action_outcomes.items()
+            for problem in recovery_problems(
+                state=state,
+                failure=failure,
+                requires=self.specs[state].requires,
+                failure_requires=self.specs[failure].requires,
+                failure_targets=self.transitions.get(failure, frozenset()),
+                ends=self.terminal_states | self.handoff_states | {self.failed_state or ""},
+            )
+        ]
+        if wrong:
+            raise ValueError(f"workflow {self.name}: {'; '.join(wrong)}")
 
     # --- the machine --------------------------------------------------------------------------
     @property
@@ -230,6 +252,19 @@ class Workflow:
             if any(data.get(slot) in (None, "") for slot in self.specs[state].collects):
                 return state
         return self.complete_state or self.initial_state
+
+    def recovery_state(self, state: str) -> str | None:
+        """Where a failed attempt of ``state``'s action is fixed with the user: its failure outcome, when that is
+        a state the flow goes on from (not a terminal, failed or handoff state). None otherwise.
+
+        The data collected so far is kept there, and the state leads back to the action (``_check_definition``
+        makes sure of both), so a failure costs one question, not the conversation."""
+        outcomes = self.action_outcomes.get(state)
+        if outcomes is None:
+            return None
+        failure = outcomes[1]
+        ends = self.terminal_states | self.handoff_states | {self.failed_state}
+        return None if failure in ends else failure
 
     def clears_data_on_entry(self, from_state: str, to_state: str) -> bool:
         # Entering the initial state from elsewhere is "start over": the old data stays in the checkpoint log.
@@ -438,6 +473,7 @@ class Workflow:
                 "leave the rest null. Choose `next_state` from ALLOWED_NEXT_STATES: the first step whose "
                 "information is still missing, or the confirmation step when everything is known.",
                 f"Current step: {self._instruction(state, data)}",
+                *self._recovery_lines(state),
             ]
         )
         messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
@@ -447,6 +483,19 @@ class Workflow:
                 messages.append({"role": "assistant", "content": assistant_text})
         messages.append({"role": "user", "content": user_message})
         return messages
+
+    def _recovery_lines(self, state: str) -> list[str]:
+        # In an action state, a turn starts only after an attempt that did not succeed (a success leaves the
+        # state): repeating it unchanged is how a booking without seats looped to the failed state.
+        recovery = self.recovery_state(state)
+        if recovery is None:
+            return []
+        return [
+            f"If the conversation shows that the last attempt of this step failed, choose {recovery} to fix it "
+            "with the user (what was collected is kept); stay in this step only with a change that fixes the "
+            "failure, or to retry after a temporary failure (a timeout, a service down); choose "
+            f"{self.initial_state} only when the user asks to start over."
+        ]
 
     def action_tool(self, state: str) -> str | None:
         """The tool an action state offers the model (None: no action, or a Python one)."""
@@ -475,24 +524,48 @@ class Workflow:
         )
 
 
-class _NoSlotsRead(BaseModel):
-    """The demo model's slot update: nothing read (pydantic refuses a bare ``BaseModel()``)."""
+# Each workflow by the decision schema it asks for (``workflow_of``); weak both ways, so that the versions of a
+# workflow declared as data go when they are no longer used.
+_WORKFLOW_OF_SCHEMA: weakref.WeakKeyDictionary[type[BaseModel], weakref.ref[Workflow]] = weakref.WeakKeyDictionary()
 
 
-def demo_decision(messages: Sequence[Mapping[str, Any]]) -> WorkflowDecision | None:
-    """The offline demo model's decision for a workflow it has no script for: stay in ``CURRENT_STATE``,
-    read no slots (the demo model is not a language model); a workflow's own script takes precedence."""
-    system = next((str(m.get("content") or "") for m in messages if m.get("role") == "system"), "")
-    current = re.search(r"^CURRENT_STATE: (\S+)$", system, re.MULTILINE)
-    if current is None:
-        return None
-    user = next((str(m.get("content") or "") for m in reversed(messages) if m.get("role") == "user"), "")
-    return WorkflowDecision(
-        next_state=current.group(1),
-        slots=_NoSlotsRead(),
-        reasoning="demo model: it stays and reads no slots",
-        wants_person=asks_for_person(user),
-    )
+def workflow_of(schema: type[BaseModel] | None) -> Workflow | None:
+    """The workflow whose decision schema is ``schema`` (the last one built with it), else None."""
+    ref = _WORKFLOW_OF_SCHEMA.get(schema) if schema is not None else None
+    return ref() if ref is not None else None
+
+
+def recovery_problems(
+    *,
+    state: str,
+    failure: str,
+    requires: Sequence[str],
+    failure_requires: Sequence[str],
+    failure_targets: frozenset[str] | set[str],
+    ends: frozenset[str] | set[str],
+) -> list[str]:
+    """What is wrong with sending the failures of ``state``'s action to ``failure``, for people (empty: nothing).
+
+    A failure that stays in the action state repeats the same attempt unchanged; a state where the failure is
+    fixed (anything but a terminal, failed or handoff state) must take the data the action had (its
+    ``requires`` no more than the action's), and must lead back to the action."""
+    if failure in ends:
+        return []
+    if failure == state:
+        return [f"the failures of {state}'s action go back to {state}: the same attempt would be repeated unchanged"]
+    problems = []
+    extra = [slot for slot in failure_requires if slot not in requires]
+    if extra:
+        problems.append(
+            f"the failures of {state}'s action go to {failure}, which requires {', '.join(extra)} that {state} "
+            "does not: the data of a failed attempt could not enter it"
+        )
+    if state not in failure_targets:
+        problems.append(
+            f"the failures of {state}'s action go to {failure}, which has no transition back to {state}: "
+            "what is fixed there could not be tried again"
+        )
+    return problems
 
 
 def decision_schema_for(name: str, states: Sequence[str], slots_model: type[BaseModel]) -> type[WorkflowDecision]:

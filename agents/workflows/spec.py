@@ -23,7 +23,9 @@ A declaration::
 Slot types: ``string``, ``integer``, ``number``, ``boolean``, ``date``; limits: ``pattern``, ``min_length``,
 ``max_length``, ``minimum``, ``maximum``, ``choices``; a ``description`` the model reads.
 ``workflow_from_spec`` refuses, with one message per problem: unknown keys, unknown states or slots, a
-state no transition reaches, an action whose tool is not registered.
+state no transition reaches, an action whose tool is not registered, an action whose failures go where they
+cannot be fixed (back to the action itself, or to a state that needs more than the action had or has no way
+back to it).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import SchemaError
 
-from agents.workflows.base import StateSpec, Workflow
+from agents.workflows.base import StateSpec, Workflow, recovery_problems
 from config.text import camel_case
 
 
@@ -148,6 +150,8 @@ def workflow_from_spec(name: str, spec: Mapping[str, Any], *, tools: Iterable[st
             complete_state=decl.complete_state,
             action_states={state: action.tool for state, action in decl.actions.items()},
             action_outcomes={state: (action.success, action.failure) for state, action in decl.actions.items()},
+            # Checked when a version is saved (``tools`` given); a version saved before the check still loads.
+            check_recovery=tools is not None,
         )
     except (ValueError, TypeError, SchemaError) as exc:  # a limit pydantic cannot build, say
         raise WorkflowSpecError([str(exc).splitlines()[0]]) from None
@@ -213,12 +217,35 @@ def _problems(name: str, decl: WorkflowDecl, tools: Iterable[str] | None) -> lis
                     f"the action of {state} uses tool {action.tool!r}, which is not registered "
                     f"(tools: {', '.join(sorted(registered))})"
                 )
+    if not problems and tools is not None:
+        problems += _recovery_problems(decl)
     if not problems:
         unreachable = known - _reachable(decl)
         if unreachable:
             problems.append(
                 f"no transition reaches {', '.join(s for s in states if s in unreachable)} from {decl.initial_state}"
             )
+    return problems
+
+
+def _recovery_problems(decl: WorkflowDecl) -> list[str]:
+    """Where each action's failures go must be a state that can fix them (``recovery_problems``)."""
+    by_name = {s.name: s for s in decl.states}
+    ends = {*decl.terminal_states, *decl.handoff_states, decl.failed_state or ""}
+    problems: list[str] = []
+    for state, action in decl.actions.items():
+        # An action state may always move to its outcomes; the failure state's own ways out are declared.
+        back = set(decl.transitions.get(action.failure, []))
+        if action.failure in decl.actions:
+            back |= {decl.actions[action.failure].success, decl.actions[action.failure].failure}
+        problems += recovery_problems(
+            state=state,
+            failure=action.failure,
+            requires=by_name[state].requires,
+            failure_requires=by_name[action.failure].requires,
+            failure_targets=back,
+            ends=ends,
+        )
     return problems
 
 

@@ -10,6 +10,10 @@ Two handlers, registered with ``agents.llm.demo`` when the agents app is ready:
   short acknowledgement and the ``Next question``; it summarizes in CONFIRMING, calls ``book_flight``
   in BOOKING, and reports the tool's result. It declines (``None``) any prompt that is not a booking one.
 
+A booking that fails is reported with its reason and the way out (the flights that have the seats, fewer
+passengers); in BOOKING the next message's change is booked at once, while "try again" with nothing changed
+goes back to CONFIRMING (the action's failure outcome) instead of failing the same way until FAILED.
+
 The decision still goes through ``transition_apply``; nothing here bypasses the workflow's checks.
 """
 
@@ -56,6 +60,9 @@ _CHANGE_TARGETS = (
 )
 _CHANGE = re.compile(r"\b(?:change|wrong|different|instead|actually|update|modify|fix|edit)\b", re.IGNORECASE)
 
+# The first words of the reply to a failed booking; the next turn's decision reads them back.
+BOOKING_FAILED = "The booking did not go through:"
+
 _LABELS = {
     "origin": "from",
     "destination": "to",
@@ -101,8 +108,11 @@ def read_prompt_state(text: str) -> tuple[str, dict[str, Any]] | None:
 
 
 # --- the structured decision ----------------------------------------------------------------------------
-def propose_decision(*, state: str, collected: Mapping[str, Any], user_message: str, today: date) -> BookingDecision:
-    """The demo's decision for one user message in ``state`` with ``collected`` data (see module docstring)."""
+def propose_decision(
+    *, state: str, collected: Mapping[str, Any], user_message: str, today: date, last_reply: str = ""
+) -> BookingDecision:
+    """The demo's decision for one user message in ``state`` with ``collected`` data (see module docstring);
+    ``last_reply``: the assistant's previous reply (a failed booking says so)."""
     workflow = FLIGHT_BOOKING
     spec = workflow.specs[state]
     asking = workflow.asked_slots(state, collected)
@@ -134,10 +144,17 @@ def propose_decision(*, state: str, collected: Mapping[str, Any], user_message: 
             }
         )
 
-    if state == "BOOKING":
-        return decide("BOOKING", "the booking tool decides the outcome", keep_slots=False)
     if _START_OVER.search(user_message) and state != workflow.initial_state:
         return decide(workflow.initial_state, "the user wants to start over", keep_slots=False)
+    if state == "BOOKING":
+        if any(collected.get(k) != v for k, v in accepted.items()):
+            # "Make it 1 passenger", "QK7431": the way out the failed attempt offered; the tool books it now.
+            return decide("BOOKING", "a change that fixes the failed booking: book it")
+        recovery = workflow.recovery_state(state)
+        if BOOKING_FAILED in last_reply and recovery is not None:
+            # Nothing changed: the same call would fail the same way (and count towards FAILED).
+            return decide(recovery, "the booking failed and nothing changed: back to fix it", keep_slots=False)
+        return decide("BOOKING", "the booking tool decides the outcome", keep_slots=False)
     if state == "COMPLETED":
         # The booked trip is final: later words ("I am allergic to peanuts") are not read as its details.
         return decide("COMPLETED", "the trip is booked", keep_slots=False)
@@ -173,8 +190,13 @@ def booking_decision(messages: list[Message]) -> BookingDecision | None:
     if found is None:
         return None
     state, collected = found
+    last_reply = next((_text(m) for m in reversed(messages) if m.get("role") == "assistant"), "")
     return propose_decision(
-        state=state, collected=collected, user_message=_last_user_text(messages), today=timezone.localdate()
+        state=state,
+        collected=collected,
+        user_message=_last_user_text(messages),
+        today=timezone.localdate(),
+        last_reply=last_reply,
     )
 
 
@@ -200,7 +222,7 @@ def _tool_results(messages: list[Message]) -> list[str]:
 def _book_call(collected: Mapping[str, Any]) -> ToolCallRequest:
     args = {
         k: collected[k]
-        for k in ("origin", "destination", "depart_date", "return_date", "passengers")
+        for k in ("origin", "destination", "depart_date", "return_date", "passengers", "flight_number")
         if collected.get(k) not in (None, "")
     }
     arguments = json.dumps(args, sort_keys=True)
@@ -211,9 +233,15 @@ def _book_call(collected: Mapping[str, Any]) -> ToolCallRequest:
 def _report_tool(result: str) -> str:
     if result.startswith("TOOL_ERROR"):
         reason = result.split(":", 1)[1].strip() if ":" in result else result
-        return (
-            f"The booking did not go through: {reason}. Nothing was booked. Say “try again” to retry, or “start over”."
-        )
+        reason = reason.removeprefix("book_flight could not use these arguments:").strip().rstrip(".")
+        if "seats" in reason or "full" in reason:
+            way_out = (
+                "Tell me which flight to book instead (for example “QK7431”), or change the number of passengers "
+                "(for example “make it 1 passenger”); or say “start over”."
+            )
+        else:
+            way_out = "Tell me what to change, say “try again”, or “start over”."
+        return f"{BOOKING_FAILED} {reason}. Nothing was booked. {way_out}"
     reference = ""
     try:
         payload = json.loads(result)
@@ -252,6 +280,15 @@ def booking_reply(messages: list[Message], tools: list[ToolSpec] | None) -> Demo
         confirm = (
             f"Here is your trip: {trip_summary(collected)}. Shall I book it? (Say yes, or tell me what to change.)"
         )
+        last_reply = next((_text(m) for m in reversed(messages) if m.get("role") == "assistant"), "")
+        if BOOKING_FAILED in last_reply:
+            # Back from a failed booking with nothing changed: booking it as it is would fail the same way.
+            why = last_reply.split(BOOKING_FAILED, 1)[1].split(" Nothing was booked.", 1)[0].strip()
+            confirm = (
+                f"Nothing has changed, so booking it again would fail the same way: {why} "
+                f"Here is your trip: {trip_summary(collected)}. Tell me which flight to book or how many "
+                "passengers, or say “start over”."
+            )
         return DemoReply(text=f"{not_used} {confirm}".strip())
     if state == "FAILED":
         known = trip_summary(collected) if collected else "nothing yet"

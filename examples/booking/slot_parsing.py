@@ -298,6 +298,18 @@ def impossible_date(text: str, *, today: date) -> str | None:
     return None
 
 
+# A flight number from the timetable ("QK7431", "flight qk 7431"): two letters and 3 or 4 digits. In capitals
+# alone, or after the word "flight" in any case ("at 1400" is a time, not a flight).
+_FLIGHT = re.compile(r"\b(?P<code>[A-Z]{2}\d{3,4})\b")
+_FLIGHT_NAMED = re.compile(r"\bflight\s+(?P<code>[a-z]{2}\s?\d{3,4})\b", re.IGNORECASE)
+
+
+def extract_flight_number(text: str) -> str | None:
+    """The flight number a message names ("book QK7431 instead"), upper case and without spaces; else None."""
+    match = _FLIGHT_NAMED.search(text) or _FLIGHT.search(text)
+    return re.sub(r"\s+", "", match.group("code")).upper() if match else None
+
+
 def extract_slots(
     text: str, *, asking: tuple[str, ...] = (), today: date, current: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -317,4 +329,7 @@ def extract_slots(
     passengers = extract_passengers(text, bare_answer="passengers" in asking)
     if passengers is not None:
         found["passengers"] = passengers
+    flight = extract_flight_number(text)
+    if flight is not None:
+        found["flight_number"] = flight
     return found

@@ -226,10 +226,7 @@ def _book_flight(args: BookFlightArgs, context: ToolContext) -> ToolOutput:
     if existing is not None:
         return _already_booked(existing, flight)
     if flight.seats_left < args.passengers:
-        raise ToolInputError(
-            f"flight {flight.number} has only {flight.seats_left} seats left; {args.passengers} requested. "
-            "Choose another flight."
-        )
+        raise ToolInputError(seats_refusal(flight, flights, passengers=args.passengers))
     for _ in range(5):
         try:
             with transaction.atomic():
@@ -254,6 +251,20 @@ def _book_flight(args: BookFlightArgs, context: ToolContext) -> ToolOutput:
             if existing is not None:
                 return _already_booked(existing, flight)
     raise RuntimeError("could not allocate a unique booking reference")
+
+
+def seats_refusal(flight: Flight, flights: list[Flight], *, passengers: int) -> str:
+    """Why ``flight`` cannot take ``passengers``, and the way out: the flights of that day that can (or the most
+    seats any of them has), so that the user can choose instead of starting over."""
+    reason = f"flight {flight.number} has only {flight.seats_left} seats left; {passengers} requested."
+    roomy = [f for f in flights if f.seats_left >= passengers]
+    if roomy:
+        options = ", ".join(f"{f.number} at {f.departs} (EUR {f.price_eur})" for f in roomy)
+        return f"{reason} Flights that day with {passengers} seats: {options}."
+    most = max((f.seats_left for f in flights), default=0)
+    if most:
+        return f"{reason} No flight that day has {passengers} seats; at most {most} on one flight."
+    return f"{reason} Every flight that day is full."
 
 
 def _already_booked(existing: Any, flight: Flight) -> ToolOutput:

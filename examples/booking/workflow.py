@@ -1,9 +1,15 @@
 """The flight-booking workflow of the first seed article, with its back-edges.
 
 IDLE → GATHERING_ORIGIN → GATHERING_DESTINATION → GATHERING_DATES → GATHERING_PASSENGERS → CONFIRMING
-→ BOOKING → COMPLETED | FAILED. A message that answers several questions at once may skip forward
-(each state's ``requires`` guards that); going back to change a value is allowed only from CONFIRMING
-(and FAILED), so a confused model cannot wander back and re-ask a question already answered.
+→ BOOKING → COMPLETED. A message that answers several questions at once may skip forward (each state's
+``requires`` guards that); going back to change a value is allowed only from CONFIRMING (and FAILED), so a
+confused model cannot wander back and re-ask a question already answered.
+
+A booking that fails (no seats for the party on that flight) is not a dead end: ``book_flight`` says why and
+which flights of the day have the seats; in BOOKING a change ("make it 1 passenger", "QK7431") is booked
+straight away, and the failures of the action go back to CONFIRMING (``action_outcomes``), with everything
+collected kept. FAILED is where repeated failures of any kind end (``MAX_RETRIES``); starting over is only
+ever the user's explicit choice.
 """
 
 from __future__ import annotations
@@ -71,6 +77,11 @@ class BookingSlots(BaseModel):
     depart_date: date | None = Field(default=None, description="outbound date, YYYY-MM-DD, not in the past")
     return_date: date | None = Field(default=None, description="optional return date, YYYY-MM-DD")
     passengers: int | None = Field(default=None, ge=1, le=9, description="number of travellers, 1-9")
+    flight_number: str | None = Field(
+        default=None,
+        pattern=r"^[A-Z]{2}\d{3,4}$",
+        description="a flight of the day chosen by the user (e.g. QK7431); none: the first flight of the day",
+    )
     booking_reference: str | None = Field(
         default=None, min_length=4, max_length=20, pattern=r"^[A-Za-z0-9-]+$", description="set by the booking tool"
     )
@@ -106,6 +117,7 @@ class BookingSlotsUpdate(BaseModel):
     depart_date: str | None = Field(default=None, description="YYYY-MM-DD")
     return_date: str | None = Field(default=None, description="YYYY-MM-DD")
     passengers: int | None = None
+    flight_number: str | None = Field(default=None, description="e.g. QK7431")
     booking_reference: str | None = None
 
 
@@ -132,8 +144,9 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "GATHERING_PASSENGERS": _forward(4) | {"IDLE"},
     # The back-edges: the user saw the summary and wants to change something, or start over.
     "CONFIRMING": frozenset({"BOOKING", *_GATHERING, "IDLE"}),
-    # Only the book_flight outcome leaves BOOKING (the runtime applies it from the tool's result).
-    "BOOKING": frozenset({"COMPLETED", "FAILED"}),
+    # The book_flight outcomes leave BOOKING (``action_outcomes``: COMPLETED, or CONFIRMING to fix a failure);
+    # starting over stays possible, as everywhere.
+    "BOOKING": frozenset({"IDLE"}),
     "COMPLETED": frozenset({"IDLE"}),
     # Resume from where the data says, or start over.
     "FAILED": frozenset({"IDLE", *_GATHERING, "CONFIRMING"}),
@@ -187,8 +200,10 @@ SPECS = [
         label="Checking the details",
         instruction=(
             "Summarize the booking ({trip}) and ask the user to confirm before booking; "
-            "if they want to change something, ask what."
+            "if they want to change something, ask what. If booking it failed, say why and offer the flights "
+            "that have the seats (from the book_flight error), or fewer passengers."
         ),
+        accepts=("flight_number",),
         requires=_ROUTE_AND_DATES,
     ),
     StateSpec(
@@ -227,6 +242,8 @@ def trip_summary(data: Mapping[str, Any]) -> str:
     if data.get("passengers"):
         n = int(data["passengers"])
         parts.append(f"{n} passenger{'s' if n != 1 else ''}")
+    if data.get("flight_number"):
+        parts.append(f"flight {data['flight_number']}")
     return ", ".join(parts)
 
 
@@ -242,7 +259,8 @@ FLIGHT_BOOKING = Workflow(
     decision_schema=BookingDecision,
     complete_state="CONFIRMING",
     action_states={"BOOKING": "book_flight"},
-    action_outcomes={"BOOKING": ("COMPLETED", "FAILED")},
+    # A failed booking goes back to the confirmation, with the data, to be fixed (the engine checks it can).
+    action_outcomes={"BOOKING": ("COMPLETED", "CONFIRMING")},
     describe=lambda data: {"trip": trip_summary(data)},
     # book_flight's structured output: {"reference": "…", …}
     on_action_result=lambda data: {"booking_reference": str(data["reference"]) if data.get("reference") else None},

@@ -56,6 +56,8 @@ class Chat:
     """One person's message: when its first token and its end arrived (seconds after the common start)."""
 
     status: int = 0
+    accepted: float | None = None  # the response's head: the message saved and the turn sent to a worker
+    started: float | None = None  # the turn's first event: a worker (or the request) runs it
     first_token: float | None = None
     done: float | None = None
     error: str = ""
@@ -99,10 +101,13 @@ def _chat(base: str, token: str, session_id: str, start: threading.Barrier, t0: 
                 "POST", f"/api/sessions/{session_id}/messages/stream/", json={"message": MESSAGE}, headers=headers
             ) as response:
                 chat.status = response.status_code
+                chat.accepted = time.monotonic() - t0[0]
                 if response.status_code != 200:
                     chat.error = f"{response.status_code}: {response.read()[:200]!r}"
                     return chat
                 for line in response.iter_lines():
+                    if line == "event: turn" and chat.started is None:
+                        chat.started = time.monotonic() - t0[0]
                     if line == "event: delta" and chat.first_token is None:
                         chat.first_token = time.monotonic() - t0[0]
                     elif line == "event: done":
@@ -189,11 +194,15 @@ def phase(*, base: str, people: int, log: Path, timeout: float) -> dict[str, Any
     failed = [c for c in chats if c.error]
     done = [c.done for c in chats if c.done is not None]
     first = [c.first_token for c in chats if c.first_token is not None]
+    accepted = [c.accepted for c in chats if c.accepted is not None]
+    started = [c.started for c in chats if c.started is not None]
     return {
         "people": people,
         "wall_s": round(max(done, default=0.0), 2),
         "failures": len(failed),
         "failure_sample": [c.error for c in failed[:5]],
+        "accepted_s": {"p50": round(percentile(accepted, 0.5), 2), "p95": round(percentile(accepted, 0.95), 2)},
+        "started_s": {"p50": round(percentile(started, 0.5), 2), "p95": round(percentile(started, 0.95), 2)},
         "first_token_s": {"p50": round(percentile(first, 0.5), 2), "p95": round(percentile(first, 0.95), 2)},
         "done_s": {"p50": round(percentile(done, 0.5), 2), "p95": round(percentile(done, 0.95), 2)},
         "healthz_max_s": round(max(health.samples, default=0.0), 3),
@@ -211,7 +220,7 @@ def floor(*, model: StandInModel, people: int, timeout: float) -> float:
     import httpx
 
     schema = {"type": "object", "properties": {"action": {"enum": ["answer"]}}, "required": ["action"]}
-    structured = {"model": "stand-in", "messages": [{"role": "user", "content": MESSAGE}]}
+    structured: dict[str, Any] = {"model": "stand-in", "messages": [{"role": "user", "content": MESSAGE}]}
     structured["response_format"] = {"type": "json_schema", "json_schema": {"name": "Route", "schema": schema}}
     streamed = {"model": "stand-in", "messages": [{"role": "user", "content": MESSAGE}], "stream": True}
     t0 = [0.0]
@@ -354,11 +363,12 @@ def main(argv: list[str]) -> int:
     connections.close_all()
     print(f"model: {args.latency:g} s a call; stack ready after {result['stack_ready_s']} s; log {result['stack_log']}")
     print(
-        "people | wall s (x alone) | floor s | first token p50/p95 | done p50/p95 | failures | healthz max | pg conns | log errors | sends failed"
+        "people | wall s (x alone) | floor s | accepted p50/p95 | turn started p50/p95 | first token p50/p95 | done p50/p95 | failures | healthz max | pg conns | log errors | sends failed"
     )
     for p in result["phases"]:
         print(
             f"{p['people']} | {p['wall_s']} ({p['wall_ratio']}x) | {p['floor_wall_s']} | "
+            f"{p['accepted_s']['p50']}/{p['accepted_s']['p95']} | {p['started_s']['p50']}/{p['started_s']['p95']} | "
             f"{p['first_token_s']['p50']}/{p['first_token_s']['p95']} | {p['done_s']['p50']}/{p['done_s']['p95']} | "
             f"{p['failures']} | {p['healthz_max_s']} s | {p['pg_connections_max']} | {p['log_error_records']} | "
             f"{p['task_sends_failed']}"

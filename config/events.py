@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
+import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -22,6 +25,8 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
+
+logger = logging.getLogger(__name__)
 
 # An event with this type ends a run's stream (a reader stops after it).
 FINAL_TYPES = frozenset({"done", "error"})
@@ -94,14 +99,82 @@ def _keep_seconds() -> int:
     return int(getattr(settings, "RUN_EVENTS_KEEP_SECONDS", 3600))
 
 
-def publish(run: str | int, event: Mapping[str, Any]) -> str:
-    """Append ``event`` to the run's stream; returns its id (the SSE ``id:``)."""
-    key = stream_key(run)
-    pipe = _client().pipeline(transaction=False)
-    pipe.xadd(key, {"e": json.dumps(event, default=str, ensure_ascii=False)})
-    pipe.expire(key, _keep_seconds())
-    event_id, _ = pipe.execute()
-    return event_id.decode() if isinstance(event_id, bytes) else str(event_id)
+def publish(run: str | int, event: Mapping[str, Any]) -> None:
+    """Append ``event`` to the run's stream, soon and in order: the process's publisher thread sends what its
+    turns publish in batches (one round trip for many events; hundreds of turn threads sharing one client pool
+    spent their time in its lock)."""
+    _publisher.put(stream_key(run), json.dumps(event, default=str, ensure_ascii=False))
+
+
+def flush(timeout: float = 5.0) -> bool:
+    """Wait until every event published so far is sent (or ``timeout``); False if some are not."""
+    return _publisher.flush(timeout)
+
+
+class _Publisher:
+    """One thread per process that sends published events: everything waiting goes in one pipeline."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[str, str] | threading.Event] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def put(self, key: str, payload: str) -> None:
+        self._ensure_thread()
+        self._queue.put((key, payload))
+
+    def flush(self, timeout: float) -> bool:
+        self._ensure_thread()
+        done = threading.Event()
+        self._queue.put(done)
+        return done.wait(timeout)
+
+    def _ensure_thread(self) -> None:
+        if self._thread is not None and self._pid == os.getpid() and self._thread.is_alive():
+            return
+        with self._lock:
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name="run-events", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            items = [self._queue.get()]
+            while len(items) < _BATCH:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            events = [item for item in items if not isinstance(item, threading.Event)]
+            if events:
+                self._send(events)
+            for item in items:
+                if isinstance(item, threading.Event):
+                    item.set()
+
+    def _send(self, events: list[tuple[str, str]]) -> None:
+        for attempt in range(1, _SEND_ATTEMPTS + 1):
+            try:
+                pipe = _client().pipeline(transaction=False)
+                for key, payload in events:
+                    pipe.xadd(key, {"e": payload})
+                for key in {key for key, _payload in events}:
+                    pipe.expire(key, _keep_seconds())
+                pipe.execute()
+                return
+            except Exception:
+                if attempt == _SEND_ATTEMPTS:
+                    # Followers of these runs end from the database (``RunStream``); the turns are not affected.
+                    logger.exception("could not publish %s run event(s); dropped", len(events))
+                    return
+                time.sleep(0.2 * attempt)
+
+
+_BATCH = 1000
+_SEND_ATTEMPTS = 5
+_publisher = _Publisher()
 
 
 def exists(run: str | int) -> bool:

@@ -23,7 +23,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connections
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -69,8 +69,6 @@ def _in_own_thread(check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         close_old_connections()  # a connection that broke or aged out is replaced, as between requests
         return check()
     finally:
-        if settings.DATABASE_POOL_MAX_SIZE:
-            connection.close()  # back to the pool: a pooled connection kept by a checks' thread is one less to share
         with _pool_lock:
             _waiting -= 1
 
@@ -99,9 +97,14 @@ def bounded(checks: dict[str, Callable[[], dict[str, Any]]], *, deadline: float)
     return results
 
 
+def _health_alias() -> str:
+    """The checks' own connection when the app pools its connections (``DATABASE_POOL_MAX_SIZE``)."""
+    return "health" if "health" in settings.DATABASES else "default"
+
+
 def check_database() -> dict[str, Any]:
     try:
-        with connection.cursor() as cursor:
+        with connections[_health_alias()].cursor() as cursor:
             cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
             row = cursor.fetchone()
             cursor.execute("SHOW server_version")
@@ -127,7 +130,7 @@ def check_broker() -> dict[str, Any]:
 def check_worker() -> dict[str, Any]:
     """A heartbeat newer than ``WORKER_FRESH_FOR`` and than this process's start."""
     try:
-        beat = WorkerHeartbeat.objects.order_by("-seen_at").first()
+        beat = WorkerHeartbeat.objects.using(_health_alias()).order_by("-seen_at").first()
     except Exception as exc:  # noqa: BLE001
         return {"ok": False, "error": _failed("database unavailable", exc)}
     if beat is None:

@@ -15,6 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 
 from config.embedded_broker import broker_url as embedded_broker_url
+from config.embedded_broker import socket_path as embedded_broker_socket
 from config.env import (
     database_from_url,
     env_bool,
@@ -175,6 +176,16 @@ _db["CONN_HEALTH_CHECKS"] = True  # with the pool: each connection is checked as
 _db["TEST"] = {"NAME": f"test_{_db['NAME']}{env_str('TEST_DB_SUFFIX', '') or ''}"}
 # Note: no ATOMIC_REQUESTS. A request waiting on an LLM must not hold a transaction open.
 DATABASES = {"default": _db}
+if DATABASE_POOL_MAX_SIZE:
+    # /healthz and /readyz read the database on a connection of their own, outside the pool: under load they
+    # would otherwise wait in the pool's queue behind the requests they are meant to vouch for.
+    _health_options = {k: v for k, v in _options.items() if k != "pool"}
+    DATABASES["health"] = {
+        **_db,
+        "OPTIONS": _health_options,
+        "CONN_MAX_AGE": 60,
+        "TEST": {"NAME": _db["TEST"]["NAME"], "MIRROR": "default"},  # type: ignore[index]
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -230,10 +241,20 @@ CELERY_BROKER_URL: str = _broker or embedded_broker_url(DATA_DIR / "valkey")
 
 # The cache holds the API's throttle counters and the sign-in failure counts, which every process must
 # share: gunicorn runs several, and per-process counters would let each one allow the whole rate. Redis
-# when REDIS_URL is set; otherwise a table in the app's PostgreSQL (created by a migration of config/).
+# when REDIS_URL is set; the embedded Valkey by default; else (another broker, or CACHE_ON_EMBEDDED_BROKER=false)
+# a table in the app's PostgreSQL (created by a migration of config/).
 CACHES: dict[str, dict[str, object]]
 if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+elif EMBEDDED_BROKER_DIR is not None and env_bool("CACHE_ON_EMBEDDED_BROKER", True):
+    # The embedded broker is a Valkey server: its database 1 holds the cache (a table cost every request a
+    # COUNT(*) of the cache per write, and round trips to a database busy with turns).
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": f"unix://{embedded_broker_socket(EMBEDDED_BROKER_DIR)}?db=1",
+        }
+    }
 else:
     CACHES = {
         "default": {

@@ -74,7 +74,13 @@ class Command(BaseCommand):
             "--turn-threads",
             type=int,
             default=env_int("TURN_WORKER_THREADS", 256, minimum=1),
-            help="Turns the turn worker runs at once (threads waiting on models).",
+            help="Turns the turn workers run at once, in all (threads waiting on models).",
+        )
+        parser.add_argument(
+            "--turn-workers",
+            type=int,
+            default=env_int("TURN_WORKER_PROCESSES", 1, minimum=1),
+            help="Turn worker processes (the threads are shared out among them).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -133,26 +139,30 @@ class Command(BaseCommand):
                     ],
                 )
             )
-            # Turns: threads that wait on models (each gives its connection back before a model call).
-            children.append(
-                Child(
-                    "turn worker",
-                    [
-                        *celery,
-                        "-Q",
-                        settings.CELERY_TURNS_QUEUE,
-                        "--pool",
-                        "threads",
-                        "--concurrency",
-                        str(options["turn_threads"]),
-                        "--hostname",
-                        "turns@%h",
-                        "--without-gossip",
-                        "--without-mingle",
-                    ],
-                    env=pooled,
+            # Turns: threads that wait on models (each gives its connection back before a model call), in
+            # TURN_WORKER_PROCESSES processes: each takes turns from the queue and runs them on one core.
+            processes = max(1, int(options["turn_workers"]))
+            threads = max(1, int(options["turn_threads"]) // processes)
+            for number in range(1, processes + 1):
+                children.append(
+                    Child(
+                        "turn worker" if processes == 1 else f"turn worker {number}",
+                        [
+                            *celery,
+                            "-Q",
+                            settings.CELERY_TURNS_QUEUE,
+                            "--pool",
+                            "threads",
+                            "--concurrency",
+                            str(threads),
+                            "--hostname",
+                            f"turns{number}@%h",
+                            "--without-gossip",
+                            "--without-mingle",
+                        ],
+                        env=pooled,
+                    )
                 )
-            )
         for child in children:
             child.start()
 

@@ -170,6 +170,13 @@ if DATABASE_POOL_MAX_SIZE:
         "timeout": env_int("DATABASE_POOL_TIMEOUT", 30, minimum=1),
     }
     _db["CONN_MAX_AGE"] = 0  # the pool keeps them
+# Behind PgBouncer in transaction mode (DATABASE_TRANSACTION_POOLER=true): no server-side prepared statements or
+# cursors, no per-connection settings (set statement_timeout and pgvector's hnsw.* on the role instead).
+DATABASE_TRANSACTION_POOLER = env_bool("DATABASE_TRANSACTION_POOLER", False)
+if DATABASE_TRANSACTION_POOLER:
+    _options["prepare_threshold"] = None
+    _options.pop("options", None)  # PgBouncer refuses start-up options
+    _db["DISABLE_SERVER_SIDE_CURSORS"] = True
 _db["OPTIONS"] = _options
 _db["CONN_HEALTH_CHECKS"] = True  # with the pool: each connection is checked as it is handed out
 # Parallel test runs (several developers or helpers on one machine) each get their own test database.

@@ -52,9 +52,10 @@ def hnsw_settings_apply(sender: Any, connection: Any, **kwargs: Any) -> None:
     graph until the LIMIT is met, so the user filter cannot starve the result. Set before the vector
     library is loaded in this backend, they are placeholders that it adopts when it loads.
     """
-    if connection.vendor != "postgresql":
-        return
     from django.conf import settings
+
+    if connection.vendor != "postgresql" or getattr(settings, "DATABASE_TRANSACTION_POOLER", False):
+        return  # behind a transaction pooler a session's settings reach other clients: set them on the role
 
     with connection.cursor() as cursor:
         cursor.execute(

@@ -9,26 +9,40 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlparse
 
 import httpx
 import pytest
 
 from agents.models import Agent, LLMCall
 from agents.runtime import stuck_turns_recover
+from config.db import database_url
 from conftest import wait_for
 from sessions.models import ChatSession, Turn
 from sessions.services import session_create
 from tests.fakes.openai_server import FakeOpenAIServer, hang, stream
-from tests.reliability.conftest import ROOT, ServerProcess, api_token, redis_queue_url, server_env, unique_queue
+from tests.reliability.conftest import (
+    ROOT,
+    ServerProcess,
+    api_token,
+    free_port,
+    redis_queue_url,
+    server_env,
+    unique_queue,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -390,3 +404,97 @@ def test_mcp_answers_on_the_web_port(django_user_model: Any, run_stack: Any) -> 
     assert signed.status_code == 200, signed.text
     assert signed.json()["result"]["serverInfo"]["name"]
     assert httpx.get(f"{stack.url}/healthz", timeout=10).status_code in (200, 503)  # Django on the same port
+
+
+@pytest.fixture
+def pgbouncer() -> Iterator[str]:
+    """Debian's PgBouncer in transaction mode in front of the test database; yields its DATABASE_URL."""
+    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    if not Path(binary).exists():
+        if os.environ.get("CI"):
+            pytest.fail("needs pgbouncer: .ci/run installs Debian's package")
+        pytest.skip("needs pgbouncer (apt-get install -y pgbouncer)")
+    url = urlparse(database_url())
+    query = parse_qs(url.query)
+    host = (query.get("host") or [url.hostname or "127.0.0.1"])[0]
+    port = url.port or 5432
+    user = url.username or "postgres"
+    # Outside pytest's (private) temporary folder: run as root, it drops to the database's own user, who must read
+    # its configuration and write its log here.
+    folder = Path(tempfile.mkdtemp(prefix="pgbouncer-"))
+    folder.chmod(0o777)
+    (folder / "users.txt").write_text(f'"{user}" ""\n')
+    listen = free_port()
+    (folder / "pgbouncer.ini").write_text(
+        "[databases]\n"
+        f"* = host={host} port={port}\n"
+        "[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {listen}\nunix_socket_dir =\n"
+        f"auth_type = trust\nauth_file = {folder / 'users.txt'}\n"
+        "pool_mode = transaction\ndefault_pool_size = 6\nmax_client_conn = 500\n"
+        "ignore_startup_parameters = extra_float_digits\n"
+        f"logfile = {folder / 'pgbouncer.log'}\n"
+    )
+    for name in ("users.txt", "pgbouncer.ini"):
+        (folder / name).chmod(0o644)
+    as_user = pwd.getpwuid(os.stat(host).st_uid).pw_name if host.startswith("/") else "nobody"
+    argv = [binary, str(folder / "pgbouncer.ini")]
+    if os.geteuid() == 0:
+        argv[1:1] = ["-u", as_user]  # it refuses to run as root
+    out = (folder / "stderr.log").open("wb")
+    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: _answers(listen) or proc.poll() is not None, timeout=20, message="pgbouncer")
+        assert proc.poll() is None, (folder / "stderr.log").read_text(errors="replace")
+        yield f"postgresql://{user}@127.0.0.1:{listen}/{url.path.lstrip('/')}"
+        logins = (folder / "pgbouncer.log").read_text(errors="replace").count("login attempt")
+        assert logins > 0, "nothing connected through pgbouncer"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        out.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _answers(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_turns_run_with_the_database_behind_pgbouncer_in_transaction_mode(
+    django_user_model: Any, chat_agent: Agent, fake_openai: FakeOpenAIServer, run_stack: Any, pgbouncer: str
+) -> None:
+    """The lease needs no session state on a connection: the web server and the turn worker reach PostgreSQL only
+    through PgBouncer, which hands each transaction any server connection."""
+    people = 6
+    fake_openai.enqueue(*(stream(f"Reply {i}.", chunk_delay=0.05) for i in range(2 * people)))
+    stack = run_stack(
+        env={"DATABASE_URL": pgbouncer, "DATABASE_TRANSACTION_POOLER": "true", "DATABASE_STATEMENT_TIMEOUT": "0"}
+    )
+    chats = [_chat(django_user_model, chat_agent, f"bounced-{i}") for i in range(people)]
+
+    def two_messages(job: tuple[str, ChatSession]) -> list[str]:
+        token, session = job
+        ends = []
+        for message in ("Hello!", "And again."):
+            with httpx.stream(
+                "POST",
+                f"{stack.url}/api/sessions/{session.pk}/messages/stream/",
+                json={"message": message},
+                headers=_headers(token),
+                timeout=60,
+            ) as response:
+                assert response.status_code == 200, response.read()
+                ends.append(list(_events(response.iter_lines()))[-1][1]["type"])
+        return ends
+
+    with ThreadPoolExecutor(max_workers=people) as pool:
+        ends = list(pool.map(two_messages, chats))
+
+    assert ends == [["done", "done"]] * people
+    turns = Turn.objects.filter(session__in=[session for _token, session in chats])
+    assert turns.count() == 2 * people
+    assert set(turns.values_list("status", flat=True)) == {Turn.Status.COMPLETED}
+    logs = stack.web.log_text() + stack.worker.log.read_text(errors="replace")
+    assert "prepared statement" not in logs and "Traceback" not in logs

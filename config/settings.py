@@ -258,7 +258,7 @@ elif EMBEDDED_BROKER_DIR is not None and env_bool("CACHE_ON_EMBEDDED_BROKER", Tr
     # COUNT(*) of the cache per write, and round trips to a database busy with turns).
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "BACKEND": "config.cache.EmbeddedValkeyCache",
             "LOCATION": f"unix://{embedded_broker_socket(EMBEDDED_BROKER_DIR)}?db=1",
         }
     }

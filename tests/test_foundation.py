@@ -339,8 +339,9 @@ def test_every_scheduled_task_exists_and_the_sweeps_are_scheduled(settings: Any)
 
 @pytest.mark.django_db(transaction=True)
 def test_the_tests_count_in_process_and_the_app_shares_its_counters_across_processes(tmp_path: Any) -> None:
-    """Throttle and sign-in counters must be one per app, not one per gunicorn process: without Redis the
-    app's cache is a table in its database (made by a migration), so what one process counts another reads."""
+    """Throttle and sign-in counters must be one per app, not one per gunicorn process: without Redis, and not
+    on the embedded broker, the app's cache is a table in its database (made by a migration), so what one process
+    counts another reads."""
     import subprocess
     import sys
 
@@ -362,6 +363,7 @@ def test_the_tests_count_in_process_and_the_app_shares_its_counters_across_proce
         **os.environ,
         "APP_DATA_DIR": str(tmp_path),
         "REDIS_URL": "",
+        "CACHE_ON_EMBEDDED_BROKER": "false",
         "DATABASE_URL": database_url(),
         "DJANGO_SETTINGS_MODULE": "config.settings",
     }

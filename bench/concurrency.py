@@ -282,6 +282,32 @@ def _wait_ready(stack: subprocess.Popen[bytes], log: Path, *, timeout: float) ->
     raise RuntimeError(f"the stack was not ready within {timeout:.0f} s:\n{log.read_text(errors='replace')[-3000:]}")
 
 
+def _stack_rss_mb(root: int) -> int:
+    """The resident memory of the stack: ``root`` and every process under it (web, workers, the embedded
+    broker), in MB."""
+    parents: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        pid = int(entry.name)
+        parents[pid] = int(fields.get("PPid", "0").strip() or 0)
+        rss[pid] = int((fields.get("VmRSS", "0 kB").split() or ["0"])[0])
+    total = 0
+    for pid in rss:
+        ancestor = pid
+        while ancestor and ancestor != root:
+            ancestor = parents.get(ancestor, 0)
+        if ancestor == root:
+            total += rss[pid]
+    return round(total / 1024)
+
+
 def _stop_stack(stack: subprocess.Popen[bytes]) -> None:
     if stack.poll() is None:
         stack.send_signal(signal.SIGINT)  # as Ctrl-C: runstack stops what it started
@@ -322,6 +348,7 @@ def run(
                 progress.update(task, description=f"{n} people at once")
                 phases.append({**phase(base=base, people=n, log=log, timeout=timeout), "floor_wall_s": floors[n]})
                 progress.advance(task)
+            rss_mb = _stack_rss_mb(stack.pid)  # after the crowds: the stack idle, with its models loaded
         finally:
             _stop_stack(stack)
     alone = phases[0]["wall_s"] or 1.0
@@ -334,6 +361,7 @@ def run(
         "model_ttft_s": ttft,
         "embedder": embedder or "the default (make run's)",
         "stack_ready_s": round(ready_s, 1),
+        "stack_rss_mb": rss_mb,
         "stack_log": str(log),
         "phases": phases,
     }
@@ -361,7 +389,10 @@ def main(argv: list[str]) -> int:
         argv=argv, people=people, latency=args.latency, ttft=args.ttft, embedder=args.embedder, timeout=args.timeout
     )
     connections.close_all()
-    print(f"model: {args.latency:g} s a call; stack ready after {result['stack_ready_s']} s; log {result['stack_log']}")
+    print(
+        f"model: {args.latency:g} s a call; stack ready after {result['stack_ready_s']} s, "
+        f"{result['stack_rss_mb']} MB resident after the crowds; log {result['stack_log']}"
+    )
     print(
         "people | wall s (x alone) | floor s | accepted p50/p95 | turn started p50/p95 | first token p50/p95 | done p50/p95 | failures | healthz max | pg conns | log errors | sends failed"
     )

@@ -95,7 +95,10 @@ class Command(BaseCommand):
 
         bind = f"{options['host']}:{options['port']}"
         # Each process shares a few database connections among its threads (DATABASE_POOL_MAX_SIZE).
-        pooled = {"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "8")}
+        # (≤ 30 in all under make run with 2 web processes: a web process's requests are short, a turn worker's
+        # threads many.)
+        pooled = {"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "6")}
+        pooled_turns = {"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "8")}
         children = [
             # ASGI (config/asgi.py): an open event stream holds no thread; MCP answers at /mcp/ on the same port.
             Child(
@@ -160,7 +163,7 @@ class Command(BaseCommand):
                             "--without-gossip",
                             "--without-mingle",
                         ],
-                        env=pooled,
+                        env=pooled_turns,
                     )
                 )
         for child in children:

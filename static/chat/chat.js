@@ -182,7 +182,9 @@
     }
   }
 
-  async function readStream(response, reply) {
+  // Reads a reply's events; remembers the last event's id (a turn run by a turn worker has them) and whether
+  // the stream reached its end, so that a dropped stream can be joined again where it left off.
+  async function readStream(response, reply, seen) {
     const reader = response.body.getReader();
     const decoder = new TextDecoder();
     let buffer = "";
@@ -195,14 +197,34 @@
         const chunk = buffer.slice(0, cut);
         buffer = buffer.slice(cut + 2);
         let event = "message";
+        let id = "";
         const lines = [];
         for (const line of chunk.split("\n")) {
           if (line.startsWith("event:")) event = line.slice(6).trim();
+          else if (line.startsWith("id:")) id = line.slice(3).trim();
           else if (line.startsWith("data:")) lines.push(line.slice(5).trimStart());
         }
+        if (id) seen.lastId = id;
+        if (event === "done" || event === "error") seen.ended = true;
         if (lines.length) handle(event, JSON.parse(lines.join("\n")), reply);
       }
     }
+  }
+
+  // A stream dropped mid-reply (a network blip, a server restarted): the turn goes on where it runs, so join its
+  // events again from the last one received, a few times, before telling the person to reload.
+  async function rejoin(reply, seen) {
+    for (let attempt = 1; attempt <= 6 && !seen.ended; attempt++) {
+      await new Promise(function (resolve) { setTimeout(resolve, 500 * attempt); });
+      try {
+        const response = await fetch("/api/turns/" + Number(reply.dataset.turn) + "/events/", {
+          credentials: "same-origin",
+          headers: { Accept: "text/event-stream", "Last-Event-ID": seen.lastId },
+        });
+        if (response.ok) await readStream(response, reply, seen);
+      } catch (_) { /* not back yet: try again */ }
+    }
+    return seen.ended;
   }
 
   form.addEventListener("submit", async function (e) {
@@ -263,7 +285,15 @@
         return;
       }
       input.value = "";
-      await readStream(response, reply);
+      const seen = { lastId: "", ended: false };
+      try {
+        await readStream(response, reply, seen);
+      } catch (err) {
+        if (!seen.lastId || !reply.dataset.turn) throw err;
+      }
+      if (!seen.ended && seen.lastId && reply.dataset.turn && !(await rejoin(reply, seen))) {
+        throw new Error("the reply stopped before its end");
+      }
       await refreshPanels();
     } catch (err) {
       showError("The connection was lost: " + err.message + ". Reload the page to see the saved reply.");

@@ -498,3 +498,54 @@ def test_turns_run_with_the_database_behind_pgbouncer_in_transaction_mode(
     assert set(turns.values_list("status", flat=True)) == {Turn.Status.COMPLETED}
     logs = stack.web.log_text() + stack.worker.log.read_text(errors="replace")
     assert "prepared statement" not in logs and "Traceback" not in logs
+
+
+@pytest.mark.browser
+def test_the_chat_page_joins_a_dropped_reply_again_where_it_left_off(
+    django_user_model: Any,
+    chat_agent: Agent,
+    fake_openai: FakeOpenAIServer,
+    run_stack: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a real browser: the web server dies mid-reply and comes back; the page joins the turn's events again
+    from the last one it had (Last-Event-ID) and shows the whole reply, once, with no error."""
+    chromium = Path("/usr/bin/chromium")
+    if not chromium.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{chromium} is missing: .ci/run installs Debian's chromium package")
+        pytest.skip(f"{chromium} is missing (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's loop runs in this thread
+    fake_openai.enqueue(stream(WORDS, chunk_delay=0.4))
+    stack = run_stack()
+    person = django_user_model.objects.create_user(username="pager", password="pager-pass-123")
+    session = session_create(user=person, agent=chat_agent)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"], headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(f"{stack.url}/accounts/login/?next=/chats/{session.pk}/")
+            page.fill("input[name=username]", "pager")
+            page.fill("input[name=password]", "pager-pass-123")
+            page.click("button[type=submit]")
+            page.wait_for_selector("#composer")
+            page.fill("#message", "Count to twelve.")
+            page.click("#send")
+            page.wait_for_function(
+                "() => Number((document.querySelector('li.msg.assistant') || {dataset: {}}).dataset.deltas || 0) >= 2",
+                timeout=30_000,
+            )
+            stack.web.kill()  # mid-reply
+            stack.web.start()
+            page.wait_for_selector("li.msg.assistant[data-done='1']", timeout=60_000)
+            reply = page.locator("li.msg.assistant[data-done='1'] .bubble").last.inner_text()
+            error_hidden = page.locator("#chat-error").is_hidden() if page.locator("#chat-error").count() else True
+        finally:
+            browser.close()
+
+    assert reply.strip() == WORDS
+    assert error_hidden
+    assert len(fake_openai.chat_requests()) == 1
+    assert Turn.objects.get(session=session).assistant_message == WORDS

@@ -30,6 +30,10 @@ django_settings.TURN_RUNNER = os.environ["TURN_RUNNER"]
 # A dead runner's turn lease runs out in 5 s here (30 s by default), for the crash tests' children too.
 os.environ.setdefault("TURN_LEASE_SECONDS", "5")
 django_settings.TURN_LEASE_SECONDS = float(os.environ["TURN_LEASE_SECONDS"])
+# Run streams of this test run (and of the servers it starts) are its own: turn ids start at 1 in every test
+# database, and streams are kept an hour in a Redis that earlier runs and other checkouts share.
+os.environ.setdefault("RUN_EVENTS_PREFIX", f"test-{uuid.uuid4().hex[:8]}")
+django_settings.RUN_EVENTS_PREFIX = os.environ["RUN_EVENTS_PREFIX"]
 # Where tasks go: the idle queue nobody consumes, and the worker's once ``celery_worker`` has started.
 _BROKERS: dict[str, dict[str, Any]] = {}
 

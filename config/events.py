@@ -46,7 +46,10 @@ def channel_url() -> str | None:
 
 
 def stream_key(run: str | int) -> str:
-    return f"agent:run:{run}:events"
+    """A run's stream, named under ``RUN_EVENTS_PREFIX`` (the deployment's queue by default): two deployments, or
+    two test runs whose turn ids both start at 1, that share a Redis never read each other's runs."""
+    prefix = str(getattr(settings, "RUN_EVENTS_PREFIX", "") or settings.CELERY_TASK_DEFAULT_QUEUE)
+    return f"{prefix}:run:{run}:events"
 
 
 # A read waits up to _BLOCK seconds for an event; the socket gives up well after that (redis-py's default, 5 s,

@@ -413,6 +413,8 @@ TURN_QUEUE_SECONDS = env_int("TURN_QUEUE_SECONDS", 300, minimum=10)
 # A run's events stay readable (a client that comes back, a second tab) this long after its last one.
 RUN_EVENTS_KEEP_SECONDS = env_int("RUN_EVENTS_KEEP_SECONDS", 3600, minimum=60)
 RUN_EVENTS_URL = env_str("RUN_EVENTS_URL")
+# The run streams' names start with this (the queue by default), so deployments sharing a Redis stay apart.
+RUN_EVENTS_PREFIX = env_str("RUN_EVENTS_PREFIX")
 TURN_LOCK_WAIT_SECONDS = env_float("TURN_LOCK_WAIT_SECONDS", 30.0, minimum=0.0)
 # A turn's runner holds the session's lease (sessions/locks.py) for this long past its last heartbeat (every
 # third of it): a runner that dies leaves its turn to the next message or the sweep after at most this long.

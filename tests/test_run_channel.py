@@ -1,0 +1,39 @@
+"""The run channel (``config/events.py``): a stream of events per turn on a Redis-protocol server."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from django.test import override_settings
+
+from config import events
+from tests.reliability.conftest import redis_queue_url
+
+
+@pytest.fixture
+def channel() -> Iterator[str]:
+    url = redis_queue_url()
+    with override_settings(RUN_EVENTS_URL=url):
+        yield url
+
+
+def test_two_deployments_sharing_a_redis_never_read_each_others_runs(channel: str) -> None:
+    """Turn ids start at 1 in every database (and every test run): a run stream named only by its turn id was
+    read by another deployment's, or a later test run's, follower of the same id."""
+    run = 1
+    first, second = f"first-{uuid.uuid4().hex[:8]}", f"second-{uuid.uuid4().hex[:8]}"
+    with override_settings(RUN_EVENTS_PREFIX=first):
+        events.publish(run, {"type": "done", "text": "the first deployment's reply"})
+        assert events.flush()
+        assert events.exists(run)
+        assert [event["text"] for _id, event in events.read(run, block_seconds=1)] == ["the first deployment's reply"]
+    with override_settings(RUN_EVENTS_PREFIX=second):
+        assert not events.exists(run)
+        assert events.read(run, block_seconds=0.2) == []
+
+
+def test_the_prefix_is_the_queue_by_default(channel: str) -> None:
+    with override_settings(RUN_EVENTS_PREFIX="", CELERY_TASK_DEFAULT_QUEUE="shop-agents"):
+        assert events.stream_key(7) == "shop-agents:run:7:events"

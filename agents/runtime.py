@@ -493,6 +493,7 @@ def handoff_reply(*, session: ChatSession, text: str, author: Any) -> Turn:
         ),
     )
     ChatSession.objects.filter(pk=session.pk).update(updated_at=timezone.now())
+    run_channel.session_changed(session.pk)
     turn.refresh_from_db(fields=["assistant_message", "staff_replies"])
     return turn
 
@@ -507,6 +508,7 @@ def handoff_request(*, session: ChatSession, actor: Any = None, reason: str = ""
     )
     reload_session(session)
     if changed:
+        run_channel.session_changed(session.pk)
         detail = f"handed to a person by {actor or 'staff'}" + (f": {reason}" if reason else "")
         checkpoint_record(session=session, reason=Checkpoint.Reason.HANDOFF, detail=detail[:500])
     return bool(changed)
@@ -518,6 +520,7 @@ def handoff_resume(*, session: ChatSession, actor: Any = None) -> ChatSession:
         status=ChatSession.Status.ACTIVE, retry_count=0, version=F("version") + 1, updated_at=timezone.now()
     )
     reload_session(session)
+    run_channel.session_changed(session.pk)
     checkpoint_record(session=session, reason=Checkpoint.Reason.RESUME, detail=f"handoff resumed by {actor or 'staff'}")
     return session
 
@@ -538,6 +541,8 @@ def _execute(
         yield {"type": "turn", "turn_id": turn.pk, "seq": turn.seq, "resumed": resumed}
         with llm_calls_held(turn.pk):
             yield from _run_pipeline(session, turn, fresh=fresh, checkpoint_fresh=checkpoint_fresh, resumed=resumed)
+        # The session's other open pages (another tab, a turn sent through the API) show it without polling.
+        run_channel.session_changed(session.pk)
 
 
 def _run_pipeline(

@@ -7,7 +7,8 @@ same port; its session manager starts with the server's lifespan.
 
 A message's stream (``POST .../messages/stream/``) keeps one idle thread for its life: Django runs every
 request in a context of its own, whose thread ends with the response. A re-joined stream (``GET
-/api/turns/<id>/events/``) keeps none (``application`` below).
+/api/turns/<id>/events/``) and a chat page's live events (``GET /chats/<id>/events/``) keep none
+(``application`` below).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ django_app = get_asgi_application()
 from agents.mcp_server import http_app  # noqa: E402 - after Django is set up
 
 MCP_PATH = "/mcp/"
-_FOLLOW = re.compile(r"^/api/turns/\d+/events/?$")
+_FOLLOW = re.compile(r"^/api/turns/\d+/events/?$|^/chats/[0-9a-fA-F-]{36}/events/?$")
 mcp_app = http_app(MCP_PATH)
 
 Scope = dict[str, Any]
@@ -42,7 +43,7 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
         await mcp_app(scope, receive, send)
         return
     if _FOLLOW.match(path):
-        # A re-joined stream: Django's per-request context would keep a thread for the stream's whole life. Its
+        # A re-joined stream, or a chat page's live events: Django's per-request context would keep a thread for the stream's whole life. Its
         # sync parts (middleware, the view's few statements) run on asgiref's one shared thread instead, and the
         # stream itself is read in the event loop: a thousand followers hold no threads.
         await django_app.handle(scope, receive, send)

@@ -102,6 +102,58 @@ def _keep_seconds() -> int:
     return int(getattr(settings, "RUN_EVENTS_KEEP_SECONDS", 3600))
 
 
+def session_key(session_id: Any) -> str:
+    """A session's change signals: an entry whenever something a chat page shows may have changed (a turn ended,
+    a staff reply, a hand-off or hand-back, the session deleted). The page reads what changed from the database."""
+    prefix = str(getattr(settings, "RUN_EVENTS_PREFIX", "") or settings.CELERY_TASK_DEFAULT_QUEUE)
+    return f"{prefix}:session:{session_id}:changes"
+
+
+# A session's signal stream keeps its last few entries: a reader needs only "something came after my id".
+_SESSION_KEEP = 20
+
+
+def session_changed(session_id: Any) -> None:
+    """Wake the session's open chat pages (``session_wait``), soon, never failing the caller: without a channel,
+    or when it fails, the pages still find the change on their next look at the database."""
+    if channel_url() is None:
+        return
+    try:
+        _publisher.put(session_key(session_id), "{}", maxlen=_SESSION_KEEP)
+    except Exception:
+        logger.warning("could not signal a change of session %s", session_id, exc_info=True)
+
+
+def session_last(session_id: Any) -> str:
+    """The id of the session's latest change signal ("0-0" when none): wait after it for the next."""
+    latest = _client().xrevrange(session_key(session_id), count=1)
+    if not latest:
+        return "0-0"
+    raw = latest[0][0]
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+async def asession_last(session_id: Any) -> str:
+    """``session_last`` for asyncio."""
+    latest = await _async_client().xrevrange(session_key(session_id), count=1)
+    if not latest:
+        return "0-0"
+    raw = latest[0][0]
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+async def session_wait(session_id: Any, *, after: str, timeout: float) -> str | None:
+    """Wait up to ``timeout`` seconds, holding no thread, for a change signal after ``after``: its id, or None."""
+    entries: Any = await _async_client().xread(
+        {session_key(session_id): after}, block=max(1, int(timeout * 1000)), count=_SESSION_KEEP
+    )
+    for _key, items in entries or []:
+        if items:
+            raw = items[-1][0]
+            return raw.decode() if isinstance(raw, bytes) else str(raw)
+    return None
+
+
 def publish(run: str | int, event: Mapping[str, Any]) -> None:
     """Append ``event`` to the run's stream, soon and in order: the process's publisher thread sends what its
     turns publish in batches (one round trip for many events; hundreds of turn threads sharing one client pool
@@ -118,14 +170,14 @@ class _Publisher:
     """One thread per process that sends published events: everything waiting goes in one pipeline."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[str, str] | threading.Event] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[str, str, int | None] | threading.Event] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pid = 0
 
-    def put(self, key: str, payload: str) -> None:
+    def put(self, key: str, payload: str, *, maxlen: int | None = None) -> None:
         self._ensure_thread()
-        self._queue.put((key, payload))
+        self._queue.put((key, payload, maxlen))
 
     def flush(self, timeout: float) -> bool:
         self._ensure_thread()
@@ -157,13 +209,13 @@ class _Publisher:
                 if isinstance(item, threading.Event):
                     item.set()
 
-    def _send(self, events: list[tuple[str, str]]) -> None:
+    def _send(self, events: list[tuple[str, str, int | None]]) -> None:
         for attempt in range(1, _SEND_ATTEMPTS + 1):
             try:
                 pipe = _client().pipeline(transaction=False)
-                for key, payload in events:
-                    pipe.xadd(key, {"e": payload})
-                for key in {key for key, _payload in events}:
+                for key, payload, maxlen in events:
+                    pipe.xadd(key, {"e": payload}, maxlen=maxlen, approximate=maxlen is not None)
+                for key in {key for key, _payload, _maxlen in events}:
                     pipe.expire(key, _keep_seconds())
                 pipe.execute()
                 return

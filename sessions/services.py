@@ -24,6 +24,7 @@ from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
 from agents.workflows import MAX_RETRIES, Workflow, WorkflowDecision, get_workflow
+from config import events as run_channel
 from config.db import update_sql
 from sessions.locks import SessionBusyError, session_lease_take_in_transaction
 from sessions.models import ChatSession, Checkpoint, SessionLease, Turn
@@ -177,6 +178,8 @@ def session_delete(*, session: ChatSession) -> None:
         session_id = session.pk
         session.delete()
         SessionLease.objects.filter(session_id=session_id).delete()
+        # Its open pages learn it is gone once the delete commits.
+        transaction.on_commit(lambda: run_channel.session_changed(session_id))
 
 
 # --- the checkpoint log -----------------------------------------------------------------------------------

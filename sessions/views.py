@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime, timedelta
 from functools import wraps
 from typing import Any
 from urllib.parse import urlencode
 from uuid import UUID
 
+from asgiref.sync import sync_to_async
 from django import forms
 from django.conf import settings
 from django.contrib import messages
@@ -31,6 +32,7 @@ from django.views.decorators.http import require_GET, require_POST
 from agents.models import Agent
 from agents.serializers import agent_model_label
 from agents.workflows import get_workflow, state_label
+from config import events as run_channel
 from config.api_errors import error_body, error_response, refusal_headers, runtime_error_status
 from config.incoming import clamped_datetime
 from config.text import state_words
@@ -341,6 +343,13 @@ def chat_events(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
     ``since`` (or the Last-Event-ID the browser sends on reconnecting) is where the page's knowledge ends."""
     session = _own_session(request, session_id)
     since = _since(request)
+    if is_asgi(request) and run_channel.channel_url() is not None:
+        # Under ASGI, with a run channel: the stream waits for the session's change signals in the event loop
+        # (no thread, no polling) and reads the database only when one comes.
+        response = StreamingHttpResponse(_signalled_events(request.user.pk, session.pk, since), content_type=SSE)
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        return response
 
     def stream() -> Iterator[bytes]:
         nonlocal since
@@ -369,10 +378,53 @@ def chat_events(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
             if slot is not None:
                 cache.delete(slot)
 
-    response = StreamingHttpResponse(stream(), content_type="text/event-stream")
+    response = StreamingHttpResponse(stream(), content_type=SSE)
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+SSE = "text/event-stream"
+# While it waits for a signal, a held stream sends a comment this often (proxies keep it open).
+EVENTS_KEEPALIVE_SECONDS = 5.0
+
+
+async def _signalled_events(user_pk: object, session_id: UUID, since: datetime) -> AsyncIterator[bytes]:
+    """``chat_events`` under ASGI: the same events and holds, with no thread while it waits. The database is read
+    once at the start and once per change signal (``config.events.session_changed``); a change whose signal is
+    lost is found when the page asks again, as with the polled stream."""
+    slot = await sync_to_async(_events_slot)(user_pk)
+    may_hold = slot is not None
+    try:
+        deadline = time.monotonic() + (EVENTS_HOLD_SECONDS if may_hold else 0)
+        # Taken before the database is read: a change made after that read has a later signal.
+        after = await run_channel.asession_last(session_id)
+        while True:
+            checked = timezone.now()
+            events, live = await sync_to_async(_news)(session_id, since)
+            since = checked
+            for event in events:
+                name = event.pop("event")
+                yield f"id: {since.isoformat()}\nevent: {name}\ndata: {json.dumps(event)}\n\n".encode()
+                if name == "gone":
+                    return
+            if not live:
+                break
+            signal = None
+            while signal is None and (left := deadline - time.monotonic()) > 0:
+                signal = await run_channel.session_wait(
+                    session_id, after=after, timeout=min(left, EVENTS_KEEPALIVE_SECONDS)
+                )
+                if signal is None:
+                    yield b": waiting\n\n"
+            if signal is None:
+                break
+            after = signal
+        retry = EVENTS_RETRY_LIVE_MS if live and may_hold else EVENTS_RETRY_IDLE_MS
+        yield f"id: {since.isoformat()}\nretry: {retry}\n\n".encode()
+    finally:
+        if slot is not None:
+            await sync_to_async(cache.delete)(slot)
 
 
 @signed_in_or_401

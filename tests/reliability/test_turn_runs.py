@@ -549,3 +549,55 @@ def test_the_chat_page_joins_a_dropped_reply_again_where_it_left_off(
     assert error_hidden
     assert len(fake_openai.chat_requests()) == 1
     assert Turn.objects.get(session=session).assistant_message == WORDS
+
+
+def test_open_chat_pages_wait_for_staff_replies_on_the_channel_holding_no_threads(
+    django_user_model: Any, chat_agent: Agent, run_stack: Any, stack_env: dict[str, str]
+) -> None:
+    """A chat handed to a person keeps its page's events stream open for news. Under ASGI each one waited in a
+    thread of its own, polling the database each second; now it waits for the session's change signal in the
+    event loop, and a staff reply reaches every open page of the chat."""
+    from django.test import Client, override_settings
+
+    from agents.runtime import handoff_reply, handoff_request
+
+    stack = run_stack(worker=False)
+    staff = django_user_model.objects.create_user(username="desk", password="runs-pass-123", is_staff=True)
+    pages: list[tuple[ChatSession, dict[str, str]]] = []
+    for number in range(25):
+        person = django_user_model.objects.create_user(username=f"waiting-{number}", password="runs-pass-123")
+        session = session_create(user=person, agent=chat_agent)
+        Turn.objects.create(session=session, seq=1, user_message="A person, please.", status=Turn.Status.COMPLETED)
+        assert handoff_request(session=session, actor=staff)
+        browser = Client()
+        browser.force_login(person)
+        cookies = {"sessionid": browser.cookies["sessionid"].value}
+        pages += [(session, cookies), (session, cookies)]  # two tabs each: the most one person may hold
+    idle_threads = _threads_of_web_workers(stack.web)
+    opened = threading.Semaphore(0)
+
+    def page(session: ChatSession, cookies: dict[str, str]) -> list[dict[str, Any]]:
+        got: list[dict[str, Any]] = []
+        with httpx.stream("GET", f"{stack.url}/chats/{session.pk}/events/", cookies=cookies, timeout=60) as response:
+            assert response.status_code == 200, response.read()
+            opened.release()
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    got.append(json.loads(line[6:]))
+                    if got[-1].get("text"):
+                        return got
+        return got
+
+    with ThreadPoolExecutor(max_workers=len(pages)) as pool:
+        futures = [pool.submit(page, session, cookies) for session, cookies in pages]
+        for _ in pages:
+            assert opened.acquire(timeout=60)
+        crowded_threads = _threads_of_web_workers(stack.web)
+        with override_settings(RUN_EVENTS_URL=stack_env["RUN_EVENTS_URL"]):
+            for session, _cookies in pages[::2]:
+                handoff_reply(session=session, text=f"Hello from the desk, {session.user.username}.", author=staff)
+        received = [future.result(timeout=60) for future in futures]
+
+    assert crowded_threads - idle_threads < 20, (idle_threads, crowded_threads)
+    for (session, _cookies), events in zip(pages, received, strict=True):
+        assert events[-1].get("text") == f"Hello from the desk, {session.user.username}.", events

@@ -164,17 +164,21 @@ def _in_parallel(jobs: list[Any], work: Any) -> list[Any]:
     return results
 
 
-def phase(*, base: str, people: int, log: Path, timeout: float) -> dict[str, Any]:
-    """N people send one message each, at once; what they saw, and what the stack logged meanwhile."""
+def phase(*, base: str, people: int, log: Path, timeout: float, langgraph_db: str = "") -> dict[str, Any]:
+    """N people send one message each, at once; what they saw, and what the stack logged meanwhile. With
+    ``langgraph_db`` (its database's URL), against the LangGraph side: new threads, no accounts."""
     from config.models import TaskSendFailure
 
-    seeded = _seed(people, uuid.uuid4().hex[:8])
+    if langgraph_db:
+        seeded = [("-", str(uuid.uuid4())) for _ in range(people)]
+    else:
+        seeded = _seed(people, uuid.uuid4().hex[:8])
     sends_failed_before = sum(TaskSendFailure.objects.values_list("count", flat=True))
     log_from = log.stat().st_size
     health, connections = Probe(), Probe()
     samplers = [
         threading.Thread(target=_probe_health, args=(base, health), daemon=True),
-        threading.Thread(target=_probe_connections, args=(database_url(), connections), daemon=True),
+        threading.Thread(target=_probe_connections, args=(langgraph_db or database_url(), connections), daemon=True),
     ]
     for sampler in samplers:
         sampler.start()
@@ -271,6 +275,55 @@ def _start_stack(
         )
 
 
+LANGGRAPH_DATABASE = "bench_concurrency_langgraph"
+
+
+def _start_langgraph(
+    *, port: int, model: StandInModel, database: str, log: Path, workers: int
+) -> subprocess.Popen[bytes]:
+    """The like-for-like side (``bench/langgraph_server.py``) on uvicorn, ``workers`` processes."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "LANGGRAPH_DATABASE_URL": database,
+            "LANGGRAPH_MODEL_URL": model.base_url,
+            "LANGGRAPH_POOL_SIZE": str(max(1, 20 // workers)),
+        }
+    )
+    command = [sys.executable, "-m", "uvicorn", "bench.langgraph_server:app", "--host", LOOPBACK, "--port", str(port)]
+    command += ["--workers", str(workers), "--loop", "uvloop", "--http", "httptools", "--no-access-log"]
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def _langgraph_database() -> str:
+    """A new, empty database for the LangGraph side's checkpoints, on the bench's server: its URL."""
+    import psycopg
+
+    with psycopg.connect(database_url("postgres"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{LANGGRAPH_DATABASE}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{LANGGRAPH_DATABASE}"')
+    return database_url(LANGGRAPH_DATABASE)
+
+
+def _wait_healthy(server: subprocess.Popen[bytes], base: str, log: Path, *, timeout: float) -> float:
+    import httpx
+
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited during start-up:\n{log.read_text(errors='replace')[-3000:]}")
+        try:
+            if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                return time.monotonic() - began
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"the server was not ready within {timeout:.0f} s:\n{log.read_text(errors='replace')[-3000:]}")
+
+
 def _wait_ready(stack: subprocess.Popen[bytes], log: Path, *, timeout: float) -> float:
     began = time.monotonic()
     while time.monotonic() - began < timeout:
@@ -319,7 +372,14 @@ def _stop_stack(stack: subprocess.Popen[bytes]) -> None:
 
 
 def run(
-    *, argv: list[str], people: list[int], latency: float, ttft: float, embedder: str, timeout: float
+    *,
+    argv: list[str],
+    people: list[int],
+    latency: float,
+    ttft: float,
+    embedder: str,
+    timeout: float,
+    langgraph_workers: int = 0,
 ) -> dict[str, Any]:
     import logging
 
@@ -334,8 +394,9 @@ def run(
     port = free_port()
     base = f"http://{LOOPBACK}:{port}"
     phases: list[dict[str, Any]] = []
+    graph_phases: list[dict[str, Any]] = []
     with StandInModel(latency=latency, ttft=ttft) as model, Progress() as progress:
-        task = progress.add_task("floor, then the stack", total=2 * len(people) + 1)
+        task = progress.add_task("floor, then the stack", total=(3 if langgraph_workers else 2) * len(people) + 1)
         floors = {}
         for n in people:
             floors[n] = floor(model=model, people=n, timeout=timeout)
@@ -351,9 +412,28 @@ def run(
             rss_mb = _stack_rss_mb(stack.pid)  # after the crowds: the stack idle, with its models loaded
         finally:
             _stop_stack(stack)
-    alone = phases[0]["wall_s"] or 1.0
-    for result in phases:
-        result["wall_ratio"] = round(result["wall_s"] / alone, 2)
+        if langgraph_workers:
+            graph_log = folder / "langgraph.log"
+            graph_db = _langgraph_database()
+            graph_port = free_port()
+            graph_base = f"http://{LOOPBACK}:{graph_port}"
+            server = _start_langgraph(
+                port=graph_port, model=model, database=graph_db, log=graph_log, workers=langgraph_workers
+            )
+            try:
+                _wait_healthy(server, graph_base, graph_log, timeout=120)
+                for n in people:
+                    progress.update(task, description=f"LangGraph: {n} people at once")
+                    graph_phases.append(
+                        phase(base=graph_base, people=n, log=graph_log, timeout=timeout, langgraph_db=graph_db)
+                    )
+                    progress.advance(task)
+            finally:
+                _stop_stack(server)
+    for side in (phases, graph_phases):
+        alone = (side[0]["wall_s"] if side else 0.0) or 1.0
+        for result in side:
+            result["wall_ratio"] = round(result["wall_s"] / alone, 2)
     return {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": " ".join(["python -m bench concurrency", *(["--", *argv] if argv else [])]),
@@ -364,6 +444,8 @@ def run(
         "stack_rss_mb": rss_mb,
         "stack_log": str(log),
         "phases": phases,
+        "langgraph_workers": langgraph_workers,
+        "langgraph_phases": graph_phases,
     }
 
 
@@ -374,8 +456,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--ttft", type=float, default=0.3, help="seconds to a streamed call's first word")
     parser.add_argument("--embedder", default="", help="EMBEDDING_BACKEND for the stack (default: make run's)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a person waits for the reply")
+    parser.add_argument(
+        "--langgraph-workers",
+        type=int,
+        default=-1,
+        help="uvicorn processes of the LangGraph side (default 2 when langgraph is installed; 0: no LangGraph side)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS / "concurrency.json")
     args, _ = parser.parse_known_args(argv)
+    if args.langgraph_workers < 0:
+        try:
+            import langgraph.checkpoint.postgres.aio  # noqa: F401
+        except ImportError:
+            print("langgraph is not installed (make bench installs it into .venv-peers): no LangGraph side")
+            args.langgraph_workers = 0
+        else:
+            args.langgraph_workers = 2
     people = [int(n) for n in args.people.split(",") if n.strip()]
     if not people or min(people) < 1:
         parser.error("--people takes crowd sizes of at least 1")
@@ -386,7 +482,13 @@ def main(argv: list[str]) -> int:
     # A throwaway database (kept between runs): the crowd's users and chats stay out of the app's data.
     setup_databases(verbosity=0, interactive=False, keepdb=True, aliases={"default"})  # type: ignore[arg-type]
     result = run(
-        argv=argv, people=people, latency=args.latency, ttft=args.ttft, embedder=args.embedder, timeout=args.timeout
+        argv=argv,
+        people=people,
+        latency=args.latency,
+        ttft=args.ttft,
+        embedder=args.embedder,
+        timeout=args.timeout,
+        langgraph_workers=args.langgraph_workers,
     )
     connections.close_all()
     print(
@@ -396,9 +498,11 @@ def main(argv: list[str]) -> int:
     print(
         "people | wall s (x alone) | floor s | accepted p50/p95 | turn started p50/p95 | first token p50/p95 | done p50/p95 | failures | healthz max | pg conns | log errors | sends failed"
     )
-    for p in result["phases"]:
+    for p in [*result["phases"], *result["langgraph_phases"]]:
+        if p is (result["langgraph_phases"] or [None])[0]:
+            print(f"LangGraph (astream on AsyncPostgresSaver, uvicorn, {result['langgraph_workers']} processes):")
         print(
-            f"{p['people']} | {p['wall_s']} ({p['wall_ratio']}x) | {p['floor_wall_s']} | "
+            f"{p['people']} | {p['wall_s']} ({p['wall_ratio']}x) | {p.get('floor_wall_s', '-')} | "
             f"{p['accepted_s']['p50']}/{p['accepted_s']['p95']} | {p['started_s']['p50']}/{p['started_s']['p95']} | "
             f"{p['first_token_s']['p50']}/{p['first_token_s']['p95']} | {p['done_s']['p50']}/{p['done_s']['p95']} | "
             f"{p['failures']} | {p['healthz_max_s']} s | {p['pg_connections_max']} | {p['log_error_records']} | "
@@ -410,4 +514,5 @@ def main(argv: list[str]) -> int:
     args.output.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.output}")
     failed = any(p["failures"] or p["log_error_records"] or p["task_sends_failed"] for p in result["phases"])
+    failed = failed or any(p["failures"] for p in result["langgraph_phases"])
     return 1 if failed else 0

@@ -220,6 +220,11 @@ def summarize_session_through(
             )
             return _store(session=session, summary=summary, through_seq=new_through)
     counter = counter_for(provider.model or session.agent.model)
+    # The user's messages already summarized, newest first: a stated fact that a model's merge drops is added back.
+    earlier = Turn.objects.filter(
+        session=session, status=Turn.Status.COMPLETED, seq__lte=session.summary_through_seq
+    ).order_by("-seq")[:STATED_FACTS_LOOKBACK_TURNS]
+    stated = [TurnText(seq=seq, user=user, assistant="") for seq, user in earlier.values_list("seq", "user_message")]
     summary = summarize_turns(
         previous=session.summary,
         turns=texts,
@@ -228,6 +233,7 @@ def summarize_session_through(
         counter=counter,
         ctx=CallContext(purpose="summarize", agent_id=session.agent_id, session_id=session.pk),
         prompt_limit=budget.prompt_limit,
+        earlier=stated[::-1],
     )
     return _store(session=session, summary=summary, through_seq=new_through)
 
@@ -249,8 +255,11 @@ def summarize_turns(
     counter: TokenCounter,
     ctx: CallContext,
     prompt_limit: int,
+    earlier: Sequence[TurnText] = (),
 ) -> str:
-    """The previous summary merged with ``turns``, at most ``limit`` tokens: by the model, else extractive."""
+    """The previous summary merged with ``turns``, at most ``limit`` tokens: by the model, else extractive. A
+    model's summary keeps what the user stated in ``turns`` and ``earlier`` (turns already summarized):
+    ``with_stated_facts``."""
     instructions = SUMMARIZE_INSTRUCTIONS.format(limit=limit)
     fixed = counter.count(instructions) + counter.count(previous) + 64
     # A batch with a pasted document must still fit the summarizer's own prompt: cut each message evenly.
@@ -280,10 +289,108 @@ def summarize_turns(
     text = completion.text.strip()
     if not text:
         return extractive_summary(previous=previous, turns=turns, limit=limit, counter=counter)
-    if counter.count(text) > limit:
-        # The model ignored the bound: keep its highest-value lines.
-        return extractive_summary(previous=text, turns=[], limit=limit, counter=counter)
-    return text
+    return with_stated_facts(text, previous=previous, turns=[*earlier, *turns], limit=limit, counter=counter)
+
+
+# --- What the user stated outlives a model's summary ------------------------------------------------
+# A user's sentence states a fact when it scores this much (a number, a name, a personal or decision word).
+STATED_FACT_SCORE = 2.0
+# How many already-summarized turns are read again for stated facts a model's merge may drop (older ones are
+# carried by the summary's own ``- tN user:`` lines).
+STATED_FACTS_LOOKBACK_TURNS = 200
+# Stated facts a model's summary left out take at most this share of the summary's budget.
+STATED_FACTS_SHARE = 0.5
+_USER_LINE = re.compile(r"^- t(\d+) user: (.+)$")
+_KEY_STOP = frozenset(
+    "about after again always because before being could would should their there these those which while "
+    "where with from have this that they them then than what when your yours please thanks thank".split()
+)
+
+
+def _key_terms(sentence: str) -> tuple[list[str], list[str]]:
+    """What a summary must say for ``sentence`` to count as kept: its numbers, codes and names (exactly), and its
+    longer words (as 5-letter stems, so "peanuts" is kept by "peanut allergy")."""
+    exact: list[str] = []
+    stems: list[str] = []
+    for index, raw in enumerate(re.findall(r"\w[\w'-]*", sentence)):
+        word = raw.strip("'-")
+        if any(ch.isdigit() for ch in word) or (word[:1].isupper() and index > 0 and word != "I"):
+            exact.append(word.lower())
+        elif len(word) >= 6 and word.lower() not in _KEY_STOP:
+            stems.append(word.lower()[:5])
+    return exact, stems
+
+
+def _kept(sentence: str, summary: str) -> bool:
+    """Does ``summary`` carry ``sentence``: every number and name in it, and at least half its longer words?"""
+    text = summary.lower()
+    exact, stems = _key_terms(sentence)
+    if any(term not in text for term in exact):
+        return False
+    return not stems or sum(stem in text for stem in stems) >= 0.5 * len(stems)
+
+
+def stated_facts(*, previous: str, turns: Sequence[TurnText]) -> list[tuple[float, int, str]]:
+    """The user's own sentences that state a fact, as (score, turn, sentence): those the previous summary kept as
+    such (``- t12 user: …`` lines), then those of ``turns``. Questions are not facts."""
+    facts: list[tuple[float, int, str]] = []
+    seen: set[str] = set()
+
+    def add(seq: int, sentence: str) -> None:
+        key = re.sub(r"\W+", " ", sentence).strip().lower()
+        if key in seen or sentence.endswith("?") or len(sentence.split()) < 4:
+            return
+        score = _score(sentence)
+        if score >= STATED_FACT_SCORE:
+            seen.add(key)
+            facts.append((score, seq, sentence))
+
+    for line in previous.splitlines():
+        match = _USER_LINE.match(line.strip())
+        if match:
+            add(int(match.group(1)), match.group(2).strip())
+    for turn in turns:
+        for sentence in _SENTENCE.split(turn.user or ""):
+            add(turn.seq, sentence.strip(" -*\t"))
+    return facts
+
+
+def with_stated_facts(
+    summary: str, *, previous: str, turns: Sequence[TurnText], limit: int, counter: TokenCounter
+) -> str:
+    """A model's ``summary``, with the user's stated facts it left out added in the user's words, within ``limit``.
+
+    A model, a small one above all, may summarize a conversation into something else: quote it, keep its
+    last lines, drop a name or an allergy. What the user said about themselves and the task must survive
+    every summary, as it does the extractive one: each sentence of the user that states a fact (a number or
+    code, a name, a personal or decision word) and whose numbers, names and half its words the summary does not
+    carry is added as a line of its own (``- t3 user: I have a peanut allergy.``), and carried into the next
+    summary the same way. They take at most ``STATED_FACTS_SHARE`` of the budget (the highest-scoring, then
+    the newest, first); the model's summary is shortened to make room."""
+    missing = [
+        (score, f"- t{seq} user: {sentence}")
+        for score, seq, sentence in stated_facts(previous=previous, turns=turns)
+        if not _kept(sentence, summary)
+    ]
+    lines: list[str] = []
+    if missing:
+        room = int(limit * STATED_FACTS_SHARE)
+        ranked = sorted(range(len(missing)), key=lambda i: (missing[i][0], i), reverse=True)
+        chosen: set[int] = set()
+        used = 0
+        for i in ranked:
+            line = counter.truncate(missing[i][1], EXTRACT_LINE_TOKENS)
+            cost = counter.count(line) + 1
+            if used + cost <= room:
+                chosen.add(i)
+                used += cost
+        lines = [counter.truncate(missing[i][1], EXTRACT_LINE_TOKENS) for i in sorted(chosen)]
+    facts = "\n".join(lines)
+    left = limit - (counter.count(facts) + 1 if facts else 0)
+    if counter.count(summary) > left:
+        # The model ignored the bound, or the facts need the room: keep its highest-value lines.
+        summary = extractive_summary(previous=summary, turns=[], limit=max(0, left), counter=counter)
+    return "\n".join(part for part in (summary, facts) if part)
 
 
 # --- Extractive fallback ------------------------------------------------------------------------

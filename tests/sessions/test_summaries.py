@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from agents.llm.base import LLMConnectionError
+from agents.llm.base import CallContext, LLMConnectionError
 from agents.llm.scripted import ScriptedProvider, ScriptedReply
 from agents.llm.tokens import counter_for
 from agents.models import Agent
@@ -142,7 +142,68 @@ def test_model_summary_is_stored_and_the_service_is_idempotent(alice: Any, agent
     assert summarize_session_through(session_id=session.pk, through_seq=6, provider=provider) is True
     assert "QX-4471" in provider.requests[1].messages[1]["content"]
     session.refresh_from_db()
-    assert (session.summary, session.summary_through_seq) == ("- merged", 6)
+    # The merge dropped what the user stated on turn 1: it is added back in the user's words.
+    assert session.summary.startswith("- merged\n") and session.summary_through_seq == 6
+    assert f"- t1 user: {FACT}" in session.summary
+
+
+GALLERY_TURNS = [
+    TurnText(seq=1, user="Hi, my name is Dana Whitfield and my frequent flyer number is QX-4471.", assistant="Hi!"),
+    TurnText(seq=2, user="I'd like to book a flight from Lisbon to Oslo.", assistant="Sure, when?"),
+    TurnText(
+        seq=3,
+        user="I have a peanut allergy; peanuts make me very ill, so I always need a nut-free meal.",
+        assistant="Noted.",
+    ),
+    TurnText(seq=4, user="My partner Sam Ortega is travelling with me, he prefers the aisle seat.", assistant="Ok."),
+    TurnText(seq=5, user="How early should we be at the airport in Lisbon?", assistant="Two hours."),
+    TurnText(seq=6, user="We are 2 passengers. Which flights leave in the morning?", assistant="Let me look."),
+]
+
+
+def _summarize_with(model_summary: str, limit: int = 300) -> str:
+    from sessions.summaries import summarize_turns
+
+    provider = ScriptedProvider([model_summary])
+    return summarize_turns(
+        previous="",
+        turns=GALLERY_TURNS,
+        limit=limit,
+        provider=provider,
+        counter=COUNTER,
+        ctx=CallContext(purpose="summarize"),
+        prompt_limit=4000,
+    )
+
+
+def test_what_the_user_stated_survives_a_model_summary_that_drops_it(db: Any) -> None:
+    """A small model's summary (a real one, Gemma 3 270M, quoted the chat's start instead): every fact the
+    user stated is still in the stored summary, in the user's words; their questions are not facts."""
+    summary = _summarize_with("- The user greeted the assistant.\n- The assistant said hi.")
+    assert summary.startswith("- The user greeted the assistant.")
+    for fact in ("Dana Whitfield", "QX-4471", "Lisbon to Oslo", "peanut allergy", "Sam Ortega", "2 passengers"):
+        assert fact in summary, (fact, summary)
+    assert "How early" not in summary and "Which flights" not in summary
+    assert COUNTER.count(summary) <= 300
+
+
+def test_a_model_summary_that_carries_the_facts_is_kept_as_written(db: Any) -> None:
+    written = (
+        "- Dana Whitfield (frequent flyer QX-4471) books a flight Lisbon to Oslo for 2 passengers.\n"
+        "- Peanut allergy: always needs a nut-free meal. Partner Sam Ortega travelling too, prefers the aisle."
+    )
+    assert _summarize_with(written) == written
+
+
+def test_stated_facts_take_at_most_half_the_summary_budget_and_the_model_summary_is_shortened_to_fit(
+    db: Any,
+) -> None:
+    model_summary = "\n".join(f"- point {i}: the assistant explained rule {i} of the booking." for i in range(40))
+    summary = _summarize_with(model_summary, limit=120)
+    assert COUNTER.count(summary) <= 120
+    assert "- point" in summary  # the model's own lines keep the other half
+    kept = [line for line in summary.splitlines() if " user: " in line]
+    assert kept and sum(COUNTER.count(line) + 1 for line in kept) <= 60
 
 
 def test_summary_never_moves_backwards(alice: Any, agent: Agent) -> None:

@@ -653,3 +653,74 @@ def test_try_retrieval_shows_each_candidates_scores_at_desktop_and_phone_sizes(
     name = "desktop" if viewport is DESKTOP else "phone"
     page.screenshot(path=str(SCREENSHOTS / f"try-retrieval-{name}.png"))
     context.close()
+
+
+# A normal booking that takes 15 turns (small talk and questions on the way): its prompts grow with the history,
+# as every chat's do, and nothing else happens.
+FIFTEEN_TURNS = [
+    "Hi",
+    "I'd like to book a flight",
+    "From London to Paris",
+    "hmm",
+    "what do you need?",
+    "March 10 to March 15",
+    "ok",
+    "tell me more",
+    "2 passengers",
+    "wait",
+    "what do I have so far",
+    "ok fine",
+    "sure",
+    "really",
+    "yes",
+]
+
+
+SPILLED_CARDS = """[...document.querySelectorAll('.cards .card')].filter((card, i, cards) => {
+  const box = card.getBoundingClientRect(), next = cards[i + 1] && cards[i + 1].getBoundingClientRect();
+  const inside = [...card.querySelectorAll('*')].every(e => e.getBoundingClientRect().right <= box.right + 1);
+  return card.scrollWidth > card.clientWidth + 1 || !inside
+    || (next && Math.abs(next.top - box.top) < 1 && next.left < box.right - 1);
+}).map(card => card.innerText.slice(0, 60))"""
+
+
+def test_a_normal_15_turn_booking_is_healthy_on_both_ops_pages_and_its_admin_page_fits_1280(
+    browser: Any, live_server: Any, staff: Any, alice: Any, booking_agent: Agent
+) -> None:
+    """Issue 36: /ops/ listed no session at risk while the session's own page called this one "at risk"
+    (prompt tokens up 85 %); its cards spilled their text; and the session's admin page was 1,466 px wide at
+    1280, the checkpoints' "Resume from #N" off the screen."""
+    from agents.runtime import turn_run
+    from sessions.services import session_create
+
+    session = session_create(user=alice, agent=booking_agent)
+    for message in FIFTEEN_TURNS:
+        assert turn_run(session=session, message=message).turn.status == "completed"
+    session.refresh_from_db()
+    assert session.state == "COMPLETED"
+    context = browser.new_context(viewport=DESKTOP)
+    page = context.new_page()
+    _sign_in(page, live_server.url, "staff", "staff-pass-123")
+
+    page.goto(f"{live_server.url}/ops/")
+    assert page.locator(f"#at-risk a[href*='{session.pk}']").count() == 0
+    page.goto(f"{live_server.url}/ops/sessions/{session.pk}/")
+    assert page.locator("#verdict").inner_text() == "Verdict: healthy"
+    for url in ("/ops/", f"/ops/sessions/{session.pk}/"):
+        page.goto(live_server.url + url)
+        for viewport in (DESKTOP, PHONE):
+            page.set_viewport_size(viewport)
+            # No card's text runs past its card, and no card runs into the next one.
+            spilled = page.evaluate(SPILLED_CARDS)
+            assert spilled == [], (url, viewport, spilled)
+            assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1"), (url, viewport)
+        page.set_viewport_size(DESKTOP)
+
+    page.goto(f"{live_server.url}/admin/chat_sessions/chatsession/{session.pk}/change/")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    resume = page.locator("#checkpoints-group button", has_text="Resume from #").last
+    resume.scroll_into_view_if_needed()
+    box = resume.bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= DESKTOP["width"]
+    page.screenshot(path=str(SCREENSHOTS / "session-admin-1280.png"))
+    context.close()

@@ -481,12 +481,15 @@ def test_asking_for_a_person_hands_over_and_a_staff_reply_arrives_live_signed(
     assert notice.is_visible() and "A person on our team has this chat now" in notice.inner_text()
     assert "passed this conversation to a person" in reply.inner_text()
 
-    # Staff answer from the admin's side: the reply appears in the open page, signed, without a reload.
+    # Staff answer from the admin's side: the reply appears in the open page, signed with the staff member's
+    # name (never their username: "staff"), without a reload.
+    staff.first_name, staff.last_name = "Sam", "Lee"
+    staff.save(update_fields=["first_name", "last_name"])
     handoff_reply(session=session, text="Hello Alice, I'm Sam. Where would you like to go?", author=staff)
     staff_bubble = page.locator("li.msg.staff").last
     staff_bubble.wait_for(state="visible", timeout=15_000)
     assert "Hello Alice, I'm Sam." in staff_bubble.inner_text()
-    assert "staff · a person on our team" in staff_bubble.locator(".who").inner_text()
+    assert staff_bubble.locator(".who").inner_text() == "Sam Lee · a person on our team"
     assert _in_view_above_composer(page, staff_bubble)
     page.screenshot(path=str(SCREENSHOTS / f"staff-reply-live-{viewport['width']}.png"))
 
@@ -495,7 +498,8 @@ def test_asking_for_a_person_hands_over_and_a_staff_reply_arrives_live_signed(
     notice.wait_for(state="hidden", timeout=15_000)
     page.reload()
     assert page.locator("li.msg.staff").count() == 1  # kept, signed, after a reload as well
-    assert "[staff (staff)]" not in page.locator("li.msg.assistant").last.inner_text()
+    assert page.locator("li.msg.staff .who").inner_text() == "Sam Lee · a person on our team"
+    assert "(staff)]" not in page.locator("li.msg.assistant").last.inner_text()
     context.close()
 
 
@@ -642,6 +646,10 @@ def test_try_retrieval_shows_each_candidates_scores_at_desktop_and_phone_sizes(
     headers = [h.strip() for h in page.locator("#candidates thead th").all_text_contents()]
     assert [h for h in headers if h in ("cosine", "crowding", "words")] == ["cosine", "crowding", "words"]
     first = page.locator("#candidates tbody tr").first
+    if viewport is DESKTOP:
+        # The text column is on screen with room to read, not cut off at the box's edge (issue 36).
+        text = first.locator("td.candidate-text").bounding_box()
+        assert text is not None and text["width"] >= 200 and text["x"] + text["width"] <= viewport["width"]
     cells = [c.strip() for c in first.locator("td").all_text_contents()]
     cosine = cells[headers.index("cosine")]
     assert cosine != "—" and 0.0 <= float(cosine) <= 1.0
@@ -723,4 +731,43 @@ def test_a_normal_15_turn_booking_is_healthy_on_both_ops_pages_and_its_admin_pag
     box = resume.bounding_box()
     assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= DESKTOP["width"]
     page.screenshot(path=str(SCREENSHOTS / "session-admin-1280.png"))
+    context.close()
+
+
+def test_the_curation_desk_keeps_its_place_after_an_action(
+    browser: Any, live_server: Any, staff: Any, alice: Any
+) -> None:
+    """Issue 36: after a pin, an archive or an edit the desk came back at its top; it comes back at the memory
+    acted on."""
+    from memory.services import memory_create
+
+    made = [
+        memory_create(user=alice, kind="semantic", text=f"Fact {i}: the user collects stamp {i}.") for i in range(40)
+    ]
+    # Newest first: the 10th oldest is far down the page.
+    target = made[9]
+    context = browser.new_context(viewport=DESKTOP)
+    page = context.new_page()
+    _sign_in(page, live_server.url, "staff", "staff-pass-123")
+    page.goto(f"{live_server.url}/admin/memory/memory/desk/{alice.pk}/")
+    row = page.locator(f"#memory-{target.pk}")
+    row.scroll_into_view_if_needed()
+    assert page.evaluate("window.scrollY") > 0
+    for button, badge in (("Pin", "pinned"), ("Archive", "archived")):
+        with page.expect_navigation():
+            row.locator("button", has_text=button).click()
+        page.wait_for_load_state("load")
+        assert badge in row.inner_text()
+        box = row.bounding_box()
+        assert page.evaluate("window.scrollY") > 0, f"after {button} the desk went back to its top"
+        assert box is not None and 0 <= box["y"] and box["y"] + box["height"] <= DESKTOP["height"]
+    # An edit in place too.
+    row.locator("summary", has_text="Edit").click()
+    row.locator("textarea").fill("The user collects stamps from Portugal.")
+    with page.expect_navigation():
+        row.locator("button", has_text="Save the new text").click()
+    page.wait_for_load_state("load")
+    assert "stamps from Portugal" in row.inner_text()
+    box = row.bounding_box()
+    assert box is not None and 0 <= box["y"] and box["y"] + box["height"] <= DESKTOP["height"]
     context.close()

@@ -116,15 +116,21 @@ def _inspector(turn: Turn | None) -> dict[str, Any] | None:
 
 
 def _panels_context(request: HttpRequest, session: ChatSession) -> dict[str, Any]:
-    last = session.turns.exclude(status=Turn.Status.RUNNING).order_by("-seq").first()
-    retrieval = (last.retrieval if last is not None else None) or {}
+    finished = session.turns.exclude(status=Turn.Status.RUNNING).order_by("-seq")
+    last = finished.first()
+    # The agent's latest turn that searched memory and built a prompt: turns a person answered (a handed-off
+    # chat) have neither, and left the panel saying "No turn yet." and the inspector gone (issue 36).
+    searched = last if last is None or last.retrieval else finished.exclude(retrieval={}).first()
+    composed = last if last is None or last.composition else finished.exclude(composition={}).first()
+    retrieval = (searched.retrieval if searched is not None else None) or {}
     return {
         "session": session,
         "workflow": _workflow_panel(session),
         "last_turn": last,
+        "retrieval_turn": searched,
         "retrieval": retrieval,
         **_kept_and_dropped(retrieval.get("candidates") or []),
-        "inspector": _inspector(last) if request.user.is_staff else None,
+        "inspector": _inspector(composed) if request.user.is_staff else None,
     }
 
 

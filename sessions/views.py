@@ -22,13 +22,13 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.cache import cache
 from django.core.paginator import Paginator
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Prefetch
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from agents.models import Agent
+from agents.models import Agent, ToolInvocation
 from agents.serializers import agent_model_label
 from agents.workflows import get_workflow, state_label
 from config.api_errors import error_body, error_response, refusal_headers, runtime_error_status
@@ -54,10 +54,12 @@ def _workflow_panel(session: ChatSession) -> dict[str, Any]:
     states: list[str] = []
     title = session.workflow
     terminal: set[str] = set()
+    slots: tuple[str, ...] = ()
     label: Callable[[str], str] = state_words
     try:
         workflow = get_workflow(session.workflow, session.workflow_version)
         states = list(workflow.states)
+        slots = workflow.slot_names
         title = str(getattr(workflow, "title", "") or session.workflow)
         terminal = set(workflow.terminal_states)
         label = workflow.state_label
@@ -74,7 +76,11 @@ def _workflow_panel(session: ChatSession) -> dict[str, Any]:
         }
         for i, name in enumerate(states)
     ]
-    data = [(key, value) for key, value in (session.data or {}).items() if value not in (None, "", [])]
+    # In the workflow's order of its slots (origin before destination), then what its actions added: the stored
+    # order is jsonb's (shortest key first), which put "origin" after "passengers".
+    known = {key: value for key, value in (session.data or {}).items() if value not in (None, "", [])}
+    place = {slot: i for i, slot in enumerate(slots)}
+    data = sorted(known.items(), key=lambda item: place.get(item[0], len(place)))
     return {
         "title": title,
         "steps": steps,
@@ -229,7 +235,9 @@ def chat(request: HttpRequest, session_id: UUID) -> HttpResponse:
     drawn = timezone.now()  # before the turns are read: what finishes meanwhile comes as an event
     before = request.GET.get("before", "")
     older = before.isascii() and before.isdigit() and 0 < len(before) <= 9
-    turns = session.turns.order_by("-seq")
+    # The tools each turn ran, marked under its reply as the live stream marks them (they vanished on reload).
+    tools = Prefetch("tool_invocations", queryset=ToolInvocation.objects.order_by("id").only("turn_id", "name", "ok"))
+    turns = session.turns.order_by("-seq").prefetch_related(tools)
     if older:
         turns = turns.filter(seq__lt=int(before))
     page = list(turns[: CHAT_PAGE_TURNS + 1])

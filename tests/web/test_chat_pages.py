@@ -609,3 +609,29 @@ def test_a_handed_off_chat_keeps_the_agents_last_memory_search_and_the_inspector
     assert "No turn yet." not in memory
     assert "parcel number is 4417" in memory and "turn #1, the agent's last" in memory
     assert 'id="inspector"' in page and "turn #1 · staff" in page
+
+
+@pytest.mark.django_db
+def test_the_tool_a_turn_ran_is_still_marked_after_a_reload(alice: Any, booking_agent: Agent) -> None:
+    """Issue 36: the live stream marks "tool book_flight ✓" under the reply; a reload lost it."""
+    session = session_create(user=alice, agent=booking_agent)
+    for message in BOOKING:
+        turn_run(session=session, message=message)
+    page = _signed_in(alice).get(f"/chats/{session.pk}/").content.decode()
+    assert page.count('<span class="tool">tool book_flight ✓</span>') == 1
+
+
+@pytest.mark.django_db
+def test_the_collected_data_is_in_the_workflows_order_and_each_step_has_a_plain_label(
+    alice: Any, booking_agent: Agent
+) -> None:
+    """Issue 36: the panel listed what was collected in the stored dict's order (jsonb keeps keys shortest
+    first: "origin" after "passengers"), and named a step "How many travel"."""
+    session = session_create(user=alice, agent=booking_agent)
+    arrived = {"passengers": 2, "destination": "Paris", "booking_reference": "4U83VC", "origin": "London"}
+    ChatSession.objects.filter(pk=session.pk).update(data=arrived, state="CONFIRMING")
+    page = _signed_in(alice).get(f"/chats/{session.pk}/").content.decode()
+    collected = page[page.index('id="collected"') : page.index("</dl>")]
+    keys = [part.split("</dt>")[0] for part in collected.split("<dt>")[1:]]
+    assert keys == ["origin", "destination", "passengers", "booking_reference"]
+    assert ">Passengers</li>" in page and "How many travel" not in page

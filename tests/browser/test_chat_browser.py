@@ -771,3 +771,46 @@ def test_the_curation_desk_keeps_its_place_after_an_action(
     box = row.bounding_box()
     assert box is not None and 0 <= box["y"] and box["y"] + box["height"] <= DESKTOP["height"]
     context.close()
+
+
+def test_a_20000_character_message_is_clamped_with_show_all_and_the_side_panels_stay_in_view(
+    browser: Any, live_server: Any, alice: Any
+) -> None:
+    """Issue 36: a pasted 20,000-character message was drawn at full height, and the side panels (workflow,
+    memory) scrolled away with a long chat."""
+    from sessions.models import ChatSession, Turn
+
+    agent = Agent.objects.create(name="Chatter", slug="chatter", system_prompt="Chat.", workflow="free_chat")
+    session = ChatSession.objects.create(user=alice, agent=agent, workflow="free_chat", state="CHATTING", title="Long")
+    pasted = ("A pasted log line with words in it, again and again. " * 380)[:20_000]
+    for seq in range(1, 21):
+        Turn.objects.create(
+            session=session,
+            seq=seq,
+            user_message=pasted if seq == 10 else f"Question {seq}: tell me about the weather.",
+            assistant_message=f"Answer {seq}. " + "It was sunny and mild all day. " * 6,
+            status=Turn.Status.COMPLETED,
+        )
+    context = browser.new_context(viewport=DESKTOP)
+    page = context.new_page()
+    _sign_in(page, live_server.url, "alice", "alice-pass-123")
+    page.goto(f"{live_server.url}/chats/{session.pk}/")
+    page.wait_for_load_state("networkidle")
+
+    # At the newest message, the bottom of a long page: the panels are still in the window.
+    assert page.evaluate("window.scrollY") > 0
+    panel = page.locator("#workflow-panel").bounding_box()
+    assert panel is not None and 0 <= panel["y"] < DESKTOP["height"], panel
+
+    long_message = page.locator("li.msg.user", has_text="A pasted log line").first
+    long_message.scroll_into_view_if_needed()
+    bubble = long_message.locator(".bubble")
+    assert bubble.bounding_box()["height"] < 400
+    toggle = long_message.locator("button.expand")
+    assert toggle.inner_text() == "Show all"
+    toggle.click()
+    assert bubble.bounding_box()["height"] > 2000
+    assert toggle.inner_text() == "Show less"
+    # A short message has no button.
+    assert page.locator("li.msg.user", has_text="Question 11").locator("button.expand").count() == 0
+    context.close()

@@ -12,6 +12,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from rest_framework.authtoken.admin import TokenAdmin
+from rest_framework.authtoken.models import TokenProxy
 
 from agents.api import export_download
 from agents.endpoints import endpoint_test, ollama_models, ollama_url
@@ -113,6 +115,18 @@ class AgentAdmin(admin.ModelAdmin):
             if obj is not None and obj.workflow not in {name for name, _title in choices}:
                 choices.append((obj.workflow, f"{obj.workflow} (not available)"))
             workflow.widget = forms.Select(choices=[(name, f"{title} ({name})") for name, title in choices])
+        if "tools" in form.base_fields:
+            # The registered tools to tick (it was a raw JSON box); one the agent has that is no longer
+            # registered is shown as such, and the save refuses it until it is unticked (Agent.clean).
+            names = _tool_names()
+            had = obj.tools if obj is not None and isinstance(obj.tools, list) else []
+            gone = [t for t in had if isinstance(t, str) and t not in names]
+            form.base_fields["tools"] = forms.MultipleChoiceField(
+                choices=[(name, name) for name in names] + [(name, f"{name} (not available)") for name in gone],
+                required=False,
+                widget=forms.CheckboxSelectMultiple,
+                help_text="The registered tools this agent may call.",
+            )
         field = form.base_fields.get("endpoint")
         if field is not None:
             # Profile names only: a profile's settings (and the name of its key variable) stay on the server.
@@ -469,6 +483,30 @@ class PersonAdmin(UserAdmin):
                 self.message_user(request, f"{person.get_username()}: not erased: {exc}", level=messages.ERROR)
         self.message_user(request, f"Erased the data of {erased} person(s); their accounts stay.")
         return None
+
+
+class TokenKeyHiddenAdmin(TokenAdmin):
+    """DRF's token admin without the keys in plain text: a key is a password to the user's data. The list and
+    the token's page show its first four characters; the whole key is shown once, in the message after it
+    is added (for staff to hand it over)."""
+
+    list_display = ("key_hint", "user", "created")
+
+    @admin.display(description="key")
+    def key_hint(self, obj: Any) -> str:
+        return f"{obj.key[:4]}…"
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        token = self.get_object(request, object_id)
+        hint = {"subtitle": f"{token.key[:4]}… of {token.user}"} if token is not None else {}
+        return super().change_view(request, object_id, form_url, {**hint, **(extra_context or {})})
+
+
+if admin.site.is_registered(TokenProxy):
+    admin.site.unregister(TokenProxy)
+admin.site.register(TokenProxy, TokenKeyHiddenAdmin)
 
 
 User = get_user_model()

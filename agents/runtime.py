@@ -468,6 +468,12 @@ def _stuck(older_than: timedelta | None) -> QuerySet[Turn]:
     return stuck_turns_find(older_than=age)
 
 
+def staff_display_name(user: Any) -> str:
+    """How a staff member signs a reply to a user: their full name, else ``STAFF_REPLY_NAME`` ("Support")."""
+    full = getattr(user, "get_full_name", lambda: "")() or ""
+    return " ".join(full.split())[:80] or str(getattr(settings, "STAFF_REPLY_NAME", "Support"))
+
+
 def handoff_reply(*, session: ChatSession, text: str, author: Any) -> Turn:
     """A person answers a session that was handed to a human; the reply is added to the latest turn (its text,
     and its list of staff replies, which the chat shows apart and live)."""
@@ -475,7 +481,14 @@ def handoff_reply(*, session: ChatSession, text: str, author: Any) -> Turn:
     turn = session.turns.order_by("-seq").first()
     if turn is None:
         raise MessageRejected("no_turn", "This session has no message to answer yet.")
-    reply = {"author": author.get_username(), "text": text, "at": timezone.now().isoformat()}
+    # The user sees a name to address, not a login: the staff member's full name, else STAFF_REPLY_NAME. The
+    # username stays in the reply for staff pages (the live chat) and is never sent to the user.
+    reply = {
+        "author": staff_display_name(author),
+        "staff": author.get_username(),
+        "text": text,
+        "at": timezone.now().isoformat(),
+    }
     signed = staff_signed(reply)
     # Appended in the database, in one statement: two staff replying at once both land (a read-modify-write
     # of the text kept only the last one).

@@ -335,6 +335,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
 }
 # Checkpoints kept per session by the pruning policy (state changes are always kept).
 CHECKPOINT_KEEP_LAST = env_int("CHECKPOINT_KEEP_LAST", 50, minimum=1)
+# How a staff reply is signed to the user when the staff member has no full name (never their username).
+STAFF_REPLY_NAME = (env_str("STAFF_REPLY_NAME", "Support") or "Support").strip()[:80] or "Support"
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 # Progressive summaries (sessions.summaries): ask this many turns before turns leave the window, in
 # batches of at least this many turns, so the next call normally finds the summary ready.

@@ -308,7 +308,7 @@ class MemoryAdmin(LogAdmin):
             }
             return TemplateResponse(request, "admin/memory/memory/merge_confirmation.html", context)
         try:
-            kept = memories_merge(memories=selected)
+            kept = memories_merge(memories=selected, text=request.POST.get("combined"))
         except ValueError as exc:
             self.message_user(request, str(exc), level=messages.ERROR)
             return None

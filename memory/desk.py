@@ -16,7 +16,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.postgres.search import SearchQuery, SearchRank
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import F, QuerySet
+from django.db.models import F, QuerySet, Value
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -72,7 +72,9 @@ def desk_user(model_admin: Any, request: HttpRequest, user_id: int) -> HttpRespo
         words = SearchQuery(q, config="english", search_type="websearch")
         found = (
             theirs.filter(search_vector=words)
-            .annotate(rank=SearchRank(F("search_vector"), words))
+            # Divided by the text's length in words (normalization 2): ts_rank alone grows with every
+            # occurrence, so a 20,000-character paste that repeats the word outranked the statement naming it.
+            .annotate(rank=SearchRank(F("search_vector"), words, normalization=Value(2)))
             .order_by("-rank", "-occurred_at")
         )
     elif q:
@@ -139,7 +141,7 @@ def _act(model_admin: Any, request: HttpRequest, user: Any) -> HttpResponse:
         elif action in ("pin", "unpin", "archive", "restore"):
             _apply(action, Memory.objects.filter(pk=memory.pk))
             messages.success(request, f"#{memory.pk} {DONE[action]}.")
-        return HttpResponseRedirect(back)
+        return _back_to(back, memory.pk)
     action = request.POST.get("action", "")
     ids = [int(i) for i in request.POST.getlist("ids") if i.isdigit()]
     chosen = list(Memory.objects.filter(user=user, pk__in=ids).order_by("-occurred_at"))
@@ -169,15 +171,21 @@ def _act(model_admin: Any, request: HttpRequest, user: Any) -> HttpResponse:
         return TemplateResponse(request, "admin/memory/desk_confirm.html", context)
     if action == "merge":
         try:
-            kept = memories_merge(memories=chosen)
+            kept = memories_merge(memories=chosen, text=request.POST.get("combined"))
         except ValueError as exc:
             messages.error(request, f"Not merged: {exc}")
             return HttpResponseRedirect(back)
         messages.success(request, f"Merged {len(chosen)} memories into #{kept.pk}; the others are archived.")
-    else:
-        changed = _apply(action, Memory.objects.filter(pk__in=[m.pk for m in chosen]))
-        messages.success(request, f"{BULK_ACTIONS[action]}: {changed} of {len(chosen)} memories changed.")
-    return HttpResponseRedirect(back)
+        return _back_to(back, kept.pk)
+    changed = _apply(action, Memory.objects.filter(pk__in=[m.pk for m in chosen]))
+    messages.success(request, f"{BULK_ACTIONS[action]}: {changed} of {len(chosen)} memories changed.")
+    return _back_to(back, chosen[0].pk)
+
+
+def _back_to(back: str, memory_id: int) -> HttpResponse:
+    """Back to the page staff acted on, at the memory they acted on (the browser scrolls to the anchor): a pin
+    halfway down the timeline no longer lands them at its top."""
+    return HttpResponseRedirect(f"{back.split('#', 1)[0]}#memory-{memory_id}")
 
 
 def _apply(action: str, memories: QuerySet[Memory]) -> int:

@@ -1131,8 +1131,12 @@ def memories_for_prompt(
         ranked.append((score, cand, relevance, report))
     ranked.sort(key=lambda r: -r[0])
 
+    # A recent action is kept (what the user was doing last time) but is not "needed to answer": it gets the
+    # rank score a tier-2 candidate would (its fused score on this query's scale, importance, recency) and its
+    # place among the relevant ones by that score, not 1.0 and first. Profile facts and pinned ones stay 1.0.
+    fused_of = {c.memory_id: c.fused for c in fused}
     used = 0
-    for memory, _reason in tier1:
+    for memory, reason in tier1:
         text = prompt_text(memory)
         tokens = counter.count(text)
         report = tier1_reports[memory.id]
@@ -1141,7 +1145,14 @@ def memories_for_prompt(
             continue
         used += tokens
         report.kept = True
-        result.items.append(RetrievedMemory(memory=memory, text=text, score=1.0, tier=1, tokens=tokens))
+        score = 1.0
+        if reason == "recent action":
+            score = (
+                WEIGHT_RELEVANCE * min(1.0, fused_of.get(memory.id, 0.0) / best_fused)
+                + WEIGHT_IMPORTANCE * memory.importance
+                + WEIGHT_RECENCY * _recency(memory, now)
+            )
+        result.items.append(RetrievedMemory(memory=memory, text=text, score=score, tier=1, tokens=tokens))
     most = int(settings.MEMORY_MAX_KEPT)
     for score, cand, relevance, report in ranked:
         memory = loaded[cand.memory_id]
@@ -1157,6 +1168,8 @@ def memories_for_prompt(
         report.kept = True
         report.reason = f"relevant ({source} {relevance:.2f}), rank score {score:.3f}"
         result.items.append(RetrievedMemory(memory=memory, text=text, score=score, tier=2, tokens=tokens))
+    # Profile facts and pinned memories first (1.0), then the relevant ones and the recent actions by score.
+    result.items.sort(key=lambda item: (item.score < 1.0, -item.score))
     result.candidates = reports
     result.total_tokens = used
     timings["rank"] = (time.perf_counter() - started) * 1000

@@ -295,8 +295,9 @@ def memories_set_archived(*, memories: QuerySet[Memory], archived: bool) -> int:
 
 
 def merge_plan(memories: Sequence[Memory]) -> tuple[Memory, list[Memory], str]:
-    """What merging ``memories`` would do: the one kept, the ones archived, and the kept one's new text (each
-    distinct text once, the kept one's first). ``ValueError`` when they may not be merged: fewer than two,
+    """What merging ``memories`` would do: the one kept, the ones archived, and the kept one's proposed text
+    (each distinct text once, the kept one's first, one to a line: staff edit it into one statement before they
+    confirm; run together, "User: I sail. User: my boat is Wren." read as one glued sentence). ``ValueError`` when they may not be merged: fewer than two,
     of different users, or of different kinds (an episode and a fact are not duplicates of each other)."""
     if len(memories) < 2:
         raise ValueError("select at least two memories to merge")
@@ -317,14 +318,17 @@ def merge_plan(memories: Sequence[Memory]) -> tuple[Memory, list[Memory], str]:
         if text and key not in seen:
             seen.add(key)
             parts.append(text if text[-1] in ".!?" else text + ".")
-    return ordered[0], ordered[1:], " ".join(parts)
+    return ordered[0], ordered[1:], "\n".join(parts)
 
 
-def memories_merge(*, memories: Sequence[Memory]) -> Memory:
-    """Merge duplicates of one user and one kind into one memory (``merge_plan``): the kept one takes the
-    combined text (re-embedded), the highest importance, the pin and the access counts; the others are
-    archived. All in one transaction."""
-    keeper, others, text = merge_plan(memories)
+def memories_merge(*, memories: Sequence[Memory], text: str | None = None) -> Memory:
+    """Merge duplicates of one user and one kind into one memory (``merge_plan``): the kept one takes ``text``
+    (as staff edited it; else the plan's combined text), re-embedded, the highest importance, the pin and the
+    access counts; the others are archived. All in one transaction. ``ValueError`` for an empty text."""
+    keeper, others, planned = merge_plan(memories)
+    text = planned if text is None else text.strip()
+    if not text:
+        raise ValueError("the merged memory needs text")
     with transaction.atomic():
         now = timezone.now()
         # Archived and closed: they are replaced by the kept one (closing also takes them out of the duplicate

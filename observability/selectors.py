@@ -414,7 +414,7 @@ def session_health(*, session: ChatSession, recent_turns: int = 30) -> SessionHe
     """Per-turn tokens, retries and states of one session, and the death-spiral signals among them.
 
     Signals: prompt tokens per turn up 30 % from the first third of the recent turns to the last
-    third; a fifth of calls retried; any reset or FAILED checkpoint; the FSM re-entering states
+    third and, at their slope, reaching the agent's context window within 20 turns; a fifth of calls retried; any reset or FAILED checkpoint; the FSM re-entering states
     (two or more revisits); a step-limit hit; tool errors in a quarter of the turns.
     """
     turns = list(
@@ -500,10 +500,28 @@ def session_health(*, session: ChatSession, recent_turns: int = 30) -> SessionHe
     return replace(health, signals=_signals(health, retried=int(call_totals["retried"]), turns=len(rows)))
 
 
+# Prompt tokens that grow are a spiral only when, at their present slope, they reach the agent's context window
+# within this many turns. A chat's history makes every prompt grow a little per turn (a normal 15-turn booking goes
+# from 400 to 1,000 tokens, +85 %) until the summaries fold it; that is not a risk, and /ops/ does not list it.
+TOKENS_REACH_WINDOW_TURNS = 20
+
+
+def _tokens_heading_for_the_window(health: SessionHealth) -> bool:
+    slope = health.tokens_slope_per_turn or 0
+    if health.tokens_growth is None or health.tokens_growth <= 0.3 or slope <= 0 or not health.turns:
+        return False
+    window = getattr(health.session.agent, "context_window", None) or 8192
+    latest = health.turns[-1].prompt_tokens
+    return latest + slope * TOKENS_REACH_WINDOW_TURNS >= window
+
+
 def _signals(health: SessionHealth, *, retried: int, turns: int) -> list[str]:
     signals = []
-    if health.tokens_growth is not None and health.tokens_growth > 0.3 and (health.tokens_slope_per_turn or 0) > 0:
-        signals.append(f"prompt tokens per turn up {health.tokens_growth:.0%} across recent turns")
+    if _tokens_heading_for_the_window(health):
+        signals.append(
+            f"prompt tokens per turn up {health.tokens_growth or 0:.0%} across recent turns, heading for the "
+            "context window"
+        )
     if health.calls and retried / health.calls >= 0.2:
         signals.append(f"{retried} of {health.calls} model calls needed retries ({health.retries} retries)")
     if health.resets:

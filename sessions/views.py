@@ -23,13 +23,13 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.cache import cache
 from django.core.paginator import Paginator
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Prefetch
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from agents.models import Agent
+from agents.models import Agent, ToolInvocation
 from agents.serializers import agent_model_label
 from agents.workflows import get_workflow, state_label
 from config import events as run_channel
@@ -56,10 +56,12 @@ def _workflow_panel(session: ChatSession) -> dict[str, Any]:
     states: list[str] = []
     title = session.workflow
     terminal: set[str] = set()
+    slots: tuple[str, ...] = ()
     label: Callable[[str], str] = state_words
     try:
         workflow = get_workflow(session.workflow, session.workflow_version)
         states = list(workflow.states)
+        slots = workflow.slot_names
         title = str(getattr(workflow, "title", "") or session.workflow)
         terminal = set(workflow.terminal_states)
         label = workflow.state_label
@@ -76,7 +78,11 @@ def _workflow_panel(session: ChatSession) -> dict[str, Any]:
         }
         for i, name in enumerate(states)
     ]
-    data = [(key, value) for key, value in (session.data or {}).items() if value not in (None, "", [])]
+    # In the workflow's order of its slots (origin before destination), then what its actions added: the stored
+    # order is jsonb's (shortest key first), which put "origin" after "passengers".
+    known = {key: value for key, value in (session.data or {}).items() if value not in (None, "", [])}
+    place = {slot: i for i, slot in enumerate(slots)}
+    data = sorted(known.items(), key=lambda item: place.get(item[0], len(place)))
     return {
         "title": title,
         "steps": steps,
@@ -118,15 +124,21 @@ def _inspector(turn: Turn | None) -> dict[str, Any] | None:
 
 
 def _panels_context(request: HttpRequest, session: ChatSession) -> dict[str, Any]:
-    last = session.turns.exclude(status=Turn.Status.RUNNING).order_by("-seq").first()
-    retrieval = (last.retrieval if last is not None else None) or {}
+    finished = session.turns.exclude(status=Turn.Status.RUNNING).order_by("-seq")
+    last = finished.first()
+    # The agent's latest turn that searched memory and built a prompt: turns a person answered (a handed-off
+    # chat) have neither, and left the panel saying "No turn yet." and the inspector gone (issue 36).
+    searched = last if last is None or last.retrieval else finished.exclude(retrieval={}).first()
+    composed = last if last is None or last.composition else finished.exclude(composition={}).first()
+    retrieval = (searched.retrieval if searched is not None else None) or {}
     return {
         "session": session,
         "workflow": _workflow_panel(session),
         "last_turn": last,
+        "retrieval_turn": searched,
         "retrieval": retrieval,
         **_kept_and_dropped(retrieval.get("candidates") or []),
-        "inspector": _inspector(last) if request.user.is_staff else None,
+        "inspector": _inspector(composed) if request.user.is_staff else None,
     }
 
 
@@ -225,7 +237,9 @@ def chat(request: HttpRequest, session_id: UUID) -> HttpResponse:
     drawn = timezone.now()  # before the turns are read: what finishes meanwhile comes as an event
     before = request.GET.get("before", "")
     older = before.isascii() and before.isdigit() and 0 < len(before) <= 9
-    turns = session.turns.order_by("-seq")
+    # The tools each turn ran, marked under its reply as the live stream marks them (they vanished on reload).
+    tools = Prefetch("tool_invocations", queryset=ToolInvocation.objects.order_by("id").only("turn_id", "name", "ok"))
+    turns = session.turns.order_by("-seq").prefetch_related(tools)
     if older:
         turns = turns.filter(seq__lt=int(before))
     page = list(turns[: CHAT_PAGE_TURNS + 1])

@@ -188,7 +188,7 @@ SPECS = [
     ),
     StateSpec(
         name="GATHERING_PASSENGERS",
-        label="How many travel",
+        label="Passengers",
         instruction="Collect the number of passengers.",
         collects=("passengers",),
         requires=("origin", "destination", "depart_date"),

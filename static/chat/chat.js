@@ -3,6 +3,30 @@
 // server-rendered, sanitized HTML at "done" and refresh the side panels.
 (function () {
   "use strict";
+  // A long message (a pasted 20,000-character text) is drawn a few lines high with "Show all" under it; it was
+  // drawn at full height, pages of it between one reply and the next. Messages from the user and from staff.
+  function clampLong(li) {
+    const body = li && li.querySelector(".bubble");
+    if (!body || li.querySelector(".expand")) return;
+    body.classList.add("clamped");
+    if (body.scrollHeight <= body.clientHeight + 1) {
+      body.classList.remove("clamped");
+      return;
+    }
+    const toggle = document.createElement("button");
+    toggle.type = "button";
+    toggle.className = "link expand";
+    toggle.textContent = "Show all";
+    toggle.setAttribute("aria-expanded", "false");
+    toggle.addEventListener("click", function () {
+      const open = body.classList.toggle("expanded");
+      toggle.textContent = open ? "Show less" : "Show all";
+      toggle.setAttribute("aria-expanded", open ? "true" : "false");
+    });
+    body.after(toggle);
+  }
+  document.querySelectorAll("#turns li.msg.user, #turns li.msg.staff").forEach(clampLong);
+
   const form = document.getElementById("composer");
   if (!form) return;
   const input = document.getElementById("message");
@@ -35,6 +59,7 @@
     div.textContent = text;
     li.appendChild(div);
     turns.appendChild(li);
+    if (role !== "assistant") clampLong(li);
     reveal(li);
     return li;
   }
@@ -322,6 +347,7 @@
     div.textContent = data.text || "";
     li.append(who, div);
     turns.appendChild(li);
+    clampLong(li);
     reveal(li);
   }
   if (form.dataset.eventsUrl && window.EventSource) {

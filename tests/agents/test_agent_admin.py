@@ -17,8 +17,8 @@ from tests.api.conftest import assert_error, token_client
 pytestmark = pytest.mark.django_db
 
 
-def _form(**changes: str) -> dict[str, str]:
-    data = {
+def _form(**changes: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
         "name": "Typo",
         "slug": "typo",
         "is_active": "on",
@@ -36,7 +36,7 @@ def _form(**changes: str) -> dict[str, str]:
         "relevance_threshold": "0.5",
         "workflow": "free_chat",
         "routing_confidence_threshold": "0.4",
-        "tools": json.dumps(["search_flights"]),
+        "tools": ["search_flights"],
         "step_limit": "8",
         "step_limit_behaviour": "partial",
     }
@@ -51,6 +51,18 @@ def test_a_valid_agent_is_saved(staff_client: Client) -> None:
     assert agent.tools == ["search_flights"] and agent.section_budgets == {"system": 0.1, "recent": 0.4}
 
 
+def test_the_tools_are_ticked_from_the_registered_ones_not_typed_as_json(staff_client: Client) -> None:
+    """Issue 36: the agent form's tools were a raw JSON box."""
+    page = staff_client.get(reverse("admin:agents_agent_add")).content.decode()
+    assert 'type="checkbox" name="tools" value="book_flight"' in page
+    assert 'type="checkbox" name="tools" value="search_flights"' in page
+    response = staff_client.post(reverse("admin:agents_agent_add"), _form(tools=["book_flight", "search_flights"]))
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert Agent.objects.get(slug="typo").tools == ["book_flight", "search_flights"]
+    none = staff_client.post(reverse("admin:agents_agent_add"), _form(slug="none", name="None", tools=[]))
+    assert none.status_code == 302 and Agent.objects.get(slug="none").tools == []
+
+
 @pytest.mark.parametrize(
     ("field", "value", "says"),
     [
@@ -59,11 +71,10 @@ def test_a_valid_agent_is_saved(staff_client: Client) -> None:
         ("section_budgets", '"oops"', "An object of section shares"),
         ("section_budgets", '{"recent": 2}', "An object of section shares"),
         ("section_budgets", '{"history": 0.3}', "An object of section shares"),
-        ("tools", '{"a": 1}', "A list of tool names"),
-        ("tools", '["no_such_tool"]', "A list of tool names"),
+        ("tools", ["no_such_tool"], "Select a valid choice. no_such_tool is not one of the available choices."),
     ],
 )
-def test_values_the_runtime_cannot_use_are_refused(staff_client: Client, field: str, value: str, says: str) -> None:
+def test_values_the_runtime_cannot_use_are_refused(staff_client: Client, field: str, value: Any, says: str) -> None:
     response = staff_client.post(reverse("admin:agents_agent_add"), _form(**{field: value}))
     assert response.status_code == 200
     assert says in response.content.decode()
@@ -87,3 +98,16 @@ def test_an_agent_with_an_unknown_workflow_is_unavailable_not_a_500(alice: Any) 
     web.force_login(alice)
     page = web.post("/chats/new/", {"agent": str(agent.pk)}, follow=True)
     assert page.status_code == 200 and "workflow is not available" in page.content.decode()
+
+
+def test_the_admin_never_shows_a_whole_api_token(staff_client: Client, alice: Any) -> None:
+    """Issue 36: the admin listed every API token in plain text."""
+    from rest_framework.authtoken.models import Token
+
+    token = Token.objects.create(user=alice)
+    listing = staff_client.get("/admin/authtoken/tokenproxy/")
+    assert listing.status_code == 200 and f"{token.key[:4]}…" in listing.content.decode()
+    page = staff_client.get(f"/admin/authtoken/tokenproxy/{alice.pk}/change/")
+    assert page.status_code == 200
+    for response in (listing, page):
+        assert token.key not in response.content.decode()

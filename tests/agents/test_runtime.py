@@ -422,6 +422,28 @@ def test_handoff_session_waits_for_a_person(alice: Any, staff: Any, chat_agent: 
     assert session.status == ChatSession.Status.ACTIVE
 
 
+@pytest.mark.django_db
+def test_a_staff_reply_is_signed_with_a_name_never_the_username(
+    alice: Any, staff: Any, chat_agent: Agent, settings: Any
+) -> None:
+    """Issue 36: users saw the staff member's username. The reply is signed with their full name, else with
+    STAFF_REPLY_NAME ("Support"); the username stays in the reply for staff pages only."""
+    from agents.runtime import handoff_reply
+
+    session = session_create(user=alice, agent=chat_agent)
+    ChatSession.objects.filter(pk=session.pk).update(status=ChatSession.Status.NEEDS_HUMAN)
+    turn_run(session=session, message="I want a human")
+    turn = handoff_reply(session=session, text="Hello.", author=staff)
+    assert turn.staff_replies[-1]["author"] == "Support" and turn.staff_replies[-1]["staff"] == "staff"
+    assert "[Support (staff)] Hello." in turn.assistant_message
+    settings.STAFF_REPLY_NAME = "The travel desk"
+    assert handoff_reply(session=session, text="Hi.", author=staff).staff_replies[-1]["author"] == "The travel desk"
+    staff.first_name, staff.last_name = "Sam", "Lee"
+    turn = handoff_reply(session=session, text="Sam here.", author=staff)
+    assert turn.staff_replies[-1]["author"] == "Sam Lee" and "[Sam Lee (staff)] Sam here." in turn.assistant_message
+    assert "[staff (staff)]" not in turn.assistant_message
+
+
 def _hold_in_another_connection(session_id: Any, holding: threading.Event, release: threading.Event) -> None:
     lock = SessionTurnLock(session_id)
     assert lock.try_acquire()

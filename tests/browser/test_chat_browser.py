@@ -481,12 +481,15 @@ def test_asking_for_a_person_hands_over_and_a_staff_reply_arrives_live_signed(
     assert notice.is_visible() and "A person on our team has this chat now" in notice.inner_text()
     assert "passed this conversation to a person" in reply.inner_text()
 
-    # Staff answer from the admin's side: the reply appears in the open page, signed, without a reload.
+    # Staff answer from the admin's side: the reply appears in the open page, signed with the staff member's
+    # name (never their username: "staff"), without a reload.
+    staff.first_name, staff.last_name = "Sam", "Lee"
+    staff.save(update_fields=["first_name", "last_name"])
     handoff_reply(session=session, text="Hello Alice, I'm Sam. Where would you like to go?", author=staff)
     staff_bubble = page.locator("li.msg.staff").last
     staff_bubble.wait_for(state="visible", timeout=15_000)
     assert "Hello Alice, I'm Sam." in staff_bubble.inner_text()
-    assert "staff · a person on our team" in staff_bubble.locator(".who").inner_text()
+    assert staff_bubble.locator(".who").inner_text() == "Sam Lee · a person on our team"
     assert _in_view_above_composer(page, staff_bubble)
     page.screenshot(path=str(SCREENSHOTS / f"staff-reply-live-{viewport['width']}.png"))
 
@@ -495,7 +498,8 @@ def test_asking_for_a_person_hands_over_and_a_staff_reply_arrives_live_signed(
     notice.wait_for(state="hidden", timeout=15_000)
     page.reload()
     assert page.locator("li.msg.staff").count() == 1  # kept, signed, after a reload as well
-    assert "[staff (staff)]" not in page.locator("li.msg.assistant").last.inner_text()
+    assert page.locator("li.msg.staff .who").inner_text() == "Sam Lee · a person on our team"
+    assert "(staff)]" not in page.locator("li.msg.assistant").last.inner_text()
     context.close()
 
 
@@ -642,6 +646,10 @@ def test_try_retrieval_shows_each_candidates_scores_at_desktop_and_phone_sizes(
     headers = [h.strip() for h in page.locator("#candidates thead th").all_text_contents()]
     assert [h for h in headers if h in ("cosine", "crowding", "words")] == ["cosine", "crowding", "words"]
     first = page.locator("#candidates tbody tr").first
+    if viewport is DESKTOP:
+        # The text column is on screen with room to read, not cut off at the box's edge (issue 36).
+        text = first.locator("td.candidate-text").bounding_box()
+        assert text is not None and text["width"] >= 200 and text["x"] + text["width"] <= viewport["width"]
     cells = [c.strip() for c in first.locator("td").all_text_contents()]
     cosine = cells[headers.index("cosine")]
     assert cosine != "—" and 0.0 <= float(cosine) <= 1.0
@@ -652,4 +660,157 @@ def test_try_retrieval_shows_each_candidates_scores_at_desktop_and_phone_sizes(
     assert box is not None and 0 <= box["x"] and box["x"] + box["width"] <= viewport["width"] + 1
     name = "desktop" if viewport is DESKTOP else "phone"
     page.screenshot(path=str(SCREENSHOTS / f"try-retrieval-{name}.png"))
+    context.close()
+
+
+# A normal booking that takes 15 turns (small talk and questions on the way): its prompts grow with the history,
+# as every chat's do, and nothing else happens.
+FIFTEEN_TURNS = [
+    "Hi",
+    "I'd like to book a flight",
+    "From London to Paris",
+    "hmm",
+    "what do you need?",
+    "March 10 to March 15",
+    "ok",
+    "tell me more",
+    "2 passengers",
+    "wait",
+    "what do I have so far",
+    "ok fine",
+    "sure",
+    "really",
+    "yes",
+]
+
+
+SPILLED_CARDS = """[...document.querySelectorAll('.cards .card')].filter((card, i, cards) => {
+  const box = card.getBoundingClientRect(), next = cards[i + 1] && cards[i + 1].getBoundingClientRect();
+  const inside = [...card.querySelectorAll('*')].every(e => e.getBoundingClientRect().right <= box.right + 1);
+  return card.scrollWidth > card.clientWidth + 1 || !inside
+    || (next && Math.abs(next.top - box.top) < 1 && next.left < box.right - 1);
+}).map(card => card.innerText.slice(0, 60))"""
+
+
+def test_a_normal_15_turn_booking_is_healthy_on_both_ops_pages_and_its_admin_page_fits_1280(
+    browser: Any, live_server: Any, staff: Any, alice: Any, booking_agent: Agent
+) -> None:
+    """Issue 36: /ops/ listed no session at risk while the session's own page called this one "at risk"
+    (prompt tokens up 85 %); its cards spilled their text; and the session's admin page was 1,466 px wide at
+    1280, the checkpoints' "Resume from #N" off the screen."""
+    from agents.runtime import turn_run
+    from sessions.services import session_create
+
+    session = session_create(user=alice, agent=booking_agent)
+    for message in FIFTEEN_TURNS:
+        assert turn_run(session=session, message=message).turn.status == "completed"
+    session.refresh_from_db()
+    assert session.state == "COMPLETED"
+    context = browser.new_context(viewport=DESKTOP)
+    page = context.new_page()
+    _sign_in(page, live_server.url, "staff", "staff-pass-123")
+
+    page.goto(f"{live_server.url}/ops/")
+    assert page.locator(f"#at-risk a[href*='{session.pk}']").count() == 0
+    page.goto(f"{live_server.url}/ops/sessions/{session.pk}/")
+    assert page.locator("#verdict").inner_text() == "Verdict: healthy"
+    for url in ("/ops/", f"/ops/sessions/{session.pk}/"):
+        page.goto(live_server.url + url)
+        for viewport in (DESKTOP, PHONE):
+            page.set_viewport_size(viewport)
+            # No card's text runs past its card, and no card runs into the next one.
+            spilled = page.evaluate(SPILLED_CARDS)
+            assert spilled == [], (url, viewport, spilled)
+            assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1"), (url, viewport)
+        page.set_viewport_size(DESKTOP)
+
+    page.goto(f"{live_server.url}/admin/chat_sessions/chatsession/{session.pk}/change/")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    resume = page.locator("#checkpoints-group button", has_text="Resume from #").last
+    resume.scroll_into_view_if_needed()
+    box = resume.bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= DESKTOP["width"]
+    page.screenshot(path=str(SCREENSHOTS / "session-admin-1280.png"))
+    context.close()
+
+
+def test_the_curation_desk_keeps_its_place_after_an_action(
+    browser: Any, live_server: Any, staff: Any, alice: Any
+) -> None:
+    """Issue 36: after a pin, an archive or an edit the desk came back at its top; it comes back at the memory
+    acted on."""
+    from memory.services import memory_create
+
+    made = [
+        memory_create(user=alice, kind="semantic", text=f"Fact {i}: the user collects stamp {i}.") for i in range(40)
+    ]
+    # Newest first: the 10th oldest is far down the page.
+    target = made[9]
+    context = browser.new_context(viewport=DESKTOP)
+    page = context.new_page()
+    _sign_in(page, live_server.url, "staff", "staff-pass-123")
+    page.goto(f"{live_server.url}/admin/memory/memory/desk/{alice.pk}/")
+    row = page.locator(f"#memory-{target.pk}")
+    row.scroll_into_view_if_needed()
+    assert page.evaluate("window.scrollY") > 0
+    for button, badge in (("Pin", "pinned"), ("Archive", "archived")):
+        with page.expect_navigation():
+            row.locator("button", has_text=button).click()
+        page.wait_for_load_state("load")
+        assert badge in row.inner_text()
+        box = row.bounding_box()
+        assert page.evaluate("window.scrollY") > 0, f"after {button} the desk went back to its top"
+        assert box is not None and 0 <= box["y"] and box["y"] + box["height"] <= DESKTOP["height"]
+    # An edit in place too.
+    row.locator("summary", has_text="Edit").click()
+    row.locator("textarea").fill("The user collects stamps from Portugal.")
+    with page.expect_navigation():
+        row.locator("button", has_text="Save the new text").click()
+    page.wait_for_load_state("load")
+    assert "stamps from Portugal" in row.inner_text()
+    box = row.bounding_box()
+    assert box is not None and 0 <= box["y"] and box["y"] + box["height"] <= DESKTOP["height"]
+    context.close()
+
+
+def test_a_20000_character_message_is_clamped_with_show_all_and_the_side_panels_stay_in_view(
+    browser: Any, live_server: Any, alice: Any
+) -> None:
+    """Issue 36: a pasted 20,000-character message was drawn at full height, and the side panels (workflow,
+    memory) scrolled away with a long chat."""
+    from sessions.models import ChatSession, Turn
+
+    agent = Agent.objects.create(name="Chatter", slug="chatter", system_prompt="Chat.", workflow="free_chat")
+    session = ChatSession.objects.create(user=alice, agent=agent, workflow="free_chat", state="CHATTING", title="Long")
+    pasted = ("A pasted log line with words in it, again and again. " * 380)[:20_000]
+    for seq in range(1, 21):
+        Turn.objects.create(
+            session=session,
+            seq=seq,
+            user_message=pasted if seq == 10 else f"Question {seq}: tell me about the weather.",
+            assistant_message=f"Answer {seq}. " + "It was sunny and mild all day. " * 6,
+            status=Turn.Status.COMPLETED,
+        )
+    context = browser.new_context(viewport=DESKTOP)
+    page = context.new_page()
+    _sign_in(page, live_server.url, "alice", "alice-pass-123")
+    page.goto(f"{live_server.url}/chats/{session.pk}/")
+    page.wait_for_load_state("networkidle")
+
+    # At the newest message, the bottom of a long page: the panels are still in the window.
+    assert page.evaluate("window.scrollY") > 0
+    panel = page.locator("#workflow-panel").bounding_box()
+    assert panel is not None and 0 <= panel["y"] < DESKTOP["height"], panel
+
+    long_message = page.locator("li.msg.user", has_text="A pasted log line").first
+    long_message.scroll_into_view_if_needed()
+    bubble = long_message.locator(".bubble")
+    assert bubble.bounding_box()["height"] < 400
+    toggle = long_message.locator("button.expand")
+    assert toggle.inner_text() == "Show all"
+    toggle.click()
+    assert bubble.bounding_box()["height"] > 2000
+    assert toggle.inner_text() == "Show less"
+    # A short message has no button.
+    assert page.locator("li.msg.user", has_text="Question 11").locator("button.expand").count() == 0
     context.close()

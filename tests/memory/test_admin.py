@@ -228,19 +228,24 @@ def test_merge_refuses_memories_of_different_kinds(staff_client: Client, alice: 
     assert not Memory.objects.filter(archived=True).exists()
 
 
-def test_merge_asks_first_showing_the_combined_text_then_merges_it(staff_client: Client, alice: Any) -> None:
+def test_merge_asks_first_with_the_combined_text_to_edit_then_merges_the_edited_text(
+    staff_client: Client, alice: Any
+) -> None:
     a = memory_create(user=alice, kind="semantic", text="The user likes tea", importance=0.9)
     b = memory_create(user=alice, kind="semantic", text="The user drinks green tea every morning.", importance=0.3)
     first = _merge(staff_client, [a, b])
     page = first.content.decode()
     assert first.status_code == 200 and "Merge these memories?" in page
-    assert "The user likes tea. The user drinks green tea every morning." in page
+    # Each text on a line of its own, in a box staff can edit before they confirm (not glued into one line).
+    assert '<textarea name="combined"' in page
+    assert "The user likes tea.\nThe user drinks green tea every morning.</textarea>" in page
     assert not Memory.objects.filter(archived=True).exists()  # nothing changed yet
 
-    _merge(staff_client, [a, b], confirmed="yes")
+    edited = "The user likes tea, green tea every morning."
+    _merge(staff_client, [a, b], confirmed="yes", combined=edited)
     a.refresh_from_db()
     b.refresh_from_db()
-    assert a.text == "The user likes tea. The user drinks green tea every morning." and not a.archived
+    assert a.text == edited and not a.archived
     assert b.archived
 
 

@@ -73,8 +73,17 @@ def test_merge_on_the_desk_is_within_one_kind_and_previews_the_text(staff_client
     refused = staff_client.post(desk(alice), {"action": "merge", "ids": [fact.pk, episode.pk]}, follow=True)
     assert "cannot be merged" in refused.content.decode()
     preview = staff_client.post(desk(alice), {"action": "merge", "ids": [fact.pk, other.pk]}).content.decode()
-    assert "The user likes tea. The user drinks tea daily." in preview
+    # The texts one to a line, in a box to edit before confirming.
+    assert '<textarea name="combined"' in preview
+    assert "The user likes tea.\nThe user drinks tea daily.</textarea>" in preview
     assert not Memory.objects.filter(archived=True).exists()
+    staff_client.post(
+        desk(alice),
+        {"action": "merge", "ids": [fact.pk, other.pk], "confirmed": "yes", "combined": "The user drinks tea daily."},
+    )
+    fact.refresh_from_db()
+    other.refresh_from_db()
+    assert fact.text == "The user drinks tea daily." and not fact.archived and other.archived
 
 
 def test_staff_need_the_permissions_and_users_cannot_see_it(
@@ -96,3 +105,15 @@ def test_staff_need_the_permissions_and_users_cannot_see_it(
     assert user.get(desk(alice)).status_code == 302  # to the admin's sign-in
     memory.refresh_from_db()
     assert not memory.archived
+
+
+def test_a_word_search_puts_the_statement_it_names_above_a_long_junk_message(staff_client: Client, alice: Any) -> None:
+    """Issue 36: a 20,000-character pasted message that happens to hold the word ranked above the short
+    statement about it (Postgres' ts_rank grows with every occurrence and ignores the length)."""
+    statement = memory_create(user=alice, kind="semantic", text="The user is allergic to peanuts.")
+    Memory.objects.filter(pk=statement.pk).update(occurred_at=timezone.now() - timedelta(days=3))
+    filler = "lorem ipsum dolor sit amet peanuts consectetur adipiscing elit sed do eiusmod tempor " * 230
+    junk = memory_create(user=alice, kind="episodic", text=f"User: {filler}"[:20_000])
+    page = staff_client.get(desk(alice), {"q": "peanuts", "mode": "words"}).content.decode()
+    assert f'id="memory-{statement.pk}"' in page and f'id="memory-{junk.pk}"' in page
+    assert page.index(f'id="memory-{statement.pk}"') < page.index(f'id="memory-{junk.pk}"')

@@ -654,3 +654,26 @@ def test_numpys_blas_runs_on_one_thread_in_the_apps_processes() -> None:
     numpys = [lib for lib in threadpool_info() if lib["user_api"] == "blas" and "numpy" in lib["filepath"]]
     assert numpys, "numpy's BLAS is loaded"
     assert all(lib["num_threads"] == 1 for lib in numpys), numpys
+
+
+def test_a_recent_action_is_kept_after_the_relevant_memories_with_a_score_of_its_own(
+    alice: Any, make_turn: Any, settings: Any
+) -> None:
+    """Issue 36: the user's last action came first with score 1.0 ("needed to answer") before the memories
+    the query is about. It is still kept (what they were doing last time), ranked by what it scores."""
+    settings.MEMORY_RECENT_ACTIONS = 2
+    allergy = memory_create(user=alice, kind="semantic", text="The user is allergic to peanuts.")
+    turn = make_turn(alice, "what is the weather in Oslo tomorrow")
+    recent = memory_create(
+        user=alice,
+        kind="episodic",
+        text="User: what is the weather in Oslo tomorrow",
+        source_session=turn.session,
+        source_turn=turn,
+    )
+    result = _retrieve(alice, "peanut allergy snacks", relevance_threshold=0.0)
+    items = [(i.memory.id, i.score) for i in result.items]
+    assert [memory_id for memory_id, _ in items] == [allergy.id, recent.id], items
+    assert items[1][1] < 1.0 and items[1][1] < items[0][1]
+    report = next(c for c in result.candidates if c.id == recent.id)
+    assert report.reason == "recent action" and report.kept

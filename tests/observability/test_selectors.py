@@ -8,6 +8,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from agents.models import Agent
 from observability.selectors import (
     figure_trend,
     indicator_series,
@@ -144,6 +145,27 @@ def test_session_health_signals(alice: Any) -> None:
     assert health.verdict == "spiralling"
     assert any("prompt tokens" in s for s in health.signals)
     assert any("retries" in s for s in health.signals)
+
+
+@pytest.mark.django_db
+def test_prompts_that_grow_with_the_history_far_below_the_window_are_not_a_risk(alice: Any) -> None:
+    """Issue 36: a normal 15-turn booking (prompts from 400 to 1,000 tokens, +85 %, of an 8,192-token window) was
+    "at risk" on its own page while /ops/ listed nothing. Growth is a signal only when, at its slope, the prompt
+    reaches the context window within 20 turns."""
+    now = timezone.now()
+    agent = make_agent("a")
+    session = make_session(user=alice, agent=agent)
+    for seq in range(1, 16):
+        at = now - dt.timedelta(minutes=20 - seq)
+        turn = make_turn(session=session, seq=seq, at=at, prompt_tokens=400 + 43 * (seq - 1))
+        make_call(at=at, agent=agent, session=session, turn=turn, prompt_tokens=400 + 43 * (seq - 1))
+    health = session_health(session=session)
+    assert health.tokens_growth is not None and health.tokens_growth > 0.3
+    assert health.signals == [] and health.verdict == "healthy"
+    # The same growth in a small window is a risk: at this slope it fills 1,500 tokens within 20 turns.
+    Agent.objects.filter(pk=agent.pk).update(context_window=1500)
+    session.refresh_from_db()
+    assert any("heading for the context window" in s for s in session_health(session=session).signals)
 
 
 @pytest.mark.django_db

@@ -60,7 +60,8 @@ def test_staff_hand_a_chat_to_a_person_reply_and_hand_it_back_from_the_live_page
     response = staff_client.post(urls["handoff_reply"], {"staff_reply": "Hi, I'm Sam.", "back": "live"})
     assert response["Location"] == urls["live"]
     transcript = staff_client.get(urls["live_transcript"]).content.decode()
-    assert "staff · staff" in transcript and "Hi, I&#x27;m Sam." in transcript
+    # Staff see how the user saw it signed, and who sent it.
+    assert "staff · Support (staff)" in transcript and "Hi, I&#x27;m Sam." in transcript
     assert "A person has this chat" in transcript
 
     staff_client.post(urls["live_hand"], {"to": "agent"})

@@ -508,13 +508,13 @@ def test_the_chat_events_say_what_staff_did_since_the_page_was_drawn(
     # With the state as people read it (the page's step panel shows that, not the name).
     assert ("status", {"status": "needs_human", "state": session.state, "label": "Chatting"}) in events
     [staff_event] = [data for name, data in events if name == "staff"]
-    assert staff_event["author"] == "staff" and staff_event["text"] == "Hi, I'm Sam <b>from support</b>."
+    assert staff_event["author"] == "Support" and staff_event["text"] == "Hi, I'm Sam <b>from support</b>."
     # The page shows it apart and signed; the agent's own reply is unchanged.
     page = client.get(f"/chats/{session.pk}/").content.decode()
-    assert "staff · a person on our team" in page and "&lt;b&gt;from support&lt;/b&gt;" in page
+    assert "Support · a person on our team" in page and "&lt;b&gt;from support&lt;/b&gt;" in page
     turn = session.turns.get()
     assert turn.agent_message == "hello" and turn.assistant_message.endswith(
-        "[staff (staff)] Hi, I'm Sam <b>from support</b>."
+        "[Support (staff)] Hi, I'm Sam <b>from support</b>."
     )
     # Nobody else's events: someone else's chat is a 404.
     assert _signed_in(staff).get(f"/chats/{session.pk}/events/").status_code == 404
@@ -591,3 +591,47 @@ def test_a_cursor_at_the_ends_of_time_is_taken_not_a_500(
     assert by_header.status_code == 200
     body = b"".join(by_header.streaming_content).decode()
     assert "id: " in body
+
+
+@pytest.mark.django_db
+def test_a_handed_off_chat_keeps_the_agents_last_memory_search_and_the_inspector(staff: Any, chat_agent: Agent) -> None:
+    """Issue 36: after three turns answered by a person the memory panel said "No turn yet." and the staff
+    context inspector was gone: those turns have no retrieval and no prompt. The panels show the agent's last."""
+    memory_create(user=staff, kind="semantic", text="The user's parcel number is 4417.")
+    session = session_create(user=staff, agent=chat_agent)
+    assert turn_run(session=session, message="where is my parcel 4417").turn.retrieval
+    ChatSession.objects.filter(pk=session.pk).update(status=ChatSession.Status.NEEDS_HUMAN)
+    for message in ("hello?", "anyone there?", "parcel 4417 please"):
+        turn_run(session=session, message=message)
+    assert session.turns.count() == 4
+    page = _signed_in(staff).get(f"/chats/{session.pk}/").content.decode()
+    memory = page[page.index('id="memory-panel"') :]
+    assert "No turn yet." not in memory
+    assert "parcel number is 4417" in memory and "turn #1, the agent's last" in memory
+    assert 'id="inspector"' in page and "turn #1 · staff" in page
+
+
+@pytest.mark.django_db
+def test_the_tool_a_turn_ran_is_still_marked_after_a_reload(alice: Any, booking_agent: Agent) -> None:
+    """Issue 36: the live stream marks "tool book_flight ✓" under the reply; a reload lost it."""
+    session = session_create(user=alice, agent=booking_agent)
+    for message in BOOKING:
+        turn_run(session=session, message=message)
+    page = _signed_in(alice).get(f"/chats/{session.pk}/").content.decode()
+    assert page.count('<span class="tool">tool book_flight ✓</span>') == 1
+
+
+@pytest.mark.django_db
+def test_the_collected_data_is_in_the_workflows_order_and_each_step_has_a_plain_label(
+    alice: Any, booking_agent: Agent
+) -> None:
+    """Issue 36: the panel listed what was collected in the stored dict's order (jsonb keeps keys shortest
+    first: "origin" after "passengers"), and named a step "How many travel"."""
+    session = session_create(user=alice, agent=booking_agent)
+    arrived = {"passengers": 2, "destination": "Paris", "booking_reference": "4U83VC", "origin": "London"}
+    ChatSession.objects.filter(pk=session.pk).update(data=arrived, state="CONFIRMING")
+    page = _signed_in(alice).get(f"/chats/{session.pk}/").content.decode()
+    collected = page[page.index('id="collected"') : page.index("</dl>")]
+    keys = [part.split("</dt>")[0] for part in collected.split("<dt>")[1:]]
+    assert keys == ["origin", "destination", "passengers", "booking_reference"]
+    assert ">Passengers</li>" in page and "How many travel" not in page

@@ -652,7 +652,11 @@ def hybrid_candidates(
             measured if cand.has_vector else None,
             cand.text_share,
         )
-    word_weight = _convex_fusion(list(by_id.values())) if FUSION == "cc" else _rank_fusion(list(by_id.values()))
+    word_weight: float | None = None
+    if FUSION == "cc":
+        word_weight = _convex_fusion(list(by_id.values()))
+    else:
+        _rank_fusion(list(by_id.values()))
     started = time.perf_counter()
     rows = _neighbours_and_rows(user_id=user.pk, by_id=by_id, window=window)
     timings["neighbours_and_rows"] = (time.perf_counter() - started) * 1000

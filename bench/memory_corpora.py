@@ -20,6 +20,13 @@ memories that answer it). Four shapes, so that no single trick of one shape is w
 - ``persona``: ``bench/corpora/persona.json``, written for this project by hand: one person's independent
   life events and facts, and turns they might say to an assistant, labelled with the memories a good
   answer needs. Small; it is also the fixture of the retrieval regression test.
+- ``life_dialogues``: ``bench/corpora/life_dialogues.json``, written by hand for this project: one person's
+  160 independent episodic memories (an event of his life each) and, for each, the one or two sentences in
+  which he calls back to it in other words. A query is his side of a conversation so far: an opening,
+  everyday asides (three or more, to a length drawn between 80 and 150 tokens), that call-back and a closing, 80 to 170 tokens, composed here with a fixed
+  seed. The asides share ordinary words (work, dinner, his partner's name, the car) with memories they
+  have nothing to do with: a word match on the whole query finds those. Labelled with the event called
+  back to.
 
 The LoCoMo data is read from ``../shared/eval/locomo10.json`` (CC BY-NC 4.0, evaluation only) and never
 copied into the repository.
@@ -35,9 +42,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from agents.llm.tokens import counter_for
+
 ROOT = Path(__file__).resolve().parent.parent
 LOCOMO = ROOT.parent / "shared" / "eval" / "locomo10.json"
 PERSONA = Path(__file__).resolve().parent / "corpora" / "persona.json"
+LIFE_DIALOGUES = Path(__file__).resolve().parent / "corpora" / "life_dialogues.json"
+DIALOGUE_TOKENS = (80, 170)  # a life_dialogues query's length, cl100k tokens
 EVIDENCE_ID = re.compile(r"D:?(\d+):0*(\d+)")
 
 
@@ -254,11 +265,47 @@ def persona() -> Corpus:
     return corpus
 
 
+def _dialogue(opening: list[str], asides: list[str], talk: str, closing: list[str], before_last: bool) -> str:
+    """One side of a conversation: the opening, the asides with the call-back after them (or before the last
+    of them), the closing; an utterance a line."""
+    middle = [*asides[:-1], talk, asides[-1]] if before_last else [*asides, talk]
+    return "\n".join([*opening, *middle, *closing])
+
+
+def life_dialogues() -> Corpus:
+    data = json.loads(LIFE_DIALOGUES.read_text())
+    corpus = Corpus(name="life_dialogues", about=data["about"])
+    corpus.memories["life"] = [
+        MemorySpec(m["id"], m["text"], datetime.fromisoformat(m["occurred_at"])) for m in data["memories"]
+    ]
+    now = datetime.fromisoformat(data["now"])
+    count = counter_for("").count
+    low, high = DIALOGUE_TOKENS
+    rng = random.Random(35)
+    for m in data["memories"]:
+        asides = rng.sample(data["asides"], 12)
+        target = rng.randint(low, high - 20)  # lengths spread over the range
+        opening = [rng.choice(data["openings"])] if rng.random() < 0.7 else []
+        closing = [rng.choice(data["closings"])] if rng.random() < 0.6 else []
+        before_talk = rng.random() < 0.4  # the call-back comes before the last aside, not at the end
+
+        n = 3
+        while n < len(asides) and count(_dialogue(opening, asides[:n], m["talk"], closing, before_talk)) < target:
+            n += 1
+        text = _dialogue(opening, asides[:n], m["talk"], closing, before_talk)
+        if count(text) < low:
+            text = _dialogue(opening, asides[:n], m["talk"], closing or [data["closings"][0]], before_talk)
+        assert low <= count(text) <= high, (m["id"], count(text))
+        corpus.queries.append(QuerySpec("life", text, frozenset({m["id"]}), now))
+    return corpus
+
+
 BUILDERS = {
     "locomo_turns": locomo_turns,
     "locomo_observations": locomo_observations,
     "locomo_callbacks": locomo_callbacks,
     "persona": persona,
+    "life_dialogues": life_dialogues,
 }
 NEEDS_LOCOMO = {"locomo_turns", "locomo_observations", "locomo_callbacks"}
 

@@ -54,7 +54,15 @@ logger = logging.getLogger(__name__)
 # Every constant below was chosen on the tuning split of bench/memory_eval.py (every 4th query of each of
 # its corpora); docs/memory.md has the held-out figures and the command.
 FUSION = "cc"  # "rrf": reciprocal rank fusion; "cc": convex combination of the arms' scores (_convex_fusion)
-VECTOR_SHARE = 0.6  # "cc": the cosine's share of the fused score
+VECTOR_SHARE = 0.6  # "cc": the cosine's share of the fused score when the word arm has earned its whole weight
+# "cc": the word arm earns its weight (1 - VECTOR_SHARE) per query, by how much of the query's information its
+# best match covers: the idf-weighted share of the query's words that the best-matching memory has. At or under
+# WORD_TRUST_FLOOR no memory answers to the query's words as a whole: they are scattered over memories that
+# each share an incidental word or two (a long message of several utterances: "work", "dinner", a name said
+# in passing), and the fused score is meaning alone. From WORD_TRUST_FULL the word arm has its whole weight
+# (a question whose informative words, a name, a code, a place, one memory has); linear in between.
+WORD_TRUST_FLOOR = 0.2
+WORD_TRUST_FULL = 0.3
 RRF_K = 10  # reciprocal-rank-fusion constant: lower than the usual 60, so top ranks dominate
 VECTOR_WEIGHT, TEXT_WEIGHT = 1.0, 1.5  # the arms' shares in the fusion
 # Hubness: some memories sit close to everything (generic, long or chatty ones) and so come near the top
@@ -143,6 +151,7 @@ class RetrievedMemories:
     query: str = ""  # the text searched for (see retrieval_query)
     query_source: str = "message"
     timings_ms: dict[str, float] = field(default_factory=dict)
+    word_weight: float | None = None  # the word arm's share of the fused score, earned on this query (tier 2)
 
     def as_report(self) -> dict[str, Any]:
         """JSON-able summary for ``Turn.retrieval``, the inspector and the API."""
@@ -167,6 +176,7 @@ class RetrievedMemories:
             "budget_tokens": self.budget_tokens,
             "filter_mode": self.filter_mode,
             "degraded": self.degraded,
+            "word_weight": None if self.word_weight is None else round(self.word_weight, 4),
             "timings_ms": {k: round(v, 2) for k, v in self.timings_ms.items()},
         }
 
@@ -566,6 +576,7 @@ class HybridSearch:
     candidates: list[HybridCandidate]
     rows: dict[int, Memory]
     timings: dict[str, float]
+    word_weight: float | None = None  # the word arm's share of the fused score for this query ("cc"; else None)
 
 
 def hybrid_candidates(
@@ -641,13 +652,17 @@ def hybrid_candidates(
             measured if cand.has_vector else None,
             cand.text_share,
         )
-    (_convex_fusion if FUSION == "cc" else _rank_fusion)(list(by_id.values()))
+    word_weight: float | None = None
+    if FUSION == "cc":
+        word_weight = _convex_fusion(list(by_id.values()))
+    else:
+        _rank_fusion(list(by_id.values()))
     started = time.perf_counter()
     rows = _neighbours_and_rows(user_id=user.pk, by_id=by_id, window=window)
     timings["neighbours_and_rows"] = (time.perf_counter() - started) * 1000
     # Only rows of this user that still exist (a candidate deleted meanwhile simply drops out).
     fused = sorted((c for c in by_id.values() if c.memory_id in rows), key=lambda c: (-c.fused, -c.similarity))
-    return HybridSearch(candidates=fused, rows=rows, timings=timings)
+    return HybridSearch(candidates=fused, rows=rows, timings=timings, word_weight=word_weight)
 
 
 def _rank_fusion(candidates: list[HybridCandidate]) -> None:
@@ -658,15 +673,28 @@ def _rank_fusion(candidates: list[HybridCandidate]) -> None:
         )
 
 
-def _convex_fusion(candidates: list[HybridCandidate]) -> None:
+def word_trust(best_share: float) -> float:
+    """How far the word arm is trusted on a query (0 to 1), from the idf-weighted share of the query's words
+    that its best match has (see WORD_TRUST_FLOOR)."""
+    if WORD_TRUST_FULL <= WORD_TRUST_FLOOR:
+        return 1.0 if best_share > WORD_TRUST_FLOOR else 0.0
+    return min(1.0, max(0.0, (best_share - WORD_TRUST_FLOOR) / (WORD_TRUST_FULL - WORD_TRUST_FLOOR)))
+
+
+def _convex_fusion(candidates: list[HybridCandidate]) -> float:
     """Fused score as a convex combination of the two arms' scores, each on this query's own scale: the
     cosine, less HUB_WEIGHT times the candidate's crowding, between the worst and the best candidate's (every
     candidate with a vector has one: the word arm's are measured too; one without a vector scores 0 there),
     the word share as a part of the best. A memory passes the vector arm's best only where its words make
-    up for more than the meaning it lacks."""
+    up for more than the meaning it lacks.
+
+    The word arm's weight is earned per query (``word_trust`` of the best word share, times 1 - VECTOR_SHARE):
+    words that no memory has more than a sliver of leave the order to meaning. A query with no vector (the
+    embedding failed) has only its words. Returns the word arm's weight."""
     sims = {c.memory_id: c.similarity - HUB_WEIGHT * c.crowding for c in candidates if c.has_vector}
     low, high = min(sims.values(), default=0.0), max(sims.values(), default=0.0)
     share_high = max((c.text_share for c in candidates), default=0.0)
+    word_weight = (1.0 - VECTOR_SHARE) * (word_trust(share_high) if sims else 1.0)
     for c in candidates:
         sim = sims.get(c.memory_id)
         if sim is None:
@@ -674,7 +702,8 @@ def _convex_fusion(candidates: list[HybridCandidate]) -> None:
         else:
             meaning = (sim - low) / (high - low) if high > low else 1.0
         wording = c.text_share / share_high if share_high > 0 else 0.0
-        c.fused = VECTOR_SHARE * meaning + (1.0 - VECTOR_SHARE) * wording
+        c.fused = (1.0 - word_weight) * meaning + word_weight * wording
+    return word_weight
 
 
 # The neighbours of the best candidates (the episodes just before and after each in its own chat session,
@@ -1053,6 +1082,7 @@ def memories_for_prompt(
             user=user, query=query, vector=vector, now=now, small=small, words=words, window=window
         )
         fused, loaded = search.candidates, search.rows
+        result.word_weight = search.word_weight
         timings.update(search.timings)
         timings["tier2"] = tier2_ms + (time.perf_counter() - started) * 1000  # without the wait for the vector
 

@@ -677,3 +677,40 @@ def test_a_recent_action_is_kept_after_the_relevant_memories_with_a_score_of_its
     assert items[1][1] < 1.0 and items[1][1] < items[0][1]
     report = next(c for c in result.candidates if c.id == recent.id)
     assert report.reason == "recent action" and report.kept
+
+
+def test_the_word_arm_earns_its_weight_by_how_much_of_the_query_its_best_match_has() -> None:
+    """Words that no memory has more than a sliver of (a long message of asides: each memory shares a word or
+    two) leave the order to meaning; a match that covers the query's informative words gets the arm's whole
+    weight; in between, a part. A query without a vector has only its words."""
+    from memory.selectors import VECTOR_SHARE, WORD_TRUST_FLOOR, WORD_TRUST_FULL, HybridCandidate, _convex_fusion
+
+    def fuse(best_share: float, *, vectors: bool = True) -> tuple[float, HybridCandidate, HybridCandidate]:
+        meant = HybridCandidate(1, vector_rank=1, similarity=0.6 if vectors else 0.0, has_vector=vectors)
+        worded = HybridCandidate(
+            2, text_rank=1, similarity=0.3 if vectors else 0.0, text_share=best_share, has_vector=vectors
+        )
+        return _convex_fusion([meant, worded]), meant, worded
+
+    weight, meant, worded = fuse(WORD_TRUST_FLOOR)  # scattered words: meaning alone
+    assert weight == 0.0 and meant.fused == pytest.approx(1.0) and worded.fused == pytest.approx(0.0)
+    weight, meant, worded = fuse(WORD_TRUST_FULL + 0.2)  # the informative words in one memory: the whole weight
+    assert weight == pytest.approx(1.0 - VECTOR_SHARE)
+    assert meant.fused == pytest.approx(VECTOR_SHARE) and worded.fused == pytest.approx(1.0 - VECTOR_SHARE)
+    weight, _, _ = fuse((WORD_TRUST_FLOOR + WORD_TRUST_FULL) / 2)
+    assert weight == pytest.approx((1.0 - VECTOR_SHARE) / 2)
+    weight, _, worded = fuse(0.05, vectors=False)  # no meaning to fall back to
+    assert weight == pytest.approx(1.0 - VECTOR_SHARE) and worded.fused > 0
+
+
+def test_a_rare_word_still_finds_its_memory_and_the_report_shows_the_word_arms_weight(alice: Any) -> None:
+    from memory.selectors import VECTOR_SHARE
+
+    code = memory_create(user=alice, kind="semantic", text="The user's locker code at the climbing gym is QX7731.")
+    for text in ("The user likes climbing on Sundays.", "The user's gym bag is blue.", "The user codes in Python."):
+        memory_create(user=alice, kind="semantic", text=text)
+
+    found = _retrieve(alice, "what was QX7731 again")
+
+    assert found.items[0].memory.id == code.id
+    assert found.as_report()["word_weight"] == pytest.approx(1.0 - VECTOR_SHARE)

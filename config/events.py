@@ -62,8 +62,8 @@ _async_clients: dict[tuple[str, int], aioredis.Redis] = {}
 _clients_lock = threading.Lock()
 
 
-def _client() -> redis.Redis:
-    url = channel_url()
+def _client(url: str | None = None) -> redis.Redis:
+    url = url or channel_url()
     if url is None:
         raise RuntimeError("The run channel needs a Redis-protocol server: set REDIS_URL (or RUN_EVENTS_URL).")
     with _clients_lock:
@@ -170,14 +170,18 @@ class _Publisher:
     """One thread per process that sends published events: everything waiting goes in one pipeline."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[str, str, int | None] | threading.Event] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[str, str, str, int | None] | threading.Event] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pid = 0
 
     def put(self, key: str, payload: str, *, maxlen: int | None = None) -> None:
+        """Queue an event for the channel's server as the caller's settings name it now (not when it is sent)."""
+        url = channel_url()
+        if url is None:
+            raise RuntimeError("The run channel needs a Redis-protocol server: set REDIS_URL (or RUN_EVENTS_URL).")
         self._ensure_thread()
-        self._queue.put((key, payload, maxlen))
+        self._queue.put((url, key, payload, maxlen))
 
     def flush(self, timeout: float) -> bool:
         self._ensure_thread()
@@ -209,10 +213,17 @@ class _Publisher:
                 if isinstance(item, threading.Event):
                     item.set()
 
-    def _send(self, events: list[tuple[str, str, int | None]]) -> None:
+    def _send(self, events: list[tuple[str, str, str, int | None]]) -> None:
+        by_server: dict[str, list[tuple[str, str, int | None]]] = {}
+        for url, key, payload, maxlen in events:
+            by_server.setdefault(url, []).append((key, payload, maxlen))
+        for url, batch in by_server.items():
+            self._send_to(url, batch)
+
+    def _send_to(self, url: str, events: list[tuple[str, str, int | None]]) -> None:
         for attempt in range(1, _SEND_ATTEMPTS + 1):
             try:
-                pipe = _client().pipeline(transaction=False)
+                pipe = _client(url).pipeline(transaction=False)
                 for key, payload, maxlen in events:
                     pipe.xadd(key, {"e": payload}, maxlen=maxlen, approximate=maxlen is not None)
                 for key in {key for key, _payload, _maxlen in events}:

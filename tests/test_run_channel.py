@@ -37,3 +37,17 @@ def test_two_deployments_sharing_a_redis_never_read_each_others_runs(channel: st
 def test_the_prefix_is_the_queue_by_default(channel: str) -> None:
     with override_settings(RUN_EVENTS_PREFIX="", CELERY_TASK_DEFAULT_QUEUE="shop-agents"):
         assert events.stream_key(7) == "shop-agents:run:7:events"
+
+
+def test_an_event_goes_to_the_server_its_publisher_named_even_if_it_is_sent_later(channel: str) -> None:
+    """The publisher thread sends events after ``publish`` returns: it once read the server's address then, from
+    settings that had changed meanwhile (a test's override ended), and sent them elsewhere."""
+    prefix = f"late-{uuid.uuid4().hex[:8]}"
+    with override_settings(RUN_EVENTS_PREFIX=prefix):
+        for number in range(300):
+            events.publish(1, {"type": "delta", "text": str(number)})
+    with override_settings(RUN_EVENTS_URL="redis://127.0.0.1:1/0", RUN_EVENTS_PREFIX=prefix):
+        assert events.flush()
+    with override_settings(RUN_EVENTS_PREFIX=prefix):
+        sent = events.read(1, block_seconds=1)
+    assert [event["text"] for _id, event in sent] == [str(number) for number in range(300)]

@@ -174,6 +174,7 @@ class _Publisher:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pid = 0
+        self._signal_warned: dict[str, float] = {}
 
     def put(self, key: str, payload: str, *, maxlen: int | None = None) -> None:
         """Queue an event for the channel's server as the caller's settings name it now (not when it is sent)."""
@@ -218,7 +219,28 @@ class _Publisher:
         for url, key, payload, maxlen in events:
             by_server.setdefault(url, []).append((key, payload, maxlen))
         for url, batch in by_server.items():
-            self._send_to(url, batch)
+            runs = [item for item in batch if item[2] is None]
+            signals = [item for item in batch if item[2] is not None]
+            if runs:
+                self._send_to(url, runs)
+            if signals:
+                self._signal(url, signals)
+
+    def _signal(self, url: str, signals: list[tuple[str, str, int | None]]) -> None:
+        """Session change signals: one try, and a warning at most once a minute when it fails. A page that misses
+        one finds the change when it asks again; a server that is down (the embedded one not started by a
+        process that runs turns in-line) must not fill the log or delay the runs' events."""
+        try:
+            pipe = _client(url).pipeline(transaction=False)
+            for key, payload, maxlen in signals:
+                pipe.xadd(key, {"e": payload}, maxlen=maxlen, approximate=True)
+                pipe.expire(key, _keep_seconds())
+            pipe.execute()
+        except Exception as exc:  # noqa: BLE001 - best effort, said below
+            now = time.monotonic()
+            if now - self._signal_warned.get(url, -3600.0) >= 60:
+                self._signal_warned[url] = now
+                logger.warning("could not signal %s session change(s) on %s: %s", len(signals), url, exc)
 
     def _send_to(self, url: str, events: list[tuple[str, str, int | None]]) -> None:
         for attempt in range(1, _SEND_ATTEMPTS + 1):

@@ -51,3 +51,14 @@ def test_an_event_goes_to_the_server_its_publisher_named_even_if_it_is_sent_late
     with override_settings(RUN_EVENTS_PREFIX=prefix):
         sent = events.read(1, block_seconds=1)
     assert [event["text"] for _id, event in sent] == [str(number) for number in range(300)]
+
+
+def test_session_signals_to_a_server_that_is_down_cost_one_warning_not_errors(caplog: pytest.LogCaptureFixture) -> None:
+    """Every turn signals its session's open pages. A process that runs turns in-line, with the embedded server
+    not started, logged an ERROR with a traceback for each turn's signal, after five tries."""
+    with override_settings(RUN_EVENTS_URL="redis://127.0.0.1:1/0"), caplog.at_level("WARNING", logger="config.events"):
+        for number in range(5):
+            events.session_changed(f"session-{number}")
+            assert events.flush()
+    records = [r for r in caplog.records if r.name == "config.events"]
+    assert [r.levelname for r in records] == ["WARNING"], [r.getMessage() for r in records]

@@ -48,8 +48,15 @@ def channel_url() -> str | None:
 def stream_key(run: str | int) -> str:
     """A run's stream, named under ``RUN_EVENTS_PREFIX`` (the deployment's queue by default): two deployments, or
     two test runs whose turn ids both start at 1, that share a Redis never read each other's runs."""
-    prefix = str(getattr(settings, "RUN_EVENTS_PREFIX", "") or settings.CELERY_TASK_DEFAULT_QUEUE)
-    return f"{prefix}:run:{run}:events"
+    return f"{_prefix()}:run:{run}:events"
+
+
+def _prefix() -> str:
+    return str(getattr(settings, "RUN_EVENTS_PREFIX", "") or settings.CELERY_TASK_DEFAULT_QUEUE)
+
+
+def _entry_id(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
 # A read waits up to _BLOCK seconds for an event; the socket gives up well after that (redis-py's default, 5 s,
@@ -105,8 +112,7 @@ def _keep_seconds() -> int:
 def session_key(session_id: Any) -> str:
     """A session's change signals: an entry whenever something a chat page shows may have changed (a turn ended,
     a staff reply, a hand-off or hand-back, the session deleted). The page reads what changed from the database."""
-    prefix = str(getattr(settings, "RUN_EVENTS_PREFIX", "") or settings.CELERY_TASK_DEFAULT_QUEUE)
-    return f"{prefix}:session:{session_id}:changes"
+    return f"{_prefix()}:session:{session_id}:changes"
 
 
 # A session's signal stream keeps its last few entries: a reader needs only "something came after my id".
@@ -127,19 +133,13 @@ def session_changed(session_id: Any) -> None:
 def session_last(session_id: Any) -> str:
     """The id of the session's latest change signal ("0-0" when none): wait after it for the next."""
     latest = _client().xrevrange(session_key(session_id), count=1)
-    if not latest:
-        return "0-0"
-    raw = latest[0][0]
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
+    return _entry_id(latest[0][0]) if latest else "0-0"
 
 
 async def asession_last(session_id: Any) -> str:
     """``session_last`` for asyncio."""
     latest = await _async_client().xrevrange(session_key(session_id), count=1)
-    if not latest:
-        return "0-0"
-    raw = latest[0][0]
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
+    return _entry_id(latest[0][0]) if latest else "0-0"
 
 
 async def session_wait(session_id: Any, *, after: str, timeout: float) -> str | None:
@@ -149,8 +149,7 @@ async def session_wait(session_id: Any, *, after: str, timeout: float) -> str | 
     )
     for _key, items in entries or []:
         if items:
-            raw = items[-1][0]
-            return raw.decode() if isinstance(raw, bytes) else str(raw)
+            return _entry_id(items[-1][0])
     return None
 
 
@@ -273,7 +272,7 @@ def _decoded(entries: Any) -> list[tuple[str, dict[str, Any]]]:
     out: list[tuple[str, dict[str, Any]]] = []
     for _key, items in entries or []:
         for raw_id, fields in items:
-            event_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
+            event_id = _entry_id(raw_id)
             payload = fields.get(b"e") or fields.get("e") or b"{}"
             out.append((event_id, json.loads(payload)))
     return out

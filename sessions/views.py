@@ -360,10 +360,7 @@ def chat_events(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
     if is_asgi(request) and run_channel.channel_url() is not None:
         # Under ASGI, with a run channel: the stream waits for the session's change signals in the event loop
         # (no thread, no polling) and reads the database only when one comes.
-        response = StreamingHttpResponse(_signalled_events(request.user.pk, session.pk, since), content_type=SSE)
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"
-        return response
+        return _event_stream_response(_signalled_events(request.user.pk, session.pk, since))
 
     def stream() -> Iterator[bytes]:
         nonlocal since
@@ -376,29 +373,47 @@ def chat_events(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
                 checked = timezone.now()
                 events, live = _news(session.pk, since)
                 since = checked
-                for event in events:
-                    name = event.pop("event")
-                    yield f"id: {since.isoformat()}\nevent: {name}\ndata: {json.dumps(event)}\n\n".encode()
-                    if name == "gone":
-                        return
+                lines, gone = _event_lines(events, since)
+                yield from lines
+                if gone:
+                    return
                 if not live or time.monotonic() >= deadline:
                     break
                 # A comment each second: a closed tab shows up as a failed write, not after the whole hold.
                 yield b": waiting\n\n"
                 time.sleep(EVENTS_POLL_SECONDS)
-            retry = EVENTS_RETRY_LIVE_MS if live and may_hold else EVENTS_RETRY_IDLE_MS
-            yield f"id: {since.isoformat()}\nretry: {retry}\n\n".encode()
+            yield _retry_line(since, live=live and may_hold)
         finally:
             if slot is not None:
                 cache.delete(slot)
 
-    response = StreamingHttpResponse(stream(), content_type=SSE)
+    return _event_stream_response(stream())
+
+
+def _event_lines(events: list[dict[str, Any]], since: datetime) -> tuple[list[bytes], bool]:
+    """``_news``'s events as SSE messages (their id: where the page's knowledge now ends), and whether the session
+    is gone (the stream ends there)."""
+    lines: list[bytes] = []
+    for event in events:
+        name = event.pop("event")
+        lines.append(f"id: {since.isoformat()}\nevent: {name}\ndata: {json.dumps(event)}\n\n".encode())
+        if name == "gone":
+            return lines, True
+    return lines, False
+
+
+def _retry_line(since: datetime, *, live: bool) -> bytes:
+    """A held stream's end: soon again while something can happen, rarely while nothing can."""
+    return f"id: {since.isoformat()}\nretry: {EVENTS_RETRY_LIVE_MS if live else EVENTS_RETRY_IDLE_MS}\n\n".encode()
+
+
+def _event_stream_response(body: Iterator[bytes] | AsyncIterator[bytes]) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(body, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
 
 
-SSE = "text/event-stream"
 # While it waits for a signal, a held stream sends a comment this often (proxies keep it open).
 EVENTS_KEEPALIVE_SECONDS = 5.0
 
@@ -417,11 +432,11 @@ async def _signalled_events(user_pk: object, session_id: UUID, since: datetime) 
             checked = timezone.now()
             events, live = await sync_to_async(_news)(session_id, since)
             since = checked
-            for event in events:
-                name = event.pop("event")
-                yield f"id: {since.isoformat()}\nevent: {name}\ndata: {json.dumps(event)}\n\n".encode()
-                if name == "gone":
-                    return
+            lines, gone = _event_lines(events, since)
+            for line in lines:
+                yield line
+            if gone:
+                return
             if not live:
                 break
             signal = None
@@ -434,8 +449,7 @@ async def _signalled_events(user_pk: object, session_id: UUID, since: datetime) 
             if signal is None:
                 break
             after = signal
-        retry = EVENTS_RETRY_LIVE_MS if live and may_hold else EVENTS_RETRY_IDLE_MS
-        yield f"id: {since.isoformat()}\nretry: {retry}\n\n".encode()
+        yield _retry_line(since, live=live and may_hold)
     finally:
         if slot is not None:
             await sync_to_async(cache.delete)(slot)

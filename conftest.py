@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.conf import settings as django_settings
 
-from config.db import database_url, redis_reachable
+from core.db import database_url, redis_reachable
 
 ROOT = Path(__file__).resolve().parent
 
@@ -187,7 +187,7 @@ def _fresh_cache() -> Iterator[None]:
     from django.core.cache import cache
 
     from agents.endpoints import forget_stored_profiles
-    from agents.llm.capabilities import forget_all
+    from llm.capabilities import forget_all
     from memory.embedding import query_vectors_forget
     from memory.selectors import history_sizes_forget
 
@@ -289,8 +289,8 @@ def _deterministic_embedder(request: pytest.FixtureRequest, settings: Any) -> No
 @pytest.fixture
 def use_provider() -> Iterator[Any]:
     """``use_provider(model)``: every model call of the test goes to ``model`` (a provider, or a function of
-    ``(agent, cheap)`` choosing one) until the test ends (``agents.llm.providers.provider_override``)."""
-    from agents.llm.providers import provider_override
+    ``(agent, cheap)`` choosing one) until the test ends (``llm.providers.provider_override``)."""
+    from llm.providers import provider_override
 
     with contextlib.ExitStack() as stack:
         yield lambda provider: stack.enter_context(provider_override(provider))
@@ -346,7 +346,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Stop the embedded PostgreSQL if this test run started it (and only then)."""
     from django.conf import settings
 
-    from config import embedded_db
+    from core import embedded_db
 
     if settings.DATABASE_URL or not embedded_db.started_by_this_process:
         return
@@ -354,3 +354,59 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     connections.close_all()
     embedded_db.stop_embedded_postgres(settings.DATA_DIR / "pg")
+
+
+# --- The world: an agent of each kind, a session in each state (tests/world.py builds them). ---------------------
+@pytest.fixture
+def chat_agent(db: Any) -> Any:
+    from tests.world import make_agent
+
+    return make_agent("chat")
+
+
+@pytest.fixture
+def tools_agent(db: Any) -> Any:
+    from tests.world import make_agent
+
+    return make_agent("tools")
+
+
+@pytest.fixture
+def booking_agent(db: Any) -> Any:
+    from tests.world import make_agent
+
+    return make_agent("booking")
+
+
+@pytest.fixture
+def chat_session(alice: Any, chat_agent: Any) -> Any:
+    """Alice's new free chat."""
+    from tests.world import make_session
+
+    return make_session(alice, chat_agent)
+
+
+@pytest.fixture
+def booking_session(alice: Any, booking_agent: Any) -> Any:
+    """Alice's new flight booking, in the workflow's first state."""
+    from tests.world import make_session
+
+    return make_session(alice, booking_agent)
+
+
+@pytest.fixture
+def handed_off_session(alice: Any, chat_agent: Any) -> Any:
+    """Alice's free chat, handed to a person (the agent does not answer it)."""
+    from sessions.models import ChatSession
+    from tests.world import make_session
+
+    return make_session(alice, chat_agent, status=ChatSession.Status.NEEDS_HUMAN)
+
+
+@pytest.fixture
+def closed_session(alice: Any, chat_agent: Any) -> Any:
+    """Alice's free chat, closed (it takes no new message)."""
+    from sessions.models import ChatSession
+    from tests.world import make_session
+
+    return make_session(alice, chat_agent, status=ChatSession.Status.CLOSED)

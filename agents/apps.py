@@ -12,32 +12,18 @@ class AgentsConfig(AppConfig):
         # The llm library records each model call through a callback; this one writes an LLMCall row.
         from agents.call_records import capability_load, capability_save, llm_call_save, tool_invocation_save
         from agents.endpoints import forget_stored_profiles, stored_profile
-        from agents.llm.capabilities import EndpointKey, forget, install_store
-        from agents.llm.demo import register_reply_handler, register_structured_handler
-        from agents.llm.providers import set_profile_source
-        from agents.llm.recording import CallRecord, set_call_recorder
         from agents.models import EndpointCapability, ModelEndpoint
         from agents.routing import RouteDecision, demo_route
         from agents.tools.registry import default_registry, set_invocation_recorder
         from agents.workflow_store import StoredWorkflows
         from agents.workflows import WorkflowDecision, registered_workflows, set_workflow_source
         from agents.workflows.demo import demo_decision, workflow_reply
-        from observability.tracing import genai_annotate
+        from llm.capabilities import EndpointKey, forget, install_store
+        from llm.demo import register_reply_handler, register_structured_handler
+        from llm.providers import set_profile_source
+        from llm.recording import set_call_recorder
 
-        def record(call: CallRecord) -> object:
-            # Each model call: its LLMCall row, and the GenAI attributes on the turn's span (when tracing).
-            genai_annotate(
-                provider=call.provider,
-                model=call.model,
-                purpose=call.ctx.purpose,
-                prompt_tokens=call.prompt_tokens,
-                completion_tokens=call.completion_tokens,
-                finish_reason=call.finish_reason,
-                outcome=call.outcome,
-            )
-            return llm_call_save(call)
-
-        set_call_recorder(record)
+        set_call_recorder(llm_call_save)
         set_invocation_recorder(tool_invocation_save)
         # What each endpoint takes for structured outputs, learned by trying, kept in a table.
         install_store(load=capability_load, save=capability_save)

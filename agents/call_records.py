@@ -17,12 +17,12 @@ from django.db import Error as DatabaseError
 from django.db import connection, transaction
 from django.utils import timezone
 
-from agents.llm.capabilities import EndpointKey, LearnedMode
-from agents.llm.recording import CallRecord
 from agents.models import EndpointCapability, LLMCall, ToolInvocation
 from agents.tools.registry import ToolContext, ToolResult
-from config.db import reconnect_if_broken
-from config.text import storable_text
+from core.db import reconnect_if_broken
+from core.text import storable_text
+from llm.capabilities import EndpointKey, LearnedMode
+from llm.recording import CallRecord
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ _MAX_ERROR = 4000
 
 
 # The model calls of turns being answered in this process, held until the turn's outcome is written: then they
-# go in with it, in the same statement (``agents.turn.finish.complete_turn``), or, however the turn ends
+# go in with it, in the same statement (``orchestrator.finish.complete_turn``), or, however the turn ends
 # otherwise (failed, handed off, cut short), in one insert when it ends (``llm_calls_held``). A process that
 # dies mid-turn loses the records of that turn's calls (the turn itself is recovered from its checkpoint).
 _held: dict[int, list[LLMCall]] = {}
@@ -107,7 +107,7 @@ def llm_calls_insert_sql(param: str) -> str:
 
 
 def llm_call_save(record: CallRecord) -> LLMCall:
-    """Save the record of one model call (``agents.llm.recording`` logs a failure; the call goes on).
+    """Save the record of one model call (``llm.recording`` logs a failure; the call goes on).
 
     A call of a turn being answered here (``llm_calls_held``) is held, and written with the turn's outcome.
 

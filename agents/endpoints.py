@@ -17,11 +17,11 @@ from django.conf import settings
 from django.utils import timezone
 from pydantic import BaseModel, Field
 
-from agents.llm.base import CallContext, LLMError, TruncatedOutputError
-from agents.llm.capabilities import MODE_LABELS, EndpointKey, known_mode
-from agents.llm.openai_compat import OpenAICompatibleProvider
-from agents.llm.profiles import EndpointProfile
 from agents.models import ModelEndpoint
+from llm.base import CallContext, LLMError, TruncatedOutputError
+from llm.capabilities import MODE_LABELS, EndpointKey, known_mode
+from llm.openai_compat import OpenAICompatibleProvider
+from llm.profiles import EndpointProfile
 
 # How long a profile read from the table is reused before it is read again (a save in this process forgets
 # it at once; other processes see the change within this many seconds).

@@ -8,12 +8,12 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from agents.llm.capabilities import MODE_LABELS
-from agents.llm.providers import DEMO_PROFILE
-from agents.llm.sections import DEFAULT_SHARES
 from agents.tools.registry import tool_names
 from agents.workflows import code_workflow_names, workflow_choices
 from agents.workflows.spec import NAME_PATTERN, WorkflowSpecError, workflow_from_spec
+from llm.capabilities import MODE_LABELS
+from llm.providers import DEMO_PROFILE
+from llm.sections import DEFAULT_SHARES
 
 
 def default_section_budgets() -> dict[str, float]:
@@ -285,7 +285,7 @@ class WorkflowVersion(models.Model):
 
 
 class EndpointCapability(models.Model):
-    """What an endpoint was found to take for structured outputs (``agents.llm.capabilities``), learned by
+    """What an endpoint was found to take for structured outputs (``llm.capabilities``), learned by
     trying: one row per profile, base URL and model. Written by the calls themselves; shown in the admin
     and on /ops/. Delete a row to have it learned again."""
 
@@ -387,7 +387,7 @@ class ModelEndpoint(models.Model):
 
 
 class Erasure(models.Model):
-    """That a person's data was erased: by whom, when, how much (``agents.erasure.person_erase``). Nothing of
+    """That a person's data was erased: by whom, when, how much (``people.erasure.person_erase``). Nothing of
     what was erased: only the subject's id (their account stays) and counts."""
 
     subject_id = models.BigIntegerField(db_index=True, help_text="The id of the user whose data was erased.")

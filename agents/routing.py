@@ -13,8 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from agents.llm.base import CallContext, LLMError, LLMProvider, Message
-from agents.llm.demo import asks_for_person
+from llm.base import CallContext, LLMError, LLMProvider, Message
+from llm.demo import asks_for_person
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 The logs grow by rows a turn; an operator opens their lists to curate and to investigate. Django's defaults
 read the whole table on every page (counts, distinct values for the filters, date lists); this measures
-what the pages cost as built (``config.admin_lists``), as a signed-in superuser through Django's test
+what the pages cost as built (``web.admin.lists``), as a signed-in superuser through Django's test
 client (no network), median of three loads after one warm-up.
 
 Seeded once into its own database (``bench_admin_scale``, reused; ``--fresh`` rebuilds it) by copying one

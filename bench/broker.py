@@ -2,7 +2,7 @@
 Celery worker as ``make run`` starts it (prefork, 2 processes).
 
 It starts a throwaway embedded broker (its own folder) and the worker on a queue of its own, sends ``--tasks``
-heartbeat tasks (``config.tasks.record_worker_heartbeat``: one upsert each, the cheapest task the app has) as
+heartbeat tasks (``web.tasks.core.record_worker_heartbeat``: one upsert each, the cheapest task the app has) as
 fast as one thread can, and reports the send rate and the drain rate (from the first send until the queue and
 the worker's unacknowledged set are empty). Loopback and a Unix socket only; bounded by ``--max-seconds``.
 
@@ -23,8 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from config import embedded_broker
-from config.db import database_url
+from core import embedded_broker
+from core.db import database_url
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent

@@ -42,7 +42,7 @@ from typing import Any
 
 from bench.soak import LOOPBACK, free_port, percentile
 from bench.stand_in_model import StandInModel
-from config.db import database_url
+from core.db import database_url
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -167,7 +167,7 @@ def _in_parallel(jobs: list[Any], work: Any) -> list[Any]:
 def phase(*, base: str, people: int, log: Path, timeout: float, langgraph_db: str = "") -> dict[str, Any]:
     """N people send one message each, at once; what they saw, and what the stack logged meanwhile. With
     ``langgraph_db`` (its database's URL), against the LangGraph side: new threads, no accounts."""
-    from config.models import TaskSendFailure
+    from core.models import TaskSendFailure
 
     if langgraph_db:
         seeded = [("-", str(uuid.uuid4())) for _ in range(people)]

@@ -4,7 +4,7 @@
 (some with a tool call and its output), retrieved memories, the workflow step with its collected
 data, and the running summary kept up to date by ``sessions.summaries.summarize_session_through``
 (optionally ``summary_lag`` turns late, as when the worker is slow). Every prompt is built by
-``agents.llm.prompt.build_prompt`` and sent to the model; the naive prompt (everything appended,
+``llm.prompt.build_prompt`` and sent to the model; the naive prompt (everything appended,
 as in the seed article's section 2.1) is counted beside it.
 
 ``python -m bench context [-- --turns N]`` runs it in a throwaway database, prints the prompt-token
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.llm.base import CallContext, LLMError, TruncatedOutputError
-from agents.llm.prompt import ContextBudget, MemoryItem, PromptInputs, TurnText, build_prompt
-from agents.llm.tokens import counter_for
+from llm.base import CallContext, LLMError, TruncatedOutputError
+from llm.prompt import ContextBudget, MemoryItem, PromptInputs, TurnText, build_prompt
+from llm.tokens import counter_for
 from sessions.summaries import summarize_session_through, summary_due
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -194,8 +194,8 @@ class SimResult:
 
 
 def _demo_provider() -> Any:
-    from agents.llm.demo import DemoModel
-    from agents.llm.providers import get_provider
+    from llm.demo import DemoModel
+    from llm.providers import get_provider
 
     provider = get_provider()
     # Reproducible figures: the demo model even when a real endpoint is configured.

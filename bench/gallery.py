@@ -2,7 +2,7 @@
 
 Both agents get the same user messages, the same injected faults and the same model behaviour:
 
-- the app runs ``agents.runtime.turn_run`` with the flight-booking agent on the offline demo model
+- the app runs ``orchestrator.runtime.turn_run`` with the flight-booking agent on the offline demo model
   (``GalleryDemoModel``: the demo model plus the gallery's shared behaviour and faults);
 - the naive agent (``bench.naive_agent``) runs the seed articles' loop on ``NaiveModel``, which behaves like
   the demo model. Both models have an 8,192-token window and refuse a longer prompt.
@@ -14,7 +14,7 @@ real endpoint may answer one (``CUT_CASES``): the rest of the reply, a part of i
 the same words again. The naive agent never asks for a continuation.
 
 Measures: crashes (an exception reached the caller, or no reply), prompt tokens at turns 20/40/60 (tiktoken,
-``agents.llm.tokens``), repeated questions (a reply asks for a slot the user already gave), mis-routes (the
+``llm.tokens``), repeated questions (a reply asks for a slot the user already gave), mis-routes (the
 branch taken is not the one the message called for), cut-off replies shown as whole and kept marked (with
 what the user got on each cut-off turn, judged apart from the app's own rules: ``_cut_outcome``), and lost
 data (facts stated early that are in neither what the model read at the last turn nor the collected data).
@@ -359,11 +359,11 @@ def _tool_faults(turn: ScriptTurn) -> Iterator[None]:
 def _faulted(base: type) -> type:
     """``base`` (a provider class) with the gallery's faults: free-text routing, and reply calls cut off by the
     token limit, whose continuations are answered as the turn's ``ModelFault.truncate`` says (``CUT_CASES``)."""
-    from agents.llm.base import LLMClientError
-    from agents.llm.continuation import continued_partial
-    from agents.llm.demo import word_chunks
-    from agents.llm.provider_base import OpenedStream, RawCompletion
-    from agents.llm.tokens import counter_for
+    from llm.base import LLMClientError
+    from llm.continuation import continued_partial
+    from llm.demo import word_chunks
+    from llm.provider_base import OpenedStream, RawCompletion
+    from llm.tokens import counter_for
 
     class GalleryModel(base):
         window: int | None = None  # a window it enforces itself (a real server enforces its own)
@@ -465,10 +465,10 @@ def _faulted(base: type) -> type:
 
 def gallery_demo_model(*, window: int = WINDOW) -> Any:
     """The offline demo model, plus what the gallery needs of a model (same rules as ``NaiveModel``)."""
-    from agents.llm.base import ToolCallRequest
-    from agents.llm.demo import DemoModel
-    from agents.llm.provider_base import RawCompletion
     from examples.booking.demo import read_prompt_state
+    from llm.base import ToolCallRequest
+    from llm.demo import DemoModel
+    from llm.provider_base import RawCompletion
 
     class GalleryDemoModel(_faulted(DemoModel)):  # type: ignore[misc]
         """``DemoModel`` + a window it enforces, flight searches on request, and the turn's injected faults."""
@@ -534,7 +534,7 @@ def gallery_real_model(profile: Any) -> Any:
     """A real OpenAI-compatible endpoint (``profile``) with the gallery's faults: its replies are its own, cut
     where the script says; asked to continue, it answers itself (``continued``, and ``cut_again`` cut once
     more), or the injected empty or repeated answer."""
-    from agents.llm.openai_compat import OpenAICompatibleProvider
+    from llm.openai_compat import OpenAICompatibleProvider
 
     class GalleryRealModel(_faulted(OpenAICompatibleProvider)):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -566,11 +566,11 @@ def _cut_outcome(
 def run_app(script: list[ScriptTurn], *, user: Any, model: Any = None, max_tokens: int | None = None) -> AgentRun:
     """The app: ``turn_run`` with the flight-booking agent, one session, on ``GalleryDemoModel`` (or ``model``,
     from ``gallery_real_model``)."""
-    from agents.llm.providers import provider_override
     from agents.models import Agent, LLMCall, ToolInvocation
-    from agents.runtime import turn_run
     from agents.services import default_agents_ensure
+    from llm.providers import provider_override
     from memory.models import Memory
+    from orchestrator.runtime import turn_run
     from sessions.models import ChatSession, Turn
     from sessions.services import session_create
 
@@ -630,11 +630,11 @@ def run_naive(script: list[ScriptTurn], *, user: Any, today: date) -> AgentRun:
     """The seed's naive agent on ``NaiveModel``, with the app's tool bodies called the naive way."""
     from django.conf import settings
 
-    from agents.llm.demo import DEMO_MODEL_NAME
-    from agents.llm.tokens import counter_for
     from agents.tools.faults import apply_fault
     from agents.tools.registry import ToolContext, ToolOutput, default_registry
     from examples.booking.tools import BookFlightArgs, SearchFlightsArgs
+    from llm.demo import DEMO_MODEL_NAME
+    from llm.tokens import counter_for
     from memory.embedding import get_embedder
 
     registry = default_registry()

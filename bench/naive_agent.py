@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
 
-from agents.llm.tokens import TokenCounter
 from examples.booking.slot_parsing import extract_slots
 from examples.booking.workflow import FLIGHT_BOOKING, trip_summary
+from llm.tokens import TokenCounter
 
 # The slots a booking needs, in the order the workflow asks for them (return_date is optional).
 REQUIRED_SLOTS: tuple[str, ...] = ("origin", "destination", "depart_date", "passengers")
@@ -73,7 +73,7 @@ class ModelFault:
     truncate: str = ""
 
 
-# What an endpoint answers when asked to continue a reply it cut off (``agents.llm.continuation``):
+# What an endpoint answers when asked to continue a reply it cut off (``llm.continuation``):
 CUT_CASES = {
     "continued": "the rest of the reply",
     "cut_again": "the next part of the rest, cut off again",

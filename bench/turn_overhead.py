@@ -1,10 +1,10 @@
 """Turn overhead: the server-side cost of one turn without model time, this app against LangGraph.
 
-Both sides get the same instant fake model (``agents.llm.scripted.ScriptedProvider`` answering "ok"), the
+Both sides get the same instant fake model (``llm.scripted.ScriptedProvider`` answering "ok"), the
 same deterministic hashing embedder (so embedding time is near zero on both sides), the same tiktoken
 counter and budgets, the same memories and the same user messages, on the same embedded PostgreSQL:
 
-- ours: ``agents.runtime.turn_run`` on a free-chat agent (no tools): advisory lock, idempotency, the
+- ours: ``orchestrator.runtime.turn_run`` on a free-chat agent (no tools): advisory lock, idempotency, the
   ``Turn`` row and checkpoints, tiered memory retrieval (vector + full text, threshold filter), the context
   builder over the saved history, the model call with its ``LLMCall`` audit row, the saved reply and the
   after-commit enqueue of memory writes and summaries (to Redis when it is reachable, else in memory);
@@ -134,10 +134,10 @@ class OurSide:
     def __init__(self, *, memories: list[str]) -> None:
         from django.contrib.auth import get_user_model
 
-        from agents.llm.demo import DemoModel
-        from agents.llm.scripted import ScriptedProvider
         from agents.models import Agent
         from bench.context_bench import SYSTEM_PROMPT
+        from llm.demo import DemoModel
+        from llm.scripted import ScriptedProvider
         from memory.models import Memory
         from memory.services import memory_create
         from sessions.services import session_create
@@ -168,7 +168,7 @@ class OurSide:
         return elapsed
 
     def timed_turn(self, message: str) -> float:
-        from agents.runtime import turn_run
+        from orchestrator.runtime import turn_run
 
         started = time.perf_counter()
         result = turn_run(session=self.session, message=message)
@@ -278,8 +278,8 @@ class LangGraphSide(_GraphSide):
         from langgraph.graph import END, START, StateGraph
         from langgraph.store.postgres import PostgresStore
 
-        from agents.llm.scripted import ScriptedProvider
-        from agents.llm.tokens import counter_for
+        from llm.scripted import ScriptedProvider
+        from llm.tokens import counter_for
         from memory.embedding import get_embedder
 
         _recreate_database(LANGGRAPH_DATABASE)
@@ -357,8 +357,8 @@ class LangGraphLikeForLikeSide(_GraphSide):
         from langgraph.checkpoint.postgres import PostgresSaver
         from langgraph.graph import END, START, StateGraph
 
-        from agents.llm.scripted import ScriptedProvider
-        from agents.llm.tokens import counter_for
+        from llm.scripted import ScriptedProvider
+        from llm.tokens import counter_for
         from memory.selectors import memories_for_prompt
 
         name = LANGGRAPH_DATABASE + "_full"
@@ -512,16 +512,16 @@ def _profile_ours(ours: OurSide, messages: list[str]) -> str:
 
 # The runtime's steps, timed per turn by wrapping them where the runtime looks them up (module attributes).
 _PHASES = (
-    ("agents.runtime", "turn_begin", "turn_begin: lock, session, Turn row with its checkpoint"),
-    ("agents.turn.begin", "_reload_with_last_seq", "  session, last turn number, orphans"),
-    ("agents.turn.begin", "_save_with_checkpoint", "  the turn, its checkpoint and title (one statement)"),
-    ("agents.turn.steps", "turn_history", "history read"),
-    ("agents.turn.steps", "memories_for_prompt", "memory retrieval (tiers 1-4)"),
-    ("agents.turn.reply", "build_prompt", "prompt build and token counts"),
-    ("agents.turn.reply", "complete_turn", "completing the turn (incl. after-commit work)"),
-    ("agents.turn.finish", "after_turn", "  after-commit work"),
-    ("agents.turn.finish", "summary_request_if_due", "    summary check"),
-    ("agents.turn.finish", "memory_writes_enqueue", "    memory-write enqueue"),
+    ("orchestrator.runtime", "turn_begin", "turn_begin: lock, session, Turn row with its checkpoint"),
+    ("orchestrator.begin", "session_for_turn", "  session, last turn number, orphans"),
+    ("orchestrator.begin", "turn_insert_with_checkpoint", "  the turn, its checkpoint and title (one statement)"),
+    ("orchestrator.steps", "turn_history", "history read"),
+    ("orchestrator.steps", "memories_for_prompt", "memory retrieval (tiers 1-4)"),
+    ("orchestrator.reply", "build_prompt", "prompt build and token counts"),
+    ("orchestrator.reply", "complete_turn", "completing the turn (incl. after-commit work)"),
+    ("orchestrator.finish", "after_turn", "  after-commit work"),
+    ("orchestrator.finish", "summary_request_if_due", "    summary check"),
+    ("orchestrator.finish", "memory_writes_enqueue", "    memory-write enqueue"),
 )
 
 
@@ -580,9 +580,9 @@ def main(argv: list[str]) -> int:
 
     from django.conf import settings
 
-    from agents.llm.providers import provider_override
     from bench.context_bench import SYSTEM_PROMPT
     from bench.memory_db import use_database
+    from llm.providers import provider_override
 
     try:
         import langgraph  # noqa: F401

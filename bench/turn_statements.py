@@ -61,10 +61,10 @@ def count_turn_statements(*, username: str = "statements-bench") -> dict[str, Tu
     """The statements of a chat, a decision and a tool turn on the demo model (see the module's docstring)."""
     from django.contrib.auth import get_user_model
 
-    from agents.llm.demo import DemoModel
-    from agents.llm.providers import provider_override
     from agents.models import Agent
-    from agents.runtime import turn_run
+    from llm.demo import DemoModel
+    from llm.providers import provider_override
+    from orchestrator.runtime import turn_run
     from sessions.services import session_create
 
     user, _ = get_user_model().objects.get_or_create(username=username)

@@ -1,8 +1,8 @@
 """The ASGI entry point that ``make run`` serves (gunicorn with uvicorn workers): Django, and MCP at /mcp/.
 
 Under ASGI an event stream holds no thread while it waits (a turn runs on a turn worker and its events come
-from the run channel: ``sessions.streaming``), so one process holds thousands of open chats, and ``/healthz``
-never queues behind them. The MCP server (streamable HTTP, API tokens: ``agents.mcp_server``) answers on the
+from the run channel: ``web.chat.streaming``), so one process holds thousands of open chats, and ``/healthz``
+never queues behind them. The MCP server (streamable HTTP, API tokens: ``web.mcp_server``) answers on the
 same port; its session manager starts with the server's lifespan.
 
 A message's stream (``POST .../messages/stream/``) keeps one idle thread for its life: Django runs every
@@ -23,7 +23,7 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django_app = get_asgi_application()
 
-from agents.mcp_server import http_app  # noqa: E402 - after Django is set up
+from web.mcp_server import http_app  # noqa: E402 - after Django is set up
 
 MCP_PATH = "/mcp/"
 _FOLLOW = re.compile(r"^/api/turns/\d+/events/?$|^/chats/[0-9a-fA-F-]{36}/events/?$")

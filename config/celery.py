@@ -14,7 +14,7 @@ logger = logging.getLogger(__name__)
 
 app = Celery("agents_runtime")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["config", "agents", "memory", "sessions", "observability"])
+app.autodiscover_tasks(["web"])
 
 
 class HeartbeatStep(bootsteps.StartStopStep):
@@ -46,7 +46,7 @@ class HeartbeatStep(bootsteps.StartStopStep):
     def _beat(self, worker: Any) -> None:
         from django.db import close_old_connections
 
-        from config.services import worker_heartbeat_record
+        from core.services import worker_heartbeat_record
 
         try:
             close_old_connections()
@@ -60,7 +60,7 @@ app.steps["worker"].add(HeartbeatStep)
 
 @before_task_publish.connect
 def _stamp_sent_at(headers: dict[str, Any] | None = None, **kwargs: Any) -> None:
-    # When the task was sent: the queue's oldest wait in /metrics (config.queue.queue_stats).
+    # When the task was sent: the queue's oldest wait in /metrics (core.queue.queue_stats).
     if headers is not None:
         headers.setdefault("sent_at", time.time())
 
@@ -69,14 +69,14 @@ def _stamp_sent_at(headers: dict[str, Any] | None = None, **kwargs: Any) -> None
 @beat_init.connect
 def _embedded_broker(**kwargs: Any) -> None:
     # A worker or beat started by hand on the embedded default: the broker it needs, started if not running.
-    from config.embedded_broker import ensure_configured
+    from core.embedded_broker import ensure_configured
 
     ensure_configured()
 
 
 @worker_process_init.connect
 def _warm_up_worker_process(**kwargs: Any) -> None:
-    from config.warmup import process_prepare, warm_up_in_background
+    from web.warmup import process_prepare, warm_up_in_background
 
     process_prepare()
     warm_up_in_background()
@@ -88,7 +88,7 @@ def _warm_up_worker_without_children(sender: Any = None, **kwargs: Any) -> None:
     # it sets up and loads the models itself, before its first turn rather than during it.
     pool = getattr(sender, "pool", None)
     if pool is not None and "prefork" not in type(pool).__module__:
-        from config.warmup import process_prepare, warm_up_in_background
+        from web.warmup import process_prepare, warm_up_in_background
 
         process_prepare()
         warm_up_in_background()

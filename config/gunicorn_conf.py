@@ -6,9 +6,9 @@ from typing import Any
 
 
 def post_worker_init(worker: Any) -> None:
-    # Before the worker serves: the registries its first requests need, set up once (config/warmup.py); then
+    # Before the worker serves: the registries its first requests need, set up once (web/warmup.py); then
     # the embedding model, loaded once per worker process in the background.
-    from config.warmup import process_prepare, warm_up_in_background
+    from web.warmup import process_prepare, warm_up_in_background
 
     process_prepare()
     warm_up_in_background()

@@ -1,7 +1,7 @@
 """Settings for the agent runtime: one file, driven by environment variables.
 
 Every variable is documented in docs/configuration.md. Helpers in
-``config.env`` raise ``ImproperlyConfigured`` on values they cannot parse.
+``core.env`` raise ``ImproperlyConfigured`` on values they cannot parse.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from csp.constants import NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 
-from config.embedded_broker import broker_url as embedded_broker_url
-from config.embedded_broker import socket_path as embedded_broker_socket
-from config.env import (
+from core.embedded_broker import broker_url as embedded_broker_url
+from core.embedded_broker import socket_path as embedded_broker_socket
+from core.env import (
     database_from_url,
     env_bool,
     env_choice,
@@ -56,8 +56,8 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
-# The debug page and error reports also hide settings that hold credentials in URLs (config/reporting.py).
-DEFAULT_EXCEPTION_REPORTER_FILTER = "config.reporting.SettingsFilter"
+# The debug page and error reports also hide settings that hold credentials in URLs (core/reporting.py).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "core.reporting.SettingsFilter"
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -72,7 +72,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
-    "config.apps.CoreConfig",
+    "core.apps.CoreConfig",
     "agents",
     "memory",
     "sessions.apps.ChatSessionsConfig",
@@ -80,15 +80,18 @@ INSTALLED_APPS = [
     # The flight-booking demo: a workflow, two tools and the demo model's script for them, plugged in through
     # AGENT_WORKFLOWS and AGENT_TOOLS below as any package of yours would be (examples/booking/).
     "examples.booking",
+    # Every door (admin, API, chat pages, ops pages, MCP, Celery tasks, management commands): last, so it sees
+    # every model.
+    "web",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # 413 for oversize bodies before anything reads them (JSON error format under /api/).
-    "config.api_errors.RequestSizeLimitMiddleware",
+    "core.api_errors.RequestSizeLimitMiddleware",
     # 400 for a page address with a NUL (%00) in its query string (PostgreSQL refuses NUL in a filter).
-    "config.api_errors.NulQueryMiddleware",
+    "core.api_errors.NulQueryMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -97,7 +100,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
     # Last, so its process_exception sees a view's database errors first: a 503 page, not a 500.
-    "config.api_errors.DatabaseUnavailableMiddleware",
+    "core.api_errors.DatabaseUnavailableMiddleware",
 ]
 
 # Content-Security-Policy on every response (django-csp): scripts only from this site's files, never inline
@@ -118,7 +121,7 @@ CONTENT_SECURITY_POLICY = {
     },
 }
 
-ROOT_URLCONF = "config.urls"
+ROOT_URLCONF = "web.urls"
 WSGI_APPLICATION = "config.wsgi.application"
 
 TEMPLATES = [
@@ -138,12 +141,12 @@ TEMPLATES = [
 
 # --- Database: PostgreSQL with pgvector, always. -----------------------------------------
 # With DATABASE_URL unset, an embedded PostgreSQL 18 (+pgvector) is started on first use,
-# its data under DATA_DIR/pg. See config/embedded_db.py.
+# its data under DATA_DIR/pg. See core/embedded_db.py.
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
     _db = database_from_url(DATABASE_URL)
 else:
-    from config.embedded_db import default_shared_buffers, embedded_database_settings
+    from core.embedded_db import default_shared_buffers, embedded_database_settings
 
     # PostgreSQL's page cache: the HNSW index and the memories it points at should fit (bench/memory_scale.py).
     _db = embedded_database_settings(
@@ -239,8 +242,8 @@ LARGE_BODY_PATHS = {"/api/me/import/": IMPORT_MAX_BYTES}
 
 # --- Celery ----------------------------------------------------------------------------------
 # REDIS_URL (or CELERY_BROKER_URL) in production. Unset: the embedded broker, a Valkey server from a wheel on
-# a Unix socket in DATA_DIR/valkey/ (config/embedded_broker.py), started by whatever serves first: runstack,
-# a web or MCP process as it starts (config.warmup.process_prepare), a worker as it starts (config/celery.py).
+# a Unix socket in DATA_DIR/valkey/ (core/embedded_broker.py), started by whatever serves first: runstack,
+# a web or MCP process as it starts (web.warmup.process_prepare), a worker as it starts (config/celery.py).
 REDIS_URL = env_str("REDIS_URL")
 _broker = env_str("CELERY_BROKER_URL") or REDIS_URL
 EMBEDDED_BROKER_DIR: Path | None = None if _broker else DATA_DIR / "valkey"
@@ -258,7 +261,7 @@ elif EMBEDDED_BROKER_DIR is not None and env_bool("CACHE_ON_EMBEDDED_BROKER", Tr
     # COUNT(*) of the cache per write, and round trips to a database busy with turns).
     CACHES = {
         "default": {
-            "BACKEND": "config.cache.EmbeddedValkeyCache",
+            "BACKEND": "core.cache.EmbeddedValkeyCache",
             "LOCATION": f"unix://{embedded_broker_socket(EMBEDDED_BROKER_DIR)}?db=1",
         }
     }
@@ -314,8 +317,8 @@ CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 180, minimum=1)
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
-# At most 30: /healthz wants a heartbeat newer than 60 s (config.health.WORKER_FRESH_FOR).
-# /healthz and /readyz answer within this many seconds, whatever the database and the broker do (config/health.py).
+# At most 30: /healthz wants a heartbeat newer than 60 s (web.health.WORKER_FRESH_FOR).
+# /healthz and /readyz answer within this many seconds, whatever the database and the broker do (web/health.py).
 HEALTH_CHECK_TIMEOUT = env_float("HEALTH_CHECK_TIMEOUT", 1.5, minimum=0.1, maximum=30)
 WORKER_HEARTBEAT_SECONDS = env_int("WORKER_HEARTBEAT_SECONDS", 15, minimum=1, maximum=30)
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
@@ -327,7 +330,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "memory-writes-requeue": {"task": "memory.tasks.requeue_lost_memory_writes", "schedule": 120.0},
     "summaries-requeue": {"task": "sessions.tasks.requeue_lost_summaries", "schedule": 120.0},
     # Turns whose process died mid-turn (no owner holds their lock) and older than STUCK_TURN_SECONDS are
-    # finished from their checkpoint (agents.runtime.stuck_turns_recover); a new message does it sooner.
+    # finished from their checkpoint (orchestrator.runtime.stuck_turns_recover); a new message does it sooner.
     # A sweep not started within its minute is dropped (the next one comes): a backlog never piles them up.
     "turns-recover": {"task": "agents.tasks.recover_stuck_turns", "schedule": 60.0, "options": {"expires": 60}},
     # Per-user HNSW indexes for histories past MEMORY_EXACT_SEARCH_MAX (memory.services.user_indexes_sync).
@@ -352,14 +355,14 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "config.pagination.StandardPagination",
+    "DEFAULT_PAGINATION_CLASS": "core.pagination.StandardPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_PARSER_CLASSES": ["config.parsers.SizeLimitedJSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["core.parsers.SizeLimitedJSONParser"],
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
-    "EXCEPTION_HANDLER": "config.api_errors.api_exception_handler",
+    "EXCEPTION_HANDLER": "core.api_errors.api_exception_handler",
     "NUM_PROXIES": NUM_PROXIES,
     # Every API endpoint needs a signed-in user (a 401 comes before any rate), so the rates are per user.
     "DEFAULT_THROTTLE_CLASSES": [
@@ -388,20 +391,20 @@ SPECTACULAR_SETTINGS = {
         "SessionStatusEnum": "sessions.models.ChatSession.Status",
         "TurnStatusEnum": "sessions.models.Turn.Status",
     },
-    # drf-spectacular's enum hook, then the error answers of every operation (config/api_schema.py).
+    # drf-spectacular's enum hook, then the error answers of every operation (core/api_schema.py).
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "config.api_schema.document_errors",
+        "core.api_schema.document_errors",
     ],
 }
 
 # --- LLM and embeddings (used by the agents and memory apps) ----------------------------
-# The turn loop (agents/runtime.py).
+# The turn loop (orchestrator/runtime.py).
 # Longest chat message accepted (characters); longer ones are refused with 413 before anything is saved.
 # Shorter ones that exceed the prompt's message budget are cut with a visible marker (sessions/context.py).
 MAX_MESSAGE_CHARS = env_int("MAX_MESSAGE_CHARS", 32000, minimum=100)
 # Where an accepted turn runs. "worker": on a turn worker (the web request only saves the message and reads the
-# turn's events from the run channel: config/events.py); "inline": in the request itself (no worker needed; each
+# turn's events from the run channel: core/events.py); "inline": in the request itself (no worker needed; each
 # turn holds a web thread while the model answers). "worker" needs a Redis-protocol server for the channel (the
 # embedded Valkey, or REDIS_URL); without one, turns run inline.
 TURN_RUNNER = env_str("TURN_RUNNER", "worker") or "worker"

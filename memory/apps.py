@@ -13,7 +13,7 @@ class MemoryConfig(AppConfig):
     def ready(self) -> None:
         # The offline demo model answers fact extraction with a deterministic handler, so a fresh
         # install shows semantic memories without an LLM.
-        from agents.llm.demo import register_structured_handler
+        from llm.demo import register_structured_handler
         from memory.demo_facts import extract_facts_demo
         from memory.schemas import ExtractedFacts
 

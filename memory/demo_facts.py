@@ -1,6 +1,6 @@
 """Deterministic fact extraction for the offline demo model, so the demo shows semantic memories.
 
-Registered with ``agents.llm.demo.register_structured_handler`` for ``ExtractedFacts``. It reads only
+Registered with ``llm.demo.register_structured_handler`` for ``ExtractedFacts``. It reads only
 the user's message (between the markers ``memory.services`` writes) and recognises a few explicit
 statements. It is not an LLM and does not pretend to be one.
 """

@@ -37,17 +37,17 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from agents.llm.base import CallContext
-from agents.llm.providers import agent_profile, get_provider
-from agents.llm.tokens import counter_for
+from llm.base import CallContext
+from llm.providers import agent_profile, get_provider
+from llm.tokens import counter_for
 from memory.access import memories_touch
 from memory.embedding import embed_query_soon, get_embedder
 from memory.models import Memory
 from memory.schemas import RelevanceScores, SearchQuery
 
 if TYPE_CHECKING:
-    from agents.llm.base import Purpose, SchemaT
     from agents.models import Agent
+    from llm.base import Purpose, SchemaT
 
 logger = logging.getLogger(__name__)
 

@@ -23,11 +23,11 @@ from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 from pgvector.django import CosineDistance
 
-from agents.llm.base import CallContext, LLMError
-from agents.llm.providers import get_provider
-from config.db import refresh_from
-from config.queue import enqueue, queued_args
-from config.services import requeue_each
+from core.db import refresh_from
+from core.queue import enqueue, queued_args
+from core.services import requeue_each
+from llm.base import CallContext, LLMError
+from llm.providers import get_provider
 from memory.access import memories_touch
 from memory.embedding import get_embedder
 from memory.models import Memory, MemoryReview
@@ -410,7 +410,7 @@ class TurnMemoryWriteResult:
     extraction_error: str = ""
 
 
-# The memory-write task (``memory.tasks.write_turn_memories``), sent by name: tasks are doors, above this.
+# The memory-write task (``web.tasks.memory.write_turn_memories``), sent by name: tasks are doors, above this.
 WRITE_TASK = "memory.tasks.write_turn_memories"
 
 
@@ -427,7 +427,7 @@ def memory_writes_enqueue(*, turn: Turn) -> None:
 MEMORY_WRITES_LOST_AFTER = timedelta(minutes=5)
 # How far back the sweep looks (bounds its query; older losses are left alone).
 MEMORY_WRITES_LOOKBACK = timedelta(days=1)
-# A write the sweep sent is not sent again before this long (config.services.requeue_claim): with the
+# A write the sweep sent is not sent again before this long (core.services.requeue_claim): with the
 # workers behind, it is still in the queue.
 MEMORY_WRITES_REQUEUE_AGAIN_AFTER = timedelta(minutes=30)
 
@@ -797,7 +797,7 @@ def user_indexes_sync(
 
 
 def memories_restore(*, user: Any, records: Sequence[dict[str, Any]]) -> tuple[list[Memory], list[int]]:
-    """Put back memories of ``user`` as they were exported (``agents.portability``): text, kind, key,
+    """Put back memories of ``user`` as they were exported (``people.portability``): text, kind, key,
     importance, pin, archive, when it happened and for how long it held. Embedded again here, all at once,
     before the transaction. One already there (same kind and text, in force or not alike) is skipped:
     importing twice writes once. Returns (created, indexes of the records skipped)."""

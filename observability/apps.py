@@ -14,8 +14,23 @@ class ObservabilityConfig(AppConfig):
         from celery.signals import task_prerun
         from django.core.signals import request_started
 
-        from observability import tasks  # noqa: F401 - registers the alert task (config.celery lists apps by name)
+        from llm.recording import CallRecord, add_call_observer
         from observability.logging import bind_log_context, clear_log_context
+        from observability.tracing import genai_annotate
+
+        # Each model call's figures on the current trace span (OpenTelemetry's GenAI attributes).
+        def annotate(call: CallRecord) -> None:
+            genai_annotate(
+                provider=call.provider,
+                model=call.model,
+                purpose=call.ctx.purpose,
+                prompt_tokens=call.prompt_tokens,
+                completion_tokens=call.completion_tokens,
+                finish_reason=call.finish_reason,
+                outcome=call.outcome,
+            )
+
+        add_call_observer(annotate)
 
         # Worker threads and processes are reused: ids bound by one request or task must not
         # show up on the next one's log lines.

@@ -23,8 +23,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from agents.models import Agent
-from config.models import TaskSendFailure
-from config.queue import queues_stats
+from core.models import TaskSendFailure
+from core.queue import queues_stats
 from observability.models import Alert
 from observability.selectors import HistogramSpec, indicators, metric_totals_by_agent
 

@@ -20,7 +20,7 @@ from django.db.models import Aggregate, Avg, Count, DateTimeField, DurationField
 from django.db.models.functions import Coalesce
 
 from agents.models import Agent, LLMCall, ToolInvocation
-from config.queue import queues_stats
+from core.queue import queues_stats
 from observability.models import Alert, AlertRule, MetricTotals
 from sessions.models import ChatSession, Checkpoint, Turn
 

@@ -1,14 +1,14 @@
 """A session's turns for a prompt: ``turn_history`` reads them once per turn (``TurnHistory``).
 
 The prompt builder itself (budgets, sections, degradation, the pre-flight count) is the llm library's,
-``agents.llm.prompt``; its names are re-exported here for the callers that know them from this module.
+``llm.prompt``; its names are re-exported here for the callers that know them from this module.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agents.llm.prompt import (
+from llm.prompt import (
     CUT_MARKER,
     DEFAULT_SHARES,
     HEADER_MEMORIES,

@@ -7,7 +7,7 @@ no transaction, no advisory lock tied to a connection, so the connection goes ba
 model answers, and the lease works behind PgBouncer in transaction mode.
 
 If the process running a turn dies, its heartbeat stops and the lease expires: a turn found ``running``
-whose lease is free or expired was orphaned by a crash (``agents.runtime`` resumes it from its checkpoint,
+whose lease is free or expired was orphaned by a crash (``orchestrator.runtime`` resumes it from its checkpoint,
 once: writing a turn's outcome checks both the lease and the turn's status). A lease can be handed over
 (``hand_over``): the web request that accepted a message passes it to the worker that runs the turn.
 ``session_delete`` and erasure take the lease in their transaction, so no turn starts under a delete.
@@ -25,8 +25,8 @@ from typing import Any
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection, connections
 
-from config.db import reconnect_if_broken
-from config.errors import Refusal
+from core.db import reconnect_if_broken
+from core.errors import Refusal
 from sessions.models import SessionLease
 
 logger = logging.getLogger(__name__)

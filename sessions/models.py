@@ -154,6 +154,11 @@ class Turn(models.Model):
         return None
 
 
+# A turn still being answered (its runner may have died: the sweep finishes it), and one that is done.
+TURN_UNFINISHED = (Turn.Status.RUNNING, Turn.Status.PENDING)
+TURN_FINISHED = (Turn.Status.COMPLETED, Turn.Status.FAILED)
+
+
 class Checkpoint(models.Model):
     """Append-only log of a session's workflow state: before every model call and at every transition."""
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import connection
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from agents.workflows import get_workflow
-from sessions.models import ChatSession, Checkpoint, Turn
+from core.db import instances_from_rows, refresh_from, select_columns
+from sessions.models import TURN_UNFINISHED, ChatSession, Checkpoint, Turn
 
 # Checkpoints that mark a change of state are history worth keeping forever; the rest can be pruned.
 PRUNE_KEEP_REASONS: tuple[str, ...] = (
@@ -89,3 +91,45 @@ def session_failure_message(*, session: ChatSession) -> str:
         f"Sorry — this did not work after {session.retry_count} attempts, so I stopped.{kept} "
         f"You can resume from the last good step ({resume_at}) or start over."
     )
+
+
+_AGENT_MODEL: Any = ChatSession._meta.get_field("agent").related_model
+_USER_MODEL: Any = ChatSession._meta.get_field("user").related_model
+_WIDTHS = (len(ChatSession._meta.concrete_fields), len(_AGENT_MODEL._meta.concrete_fields))
+_UNFINISHED = [str(status) for status in TURN_UNFINISHED]
+# The session with its agent and user, its last turn number and whether a turn of it is unfinished: what
+# ``ChatSession.objects.select_related("agent", "user").annotate(...)`` reads, written once here because
+# building and compiling that queryset cost more than running it, on every turn.
+_SESSION_FOR_TURN_SQL = f"""
+    SELECT {select_columns(ChatSession, "s")}, {select_columns(_AGENT_MODEL, "a")}, {select_columns(_USER_MODEL, "u")},
+           (SELECT t.seq FROM {Turn._meta.db_table} t WHERE t.session_id = s.id ORDER BY t.seq DESC LIMIT 1),
+           EXISTS (SELECT 1 FROM {Turn._meta.db_table} t WHERE t.session_id = s.id AND t.status = ANY(%(unfinished)s))
+    FROM {ChatSession._meta.db_table} s
+    JOIN {_AGENT_MODEL._meta.db_table} a ON a.id = s.agent_id
+    JOIN {_USER_MODEL._meta.db_table} u ON u.id = s.user_id
+    WHERE s.id = %(session)s
+"""
+
+
+def session_for_turn(*, session: ChatSession) -> tuple[int, bool]:
+    """Read ``session`` again in place, with its agent and user, in one query; return its last turn number and
+    whether a turn of it is unfinished. ``ChatSession.DoesNotExist`` when it was deleted."""
+    with connection.cursor() as cursor:
+        cursor.execute(_SESSION_FOR_TURN_SQL, {"session": session.pk, "unfinished": _UNFINISHED})
+        row = cursor.fetchone()
+    if row is None:
+        raise ChatSession.DoesNotExist("the session was deleted")
+    n_session, n_agent = _WIDTHS
+    (fresh,) = instances_from_rows(ChatSession, [row[:n_session]])
+    (agent,) = instances_from_rows(_AGENT_MODEL, [row[n_session : n_session + n_agent]])
+    (user,) = instances_from_rows(_USER_MODEL, [row[n_session + n_agent : -2]])
+    ChatSession._meta.get_field("agent").set_cached_value(fresh, agent)
+    ChatSession._meta.get_field("user").set_cached_value(fresh, user)
+    refresh_from(session, fresh)
+    last_seq, unfinished = row[-2], row[-1]
+    return int(last_seq or 0), bool(unfinished)
+
+
+def unfinished_turns(*, session: ChatSession) -> list[Turn]:
+    """The session's turns still marked running or pending, oldest first."""
+    return list(session.turns.filter(status__in=TURN_UNFINISHED).order_by("seq"))

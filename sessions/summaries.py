@@ -3,7 +3,7 @@
 ``summary_request_if_due`` runs after every turn. It asks for a summary a little before turns
 leave the window (``SUMMARY_LEAD_TURNS``), in batches (``SUMMARY_BATCH_TURNS``), so the next
 call normally finds it ready; when it is not, the context builder keeps the unsummarized turns
-and degrades if they do not fit. The Celery task ``sessions.tasks.summarize_session`` calls
+and degrades if they do not fit. The Celery task ``web.tasks.sessions.summarize_session`` calls
 ``summarize_session_through``, which asks the (cheap) model to merge the new turns into the
 summary — keeping decisions, facts, actions and pending items, dropping filler — bounded by the
 summary section budget. When the model fails, ``extractive_summary`` keeps the summary bounded
@@ -25,17 +25,17 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from agents.llm.base import CallContext, LLMError
-from agents.llm.prompt import ContextBudget, TurnText, cut_to_budget, window_size
-from agents.llm.providers import get_provider
-from agents.llm.tokens import TokenCounter, counter_for
-from config.queue import enqueue
-from config.services import requeue_each
+from core.queue import enqueue
+from core.services import requeue_each
+from llm.base import CallContext, LLMError
+from llm.prompt import ContextBudget, TurnText, cut_to_budget, window_size
+from llm.providers import get_provider
+from llm.tokens import TokenCounter, counter_for
 from sessions.context import TurnHistory, turn_history
 from sessions.models import ChatSession, Turn
 
 if TYPE_CHECKING:
-    from agents.llm.base import LLMProvider
+    from llm.base import LLMProvider
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def summary_due(*, turns: Sequence[TurnText], budget: ContextBudget, counter: To
     """The seq a summary should now reach, or 0 when none is due.
 
     ``turns`` are the newest completed turns, oldest first (``window_turns + SUMMARY_LEAD_TURNS + 1``
-    of them suffice). The window is ``agents.llm.prompt.window_size``. Due: turns that left the
+    of them suffice). The window is ``llm.prompt.window_size``. Due: turns that left the
     window, or will within ``SUMMARY_LEAD_TURNS`` turns, are not in the summary, and either
     ``SUMMARY_BATCH_TURNS`` of them have gathered or some have already left.
     """
@@ -92,7 +92,7 @@ def newest_turns(*, session: ChatSession, budget: ContextBudget) -> list[TurnTex
     return turn_history(session=session, cap=_checked_turns(budget)).newest
 
 
-# The summary task (``sessions.tasks.summarize_session``), sent by name: tasks are doors, above this.
+# The summary task (``web.tasks.sessions.summarize_session``), sent by name: tasks are doors, above this.
 SUMMARY_TASK = "sessions.tasks.summarize_session"
 
 
@@ -102,7 +102,7 @@ def summary_request_if_due(
     """Enqueue a summary of the turns leaving the window, unless they are folded in or already requested.
 
     See ``summary_due`` for when it is due. Returns whether a task was requested; it is sent
-    after the current transaction commits (``sessions.tasks.summarize_session``). A caller that read the
+    after the current transaction commits (``web.tasks.sessions.summarize_session``). A caller that read the
     history for the turn that just finished (``history``, then ``finished`` completed) hands both over,
     and the newest turns are not read again.
     """
@@ -142,7 +142,7 @@ def summary_request_if_due(
 # The sweep sends requests that are still open after this long again (the task is idempotent).
 SUMMARY_LOST_AFTER = timedelta(minutes=5)
 SUMMARY_LOOKBACK = timedelta(days=1)
-# A request the sweep sent is not sent again before this long (config.services.requeue_claim).
+# A request the sweep sent is not sent again before this long (core.services.requeue_claim).
 SUMMARY_REQUEUE_AGAIN_AFTER = timedelta(minutes=30)
 
 

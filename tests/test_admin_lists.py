@@ -13,13 +13,14 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-import config.admin_lists
-from agents.models import Agent, LLMCall, ToolInvocation
+import web.admin.lists
+from agents.models import LLMCall, ToolInvocation
 from examples.booking.workflow import FLIGHT_BOOKING
 from memory.models import Memory
 from memory.services import memory_create
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import checkpoint_record, session_create
+from tests.world import make_agent
 
 pytestmark = pytest.mark.django_db
 
@@ -35,7 +36,7 @@ LOG_LISTS = [
 @pytest.fixture
 def logged(alice: Any) -> ChatSession:
     """A session with a few rows in every log."""
-    chat_agent = Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.")
+    chat_agent = make_agent(name="Chat", slug="chat", system_prompt="Be brief.")
     session = session_create(user=alice, agent=chat_agent)
     for seq in (1, 2, 3):
         turn = Turn.objects.create(
@@ -88,7 +89,7 @@ def test_the_unfiltered_count_of_a_big_table_is_the_planners_estimate(
         cursor.execute("ANALYZE chat_sessions_turn")  # the estimate: 3 rows
     for seq in (4, 5):
         Turn.objects.create(session=logged, seq=seq, user_message="later", status="completed")
-    monkeypatch.setattr(config.admin_lists, "ESTIMATE_COUNT_ABOVE", 2)  # 3 rows count as a big table here
+    monkeypatch.setattr(web.admin.lists, "ESTIMATE_COUNT_ABOVE", 2)  # 3 rows count as a big table here
 
     page, queries = _page(staff_client, "admin:chat_sessions_turn_changelist")
     assert "3 turns" in page and not [q for q in queries if "COUNT(" in q.upper()]
@@ -96,7 +97,7 @@ def test_the_unfiltered_count_of_a_big_table_is_the_planners_estimate(
     page, _ = _page(staff_client, "admin:chat_sessions_turn_changelist", {"status__exact": "completed"})
     assert "5 turns" in page
 
-    monkeypatch.setattr(config.admin_lists, "ESTIMATE_COUNT_ABOVE", 100)  # a small table: exact
+    monkeypatch.setattr(web.admin.lists, "ESTIMATE_COUNT_ABOVE", 100)  # a small table: exact
     page, _ = _page(staff_client, "admin:chat_sessions_turn_changelist")
     assert "5 turns" in page
 

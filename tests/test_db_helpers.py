@@ -1,4 +1,4 @@
-"""``config.db.update_returning`` and ``refresh_from``: the turn's completion writes and reads back with them."""
+"""``core.db.update_returning`` and ``refresh_from``: the turn's completion writes and reads back with them."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from agents.models import Agent
-from config.db import refresh_from, update_returning
+from core.db import refresh_from, update_returning
 from sessions.models import ChatSession, Turn
+from tests.world import make_agent
 
 
 @pytest.fixture
 def session(alice: Any, db: Any) -> ChatSession:
-    agent = Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.", workflow="free_chat")
+    agent = make_agent("chat")
     return ChatSession.objects.create(user=alice, agent=agent, workflow="free_chat", state="CHATTING", version=3)
 
 
@@ -75,7 +75,7 @@ class TestRefreshFrom:
 
     def test_a_changed_relation_is_dropped(self, session: ChatSession) -> None:
         held = ChatSession.objects.select_related("agent").get(pk=session.pk)
-        other = Agent.objects.create(name="Other", slug="other", system_prompt="x", workflow="free_chat")
+        other = make_agent(name="Other", slug="other", system_prompt="x", workflow="free_chat")
         (fresh,) = update_returning(ChatSession.objects.filter(pk=session.pk), agent=other)
         refresh_from(held, fresh)
         assert held.agent_id == other.pk
@@ -88,7 +88,7 @@ class TestRefreshFrom:
 
 
 def test_storable_text_replaces_what_postgres_refuses() -> None:
-    from config.text import storable_text
+    from core.text import storable_text
 
     assert storable_text("plain é ✓") == "plain é ✓"
     assert storable_text("a\x00b") == "a\ufffdb"
@@ -100,7 +100,7 @@ def test_storable_text_replaces_what_postgres_refuses() -> None:
 
 
 def test_hold_high_surrogate_keeps_a_first_half_for_the_next_piece() -> None:
-    from config.text import hold_high_surrogate
+    from core.text import hold_high_surrogate
 
     assert hold_high_surrogate("smile \ud83d") == ("smile ", "\ud83d")
     assert hold_high_surrogate("smile 🙂") == ("smile 🙂", "")

@@ -1,4 +1,4 @@
-"""The embedded broker (``config/embedded_broker.py``): a real Valkey from a wheel, started once however many
+"""The embedded broker (``core/embedded_broker.py``): a real Valkey from a wheel, started once however many
 processes ask at once, answering on its socket, and keeping queued tasks across a restart."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import psutil
 import pytest
 import redis
 
-from config import embedded_broker
+from core import embedded_broker
 
 
 @pytest.fixture

@@ -12,12 +12,12 @@ from django.db import connection
 from django.test import Client
 from rest_framework.test import APIClient
 
-from agents.erasure import person_erase
 from agents.models import Agent, Erasure, LLMCall
-from agents.runtime import turn_run
 from conftest import wait_for
 from memory.models import Memory
 from memory.services import memory_create
+from orchestrator.runtime import turn_run
+from people.erasure import person_erase
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import session_create
 
@@ -88,8 +88,8 @@ def test_the_command_erases_a_person(alice: Any, chat_agent: Agent) -> None:
 def test_a_task_queued_before_the_erasure_writes_nothing_after_it(
     celery_worker: Any, alice: Any, chat_agent: Agent
 ) -> None:
-    from agents.erasure import person_erase
     from config.celery import app
+    from people.erasure import person_erase
 
     session = session_create(user=alice, agent=chat_agent)
     turn = Turn.objects.create(

@@ -9,10 +9,10 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import Client
 
-from config.env import database_from_url, env_bool, env_choice, env_int, env_list, env_rate
-from config.management.commands.runstack import ensure_first_staff_user
-from config.models import WorkerHeartbeat
 from conftest import ROOT, wait_for
+from core.env import database_from_url, env_bool, env_choice, env_int, env_list, env_rate
+from core.models import WorkerHeartbeat
+from web.management.commands.runstack import ensure_first_staff_user
 
 
 class TestEnvHelpers:
@@ -193,7 +193,7 @@ def test_first_staff_user_created_once(tmp_path: object, django_user_model: obje
 def test_task_runs_in_separate_worker_and_healthz_turns_green(celery_worker, client: Client) -> None:  # type: ignore[no-untyped-def]
     import os
 
-    from config.tasks import record_worker_heartbeat
+    from web.tasks.core import record_worker_heartbeat
 
     record_worker_heartbeat.delay()
     beat = wait_for(
@@ -258,7 +258,7 @@ def test_the_debug_page_hides_credentials_kept_in_urls() -> None:
 def test_health_names_a_failure_without_its_details(monkeypatch: pytest.MonkeyPatch) -> None:
     """/healthz is open to anyone: the broker's address and credentials stay in the server log."""
     from config.celery import app
-    from config.health import check_broker
+    from web.health import check_broker
 
     monkeypatch.setattr(app.conf, "broker_url", "redis://agent:BrokerPw@127.0.0.1:1/0")  # nothing listens
 
@@ -349,7 +349,7 @@ def test_the_tests_count_in_process_and_the_app_shares_its_counters_across_proce
     from django.core.cache.backends.locmem import LocMemCache
     from django.db import connection
 
-    from config.db import database_url
+    from core.db import database_url
 
     assert isinstance(caches["default"], LocMemCache)  # the suite's counters never reach a running app's
     with connection.cursor() as cursor:  # made by the migration, though the suite's own cache is in memory

@@ -173,7 +173,7 @@ def test_over_stdio_as_one_user(alice: Any, tmp_path: Path) -> None:
 
 def _in_process(user: Any, calls: Any) -> Any:
     """The server in this process (the SDK's in-memory transport), acting for ``user`` as a stdio one does."""
-    from agents.mcp_server import STDIO_USER, build_server
+    from web.mcp_server import STDIO_USER, build_server
 
     async def main() -> Any:
         STDIO_USER.set(user)

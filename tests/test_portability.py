@@ -15,13 +15,13 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from agents.erasure import person_erase
 from agents.models import Agent
-from agents.portability import person_export
-from agents.runtime import turn_run
 from memory.models import Memory
 from memory.selectors import memories_for_prompt
 from memory.services import memory_create
+from orchestrator.runtime import turn_run
+from people.erasure import person_erase
+from people.portability import person_export
 from sessions.models import ChatSession, Turn
 from sessions.services import session_create
 

@@ -1,4 +1,4 @@
-"""Sending tasks by name (``config.queue.enqueue``): safe from many threads on a cold process, and every
+"""Sending tasks by name (``core.queue.enqueue``): safe from many threads on a cold process, and every
 failure counted for ``/metrics``."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from config.db import database_url
-from config.models import TaskSendFailure
-from config.queue import enqueue
 from conftest import _drop_broker_connections
+from core.db import database_url
+from core.models import TaskSendFailure
+from core.queue import enqueue
 from observability.metrics import metrics_exposition
 from tests.reliability.test_cold_start import sent_tasks
 
@@ -27,8 +27,8 @@ import json, sys, threading
 import django
 
 django.setup()
-cold = "memory.tasks" not in sys.modules  # the task module it sends to: not imported yet
-from config.queue import enqueue
+cold = "web.tasks.memory" not in sys.modules  # the task module it sends to: not imported yet
+from core.queue import enqueue
 
 count = int(sys.argv[1])
 start = threading.Barrier(count)
@@ -70,7 +70,7 @@ def test_32_threads_enqueue_at_once_on_a_process_that_has_sent_nothing(tmp_path:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["cold"], "the process had imported memory.tasks before the threads sent"
+    assert report["cold"], "the process had imported web.tasks.memory before the threads sent"
     assert report["results"] == ["sent"] * 32
     sent = sorted(args for _task, args in sent_tasks(broker))
     assert sent == sorted(f"({i},)" for i in range(32))
@@ -113,8 +113,8 @@ def test_the_queue_backlog_and_its_oldest_wait_are_in_the_metrics(settings: Any)
 
     from celery import Celery, current_app
 
-    from config import embedded_broker
-    from config.queue import queue_stats
+    from core import embedded_broker
+    from core.queue import queue_stats
 
     assert "agent_queue_depth" not in metrics_exposition().decode()  # the tests' filesystem broker: no figure
     folder = Path(tempfile.mkdtemp(prefix="vk-"))

@@ -10,12 +10,13 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from agents.llm.tokens import counter_for
-from config import process, warmup
-from config.models import WorkerHeartbeat
+from core import process
+from core.models import WorkerHeartbeat
+from llm.tokens import counter_for
 from memory import embedding
+from web import warmup
 
-# The checks read the database on threads of their own (config/health.py): what a test writes must be committed.
+# The checks read the database on threads of their own (web/health.py): what a test writes must be committed.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 

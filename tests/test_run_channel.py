@@ -1,4 +1,4 @@
-"""The run channel (``config/events.py``): a stream of events per turn on a Redis-protocol server."""
+"""The run channel (``core/events.py``): a stream of events per turn on a Redis-protocol server."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from django.test import override_settings
 
-from config import events
+from core import events
 from tests.reliability.conftest import redis_queue_url
 
 
@@ -56,9 +56,9 @@ def test_an_event_goes_to_the_server_its_publisher_named_even_if_it_is_sent_late
 def test_session_signals_to_a_server_that_is_down_cost_one_warning_not_errors(caplog: pytest.LogCaptureFixture) -> None:
     """Every turn signals its session's open pages. A process that runs turns in-line, with the embedded server
     not started, logged an ERROR with a traceback for each turn's signal, after five tries."""
-    with override_settings(RUN_EVENTS_URL="redis://127.0.0.1:1/0"), caplog.at_level("WARNING", logger="config.events"):
+    with override_settings(RUN_EVENTS_URL="redis://127.0.0.1:1/0"), caplog.at_level("WARNING", logger="core.events"):
         for number in range(5):
             events.session_changed(f"session-{number}")
             assert events.flush()
-    records = [r for r in caplog.records if r.name == "config.events"]
+    records = [r for r in caplog.records if r.name == "core.events"]
     assert [r.levelname for r in records] == ["WARNING"], [r.getMessage() for r in records]

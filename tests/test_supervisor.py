@@ -1,4 +1,4 @@
-"""The supervisor of ``make run`` (``config.supervisor.Child``): a child that dies is restarted with backoff, and
+"""The supervisor of ``make run`` (``core.supervisor.Child``): a child that dies is restarted with backoff, and
 what it started goes with it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import psutil
 
-from config.supervisor import Child
+from core.supervisor import Child
 
 # A parent that starts a grandchild (as Celery starts its beat and pool), then waits.
 PARENT = (

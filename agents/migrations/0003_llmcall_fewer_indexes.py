@@ -4,7 +4,7 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
-from config.index_ops import DropFieldIndexes
+from core.index_ops import DropFieldIndexes
 
 
 class Migration(migrations.Migration):

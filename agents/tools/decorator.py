@@ -25,7 +25,7 @@ from typing import Any, overload
 from pydantic import BaseModel, ConfigDict, create_model
 
 from agents.tools.registry import Tool, ToolContext
-from config.text import camel_case
+from core.text import camel_case
 
 # What OpenAI-compatible endpoints accept as a function name.
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

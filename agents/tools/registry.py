@@ -31,7 +31,6 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from pydantic import BaseModel, ValidationError
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from agents.llm.base import Message, ToolCallRequest, ToolSpec
 from agents.tools.errors import (
     ErrorKind,
     ToolConnectionError,
@@ -41,8 +40,9 @@ from agents.tools.errors import (
     ToolTimeout,
 )
 from agents.tools.faults import apply_fault
-from config.plugins import load_plugins
-from config.text import storable_json, storable_text
+from core.plugins import load_plugins
+from core.text import storable_json, storable_text
+from llm.base import Message, ToolCallRequest, ToolSpec
 
 if TYPE_CHECKING:
     from agents.models import Agent

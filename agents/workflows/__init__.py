@@ -26,8 +26,8 @@ from agents.workflows.base import (
     WorkflowDecision,
 )
 from agents.workflows.free_chat import FREE_CHAT
-from config.plugins import load_plugins
-from config.text import state_words
+from core.plugins import load_plugins
+from core.text import state_words
 
 # Installable packages offer workflows under this entry-point group: each entry names a Workflow.
 WORKFLOWS_ENTRY_POINT_GROUP = "agents_runtime.workflows"

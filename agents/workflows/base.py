@@ -22,8 +22,8 @@ from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origi
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
-from config.errors import Refusal
-from config.text import camel_case, state_words
+from core.errors import Refusal
+from core.text import camel_case, state_words
 
 # The retry counter may reach this many failed turns; one more and the session moves to the failed state.
 MAX_RETRIES = 3

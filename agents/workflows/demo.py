@@ -26,9 +26,9 @@ from typing import Any
 from django.utils import timezone
 from pydantic import BaseModel
 
-from agents.llm.base import Message, ToolCallRequest, ToolSpec
-from agents.llm.demo import DemoReply, asks_for_person, requested_schema
 from agents.workflows.base import REFUSED_PREFIX, Workflow, WorkflowDecision, workflow_of
+from llm.base import Message, ToolCallRequest, ToolSpec
+from llm.demo import DemoReply, asks_for_person, requested_schema
 
 # What the demo's reply says when an action's tool failed; its next decision reads it back from the turn.
 FAILED_ATTEMPT = "That did not work:"

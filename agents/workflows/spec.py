@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import SchemaError
 
 from agents.workflows.base import StateSpec, Workflow, recovery_problems
-from config.text import camel_case
+from core.text import camel_case
 
 
 class WorkflowSpecError(ValueError):

@@ -1,6 +1,6 @@
 """Teach the offline demo model the booking workflow, so it can be walked end to end with no LLM.
 
-Two handlers, registered with ``agents.llm.demo`` when the agents app is ready:
+Two handlers, registered with ``llm.demo`` when the agents app is ready:
 
 - ``booking_decision``: the structured decision of each booking turn. It reads ``CURRENT_STATE`` and
   ``COLLECTED`` from the decision prompt, takes slot values from the user's words with real parsers
@@ -28,11 +28,11 @@ from typing import Any
 
 from django.utils import timezone
 
-from agents.llm.base import Message, ToolCallRequest, ToolSpec
-from agents.llm.demo import DemoReply, asks_for_person, register_reply_handler, register_structured_handler
 from agents.workflows.base import REFUSED_PREFIX
 from examples.booking.slot_parsing import extract_slots
 from examples.booking.workflow import FLIGHT_BOOKING, BookingDecision, trip_summary
+from llm.base import Message, ToolCallRequest, ToolSpec
+from llm.demo import DemoReply, asks_for_person, register_reply_handler, register_structured_handler
 
 _STATE_LINE = re.compile(r"^CURRENT_STATE:\s*(\w+)\s*$", re.MULTILINE)
 _COLLECTED_LINE = re.compile(r"^COLLECTED:\s*(\{.*\})\s*$", re.MULTILINE)

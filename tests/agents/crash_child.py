@@ -15,7 +15,7 @@ import django
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     django.setup()
-    from agents.runtime import turn_run
+    from orchestrator.runtime import turn_run
     from sessions.models import ChatSession
 
     session = ChatSession.objects.get(pk=sys.argv[1])

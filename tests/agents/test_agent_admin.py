@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 
 from agents.models import Agent
 from tests.api.conftest import assert_error, token_client
+from tests.world import make_agent
 
 pytestmark = pytest.mark.django_db
 
@@ -82,7 +83,7 @@ def test_values_the_runtime_cannot_use_are_refused(staff_client: Client, field: 
 
 
 def test_an_agent_whose_profile_is_gone_does_not_break_the_listing(alice: Any) -> None:
-    Agent.objects.create(name="Gone", slug="gone", system_prompt="x", endpoint="removed-profile")
+    make_agent(name="Gone", slug="gone", system_prompt="x", endpoint="removed-profile")
     client = token_client(alice)
     listing = client.get("/api/agents/")
     assert listing.status_code == 200
@@ -91,7 +92,7 @@ def test_an_agent_whose_profile_is_gone_does_not_break_the_listing(alice: Any) -
 
 
 def test_an_agent_with_an_unknown_workflow_is_unavailable_not_a_500(alice: Any) -> None:
-    agent = Agent.objects.create(name="Odd", slug="odd", system_prompt="x", workflow="removed-workflow")
+    agent = make_agent(name="Odd", slug="odd", system_prompt="x", workflow="removed-workflow")
     api: APIClient = token_client(alice)
     assert_error(api.post("/api/sessions/", {"agent": agent.slug}, format="json"), 503, "agent_unavailable")
     web = Client()

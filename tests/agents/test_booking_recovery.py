@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from agents.models import Agent, Booking
-from agents.runtime import turn_run
+from agents.models import Booking
 from examples.booking.tools import Flight, timetable
+from orchestrator.runtime import turn_run
 from sessions.models import ChatSession
 from sessions.services import session_create
+from tests.world import make_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,9 +37,7 @@ def _tight_day(origin: str, destination: str) -> tuple[date, list[Flight]]:
 
 
 def _to_a_failed_booking(alice: Any) -> tuple[ChatSession, list[Flight], str]:
-    agent = Agent.objects.create(
-        name="Booker", slug="booker", system_prompt="You book flights.", workflow="flight_booking", tools=[]
-    )
+    agent = make_agent("booking", slug="booker")
     session = session_create(user=alice, agent=agent)
     day, flights = _tight_day("London", "Paris")
     for message in ("Hi, I'd like to book a flight", "From London to Paris", _say(day), "2 passengers"):

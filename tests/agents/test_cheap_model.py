@@ -7,21 +7,21 @@ from typing import Any
 
 import pytest
 
-from agents.models import Agent
-from agents.runtime import turn_run
 from memory.selectors import memories_for_prompt
 from memory.services import memory_create, turn_memories_write
+from orchestrator.runtime import turn_run
 from sessions.models import Turn
 from sessions.services import session_create
 from sessions.summaries import summarize_session_through
 from tests.fakes import openai_server as fake
+from tests.world import make_agent
 
 pytestmark = pytest.mark.django_db
 
 
 def test_the_reply_uses_the_model_and_the_helpers_the_cheap_model(alice: Any, settings: Any, fake_openai: Any) -> None:
     settings.LLM_PROFILES = {"default": fake_openai.profile(model="big", cheap_model="small", max_retries=0)}
-    agent = Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.", workflow="free_chat")
+    agent = make_agent("chat")
     session = session_create(user=alice, agent=agent)
     memory = memory_create(user=alice, kind="semantic", text="The user likes sailing on the lake.")
 
@@ -43,7 +43,7 @@ def test_a_follow_up_is_searched_as_the_cheap_model_rewrites_it(alice: Any, sett
     """With earlier messages in the session, the cheap model turns the new one into a standalone query (one
     short call before retrieval); when that call fails, the message is searched with its context instead."""
     settings.LLM_PROFILES = {"default": fake_openai.profile(model="big", cheap_model="small", max_retries=0)}
-    agent = Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.", workflow="free_chat")
+    agent = make_agent("chat")
     session = session_create(user=alice, agent=agent)
     fake_openai.enqueue(fake.stream("Lovely city."))
     turn_run(session=session, message="I moved to Lisbon last spring.")

@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from agents.llm.openai_compat import OpenAICompatibleProvider
-from agents.llm.providers import get_provider
-from agents.models import Agent, EndpointCapability, ModelEndpoint
-from agents.runtime import turn_run
+from agents.models import EndpointCapability, ModelEndpoint
+from llm.openai_compat import OpenAICompatibleProvider
+from llm.providers import get_provider
+from orchestrator.runtime import turn_run
 from sessions.services import session_create
 from tests.fakes import openai_server as fake
+from tests.world import make_agent
 
 pytestmark = pytest.mark.django_db
 
@@ -57,7 +58,7 @@ def ollama(settings: Any) -> Iterator[str]:
 def test_staff_with_the_permission_are_offered_the_form_when_no_model_is_configured(
     no_model: None, admin_user: Any, alice: Any, settings: Any
 ) -> None:
-    Agent.objects.create(name="Chat", slug="chat", system_prompt="Hi.")
+    make_agent(name="Chat", slug="chat", system_prompt="Hi.")
     staff = Client()
     staff.force_login(admin_user)
     page = staff.get("/").content.decode()
@@ -128,7 +129,7 @@ def test_a_failed_test_says_why(no_model: None, admin_user: Any) -> None:
 def test_the_connected_endpoint_answers_the_agents(
     no_model: None, alice: Any, fake_openai: fake.FakeOpenAIServer
 ) -> None:
-    agent = Agent.objects.create(name="Chat", slug="chat", system_prompt="Hi.")
+    agent = make_agent(name="Chat", slug="chat", system_prompt="Hi.")
     assert get_provider(agent=agent).is_demo
     ModelEndpoint.objects.create(name="default", base_url=fake_openai.base_url, model="local-model")
     provider = get_provider(agent=agent)

@@ -1,5 +1,5 @@
 """Asking for a person in a free chat with no tools of its own: the reply is offered the hand-to-a-person tool
-(``agents.llm.base.HANDOFF_TOOL``), and the model's call of it hands the chat to a person, as a workflow's
+(``llm.base.HANDOFF_TOOL``), and the model's call of it hands the chat to a person, as a workflow's
 ``wants_person`` and the routing of an agent with tools do. An endpoint that refuses tools is asked again
 without it, and remembered."""
 
@@ -10,20 +10,21 @@ from typing import Any
 
 import pytest
 
-from agents.llm.base import HANDOFF_TOOL
 from agents.models import Agent
-from agents.runtime import turn_run, turn_stream
-from agents.turn.context import HANDOFF_NOTICE
+from llm.base import HANDOFF_TOOL
+from orchestrator.context import HANDOFF_NOTICE
+from orchestrator.runtime import turn_run, turn_stream
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import session_create
 from tests.fakes.openai_server import error, json_reply, stream, tool_call
+from tests.world import make_agent
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def chat_agent(db: Any) -> Agent:
-    return Agent.objects.create(name="Chat", slug="chat", system_prompt="Be kind.", workflow="free_chat", tools=[])
+    return make_agent(name="Chat", slug="chat", system_prompt="Be kind.", workflow="free_chat", tools=[])
 
 
 @pytest.fixture
@@ -86,9 +87,7 @@ def test_an_endpoint_that_refuses_tools_is_asked_again_without_them_and_remember
 
 
 def test_a_refusal_of_tools_the_reply_needs_still_fails_the_turn(alice: Any, remote_model: Any) -> None:
-    agent = Agent.objects.create(
-        name="Flights", slug="flights", system_prompt="x", workflow="free_chat", tools=["search_flights"]
-    )
+    agent = make_agent("tools", slug="flights")
     remote_model.enqueue(
         # The routing decision (structured), then the reply that needs the agent's tool.
         json_reply({"action": "use_tools", "reasoning": "flights", "confidence": 0.9}),
@@ -127,7 +126,7 @@ def test_what_the_model_said_before_handing_off_is_kept_with_the_notice(
     ],
 )
 def test_only_a_refusal_of_tools_leaves_the_optional_tool_out(message: str, refused: bool) -> None:
-    from agents.llm.capabilities import is_tools_refusal
+    from llm.capabilities import is_tools_refusal
 
     assert is_tools_refusal(400, message) is refused
 
@@ -147,9 +146,7 @@ def test_a_nul_in_an_endpoints_model_name_does_not_fail_the_turn_it_is_recorded_
 def test_the_records_of_a_failed_turns_calls_keep_the_time_of_each_call(alice: Any, remote_model: Any) -> None:
     from agents.models import LLMCall
 
-    agent = Agent.objects.create(
-        name="Flights", slug="flights", system_prompt="x", workflow="free_chat", tools=["search_flights"]
-    )
+    agent = make_agent("tools", slug="flights")
     remote_model.enqueue(
         json_reply({"action": "answer", "reasoning": "chat", "confidence": 0.9}), error(400, "bad request")
     )

@@ -10,13 +10,13 @@ from typing import Any, Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from agents.llm import demo
-from agents.llm.base import CallContext, LLMProvider, Message, ToolCallRequest, ToolSpec
-from agents.llm.demo import DemoModel, DemoReply
-from agents.llm.openai_compat import OpenAICompatibleProvider
-from agents.llm.profiles import EndpointProfile
-from agents.llm.scripted import ScriptedProvider, ScriptedReply
 from agents.models import LLMCall
+from llm import demo
+from llm.base import CallContext, LLMProvider, Message, ToolCallRequest, ToolSpec
+from llm.demo import DemoModel, DemoReply
+from llm.openai_compat import OpenAICompatibleProvider
+from llm.profiles import EndpointProfile
+from llm.scripted import ScriptedProvider, ScriptedReply
 from tests.fakes import openai_server as fake
 
 pytestmark = pytest.mark.django_db

@@ -11,12 +11,12 @@ from typing import Annotated, Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from agents.llm import demo
-from agents.llm.base import CallContext, Message, ToolCallRequest, ToolSpec, TruncatedOutputError
-from agents.llm.demo import DemoModel, DemoReply, generic_instance
-from agents.llm.providers import DEMO_LABEL
-from agents.llm.tokens import counter_for
 from agents.models import LLMCall
+from llm import demo
+from llm.base import CallContext, Message, ToolCallRequest, ToolSpec, TruncatedOutputError
+from llm.demo import DemoModel, DemoReply, generic_instance
+from llm.providers import DEMO_LABEL
+from llm.tokens import counter_for
 
 pytestmark = pytest.mark.django_db
 
@@ -207,7 +207,7 @@ def test_summaries_keep_facts_drop_filler_and_fit_the_budget(clean_registry: Non
 
 
 def test_extractive_summary_keeps_what_the_user_said_about_themselves_and_drops_repeated_questions() -> None:
-    from agents.llm.demo import extractive_summary
+    from llm.demo import extractive_summary
 
     turns = [
         "User: I'm allergic to peanuts, please note it.\nAssistant: Noted. How many passengers are travelling (1-9)?",

@@ -11,7 +11,8 @@ from typing import Any, Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from agents.llm.base import (
+from agents.models import LLMCall
+from llm.base import (
     CallContext,
     LLMClientError,
     LLMRateLimited,
@@ -21,9 +22,8 @@ from agents.llm.base import (
     ToolSpec,
     TruncatedOutputError,
 )
-from agents.llm.openai_compat import OpenAICompatibleProvider, backoff_delay, parse_retry_after
-from agents.llm.profiles import EndpointProfile
-from agents.models import LLMCall
+from llm.openai_compat import OpenAICompatibleProvider, backoff_delay, parse_retry_after
+from llm.profiles import EndpointProfile
 from tests.fakes import openai_server as fake
 from tests.fakes.openai_server import FakeOpenAIServer
 
@@ -273,8 +273,8 @@ def test_a_refused_json_schema_falls_back_to_a_json_object_with_the_schema_and_i
 
 
 def test_the_learned_format_is_read_from_the_database_by_a_fresh_process(fake_openai: FakeOpenAIServer) -> None:
-    from agents.llm.capabilities import forget_all
     from agents.models import EndpointCapability
+    from llm.capabilities import forget_all
 
     EndpointCapability.objects.create(
         profile="test", base_url=fake_openai.base_url, model="fake-model", structured_mode="json_object"
@@ -330,7 +330,7 @@ def test_without_json_schema_support_learning_starts_at_the_json_object_with_a_s
 
 
 def test_an_unknown_structured_output_setting_is_a_configuration_error(fake_openai: FakeOpenAIServer) -> None:
-    from agents.llm.base import LLMConfigurationError
+    from llm.base import LLMConfigurationError
 
     with pytest.raises(LLMConfigurationError, match="structured_output"):
         make_provider(fake_openai, structured_output="xml")
@@ -453,7 +453,7 @@ def test_a_character_split_across_stream_chunks_arrives_whole(fake_openai: FakeO
 
 
 def test_a_json_nul_escape_in_structured_output_is_made_storable() -> None:
-    from agents.llm.provider_base import parse_structured
+    from llm.provider_base import parse_structured
 
     assert parse_structured('{"text": "x\\u0000y"}', Note).text == "x\ufffdy"
     assert parse_structured('{"text": "x\\U0000y"}', Note).text == "x\ufffdy"

@@ -11,20 +11,17 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import Client
 
-from agents.llm.base import CallContext, LLMRateLimited, TruncatedOutputError
-from agents.llm.demo import DemoModel
-from agents.llm.openai_compat import OpenAICompatibleProvider
-from agents.llm.providers import get_provider
-from agents.llm.scripted import ScriptedProvider, ScriptedReply
-from agents.models import Agent, LLMCall
+from agents.models import LLMCall
+from llm.base import CallContext, LLMRateLimited, TruncatedOutputError
+from llm.demo import DemoModel
+from llm.openai_compat import OpenAICompatibleProvider
+from llm.providers import get_provider
+from llm.scripted import ScriptedProvider, ScriptedReply
 from tests.fakes import openai_server as fake
 from tests.fakes.openai_server import FakeOpenAIServer
+from tests.world import make_agent
 
 MESSAGES = [{"role": "user", "content": "Hello"}]
-
-
-def make_agent(**fields: Any) -> Agent:
-    return Agent.objects.create(name="Booker", slug=f"booker-{uuid.uuid4().hex[:6]}", system_prompt="Help.", **fields)
 
 
 @pytest.mark.django_db
@@ -108,7 +105,7 @@ def test_one_provider_serves_many_threads(settings: Any, fake_openai: FakeOpenAI
 def test_a_database_error_while_recording_does_not_break_the_call(caplog: pytest.LogCaptureFixture) -> None:
     # A session id that does not exist: the foreign key fails when the record's own write commits.
     provider = ScriptedProvider(["still answered"])
-    with caplog.at_level(logging.ERROR, logger="agents.llm.recording"):
+    with caplog.at_level(logging.ERROR, logger="llm.recording"):
         completion = provider.complete(MESSAGES, ctx=CallContext(session_id=uuid.uuid4()))
     assert completion.text == "still answered"
     assert LLMCall.objects.count() == 0

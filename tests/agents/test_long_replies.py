@@ -11,25 +11,26 @@ from django.test import Client
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from agents.llm.continuation import (
+from agents.models import Agent, LLMCall
+from llm.continuation import (
     CONTINUE_INSTRUCTION,
     MAX_CONTINUATIONS,
     continuation_news,
     default_reply_tokens,
 )
-from agents.llm.prompt import ContextBudget
-from agents.models import Agent, LLMCall
-from agents.runtime import turn_run, turn_stream
+from llm.prompt import ContextBudget
+from orchestrator.runtime import turn_run, turn_stream
 from sessions.models import Turn
 from sessions.services import session_create
 from tests.fakes.openai_server import error, stream, tool_call
+from tests.world import make_agent
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def chat_agent(db: Any) -> Agent:
-    return Agent.objects.create(name="Chat", slug="chat", system_prompt="Be thorough.", workflow="free_chat", tools=[])
+    return make_agent(name="Chat", slug="chat", system_prompt="Be thorough.", workflow="free_chat", tools=[])
 
 
 @pytest.fixture

@@ -14,17 +14,18 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from agents.llm.base import LLMServerError, ToolCallRequest
-from agents.llm.scripted import ScriptedProvider, ScriptedReply
 from agents.models import Agent, Booking, LLMCall, ToolInvocation
 from agents.routing import RouteDecision, route_message
-from agents.runtime import MessageRejected, turn_run, turn_stream
 from agents.services import default_agents_ensure
 from agents.tools.faults import ALWAYS, inject_fault
 from conftest import wait_for
+from llm.base import LLMServerError, ToolCallRequest
+from llm.scripted import ScriptedProvider, ScriptedReply
+from orchestrator.runtime import MessageRejected, turn_run, turn_stream
 from sessions.locks import SessionBusyError, SessionTurnLock, TurnLockLost, session_is_locked
 from sessions.models import ChatSession, Checkpoint, SessionLease, Turn
 from sessions.services import session_create
+from tests.world import make_agent
 
 
 def _future(days: int) -> date:
@@ -43,7 +44,7 @@ def booking_agent(db: Any) -> Agent:
 
 @pytest.fixture
 def chat_agent(db: Any) -> Agent:
-    return Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.", workflow="free_chat", tools=[])
+    return make_agent("chat")
 
 
 @pytest.fixture
@@ -310,7 +311,7 @@ def test_stream_yields_deltas_then_done(alice: Any, chat_agent: Agent) -> None:
 
 @pytest.mark.django_db
 def test_tool_failure_reaches_the_model_as_text_and_the_turn_completes(alice: Any, scripted: ScriptedProvider) -> None:
-    agent = Agent.objects.create(name="T", slug="t", system_prompt="x", workflow="free_chat", tools=["search_flights"])
+    agent = make_agent(name="T", slug="t", system_prompt="x", workflow="free_chat", tools=["search_flights"])
     session = session_create(user=alice, agent=agent)
     args = json.dumps({"origin": "Lisbon", "destination": "Oslo", "date": _future(30).isoformat()})
     scripted.add(
@@ -329,7 +330,7 @@ def test_tool_failure_reaches_the_model_as_text_and_the_turn_completes(alice: An
 @pytest.mark.parametrize("free_text", ["Search", "search for more information", "検索する"])
 @pytest.mark.django_db
 def test_free_text_routing_output_never_misroutes(alice: Any, scripted: ScriptedProvider, free_text: str) -> None:
-    agent = Agent.objects.create(name="T", slug="t", system_prompt="x", workflow="free_chat", tools=["search_flights"])
+    agent = make_agent(name="T", slug="t", system_prompt="x", workflow="free_chat", tools=["search_flights"])
     session = session_create(user=alice, agent=agent)
     scripted.add(free_text, free_text, "Here is my answer.")  # invalid, invalid after repair, then the reply
     result = turn_run(session=session, message="find me something")
@@ -345,7 +346,7 @@ def test_free_text_routing_output_never_misroutes(alice: Any, scripted: Scripted
 
 @pytest.mark.django_db
 def test_low_confidence_routing_takes_the_safe_default() -> None:
-    from agents.llm.base import CallContext
+    from llm.base import CallContext
 
     provider = ScriptedProvider([RouteDecision(action="use_tools", reasoning="maybe", confidence=0.2)])
     outcome = route_message(
@@ -357,7 +358,7 @@ def test_low_confidence_routing_takes_the_safe_default() -> None:
 @pytest.mark.parametrize("behaviour", ["error", "partial", "handoff"])
 @pytest.mark.django_db
 def test_step_limit_gives_the_configured_behaviour(alice: Any, scripted: ScriptedProvider, behaviour: str) -> None:
-    agent = Agent.objects.create(
+    agent = make_agent(
         name="T",
         slug="t",
         system_prompt="x",
@@ -408,7 +409,7 @@ def test_model_failure_keeps_the_message_and_counts_a_retry(
 
 @pytest.mark.django_db
 def test_handoff_session_waits_for_a_person(alice: Any, staff: Any, chat_agent: Agent) -> None:
-    from agents.runtime import handoff_reply, handoff_resume
+    from orchestrator.runtime import handoff_reply, handoff_resume
 
     session = session_create(user=alice, agent=chat_agent)
     ChatSession.objects.filter(pk=session.pk).update(status=ChatSession.Status.NEEDS_HUMAN)
@@ -428,7 +429,7 @@ def test_a_staff_reply_is_signed_with_a_name_never_the_username(
 ) -> None:
     """Issue 36: users saw the staff member's username. The reply is signed with their full name, else with
     STAFF_REPLY_NAME ("Support"); the username stays in the reply for staff pages only."""
-    from agents.runtime import handoff_reply
+    from orchestrator.runtime import handoff_reply
 
     session = session_create(user=alice, agent=chat_agent)
     ChatSession.objects.filter(pk=session.pk).update(status=ChatSession.Status.NEEDS_HUMAN)
@@ -471,7 +472,7 @@ def _lock_held_elsewhere(session_id: Any) -> Iterator[None]:
 def test_a_lost_turn_lock_is_retaken_or_the_turn_stops_without_writing(alice: Any, chat_agent: Agent) -> None:
     """A runner stalled past its lease (a cut connection, a stopped process) finds out before it writes: it takes
     the lease again when nobody else did, and writes nothing when someone has."""
-    from agents.turn.finish import complete_turn
+    from orchestrator.finish import complete_turn
 
     session = session_create(user=alice, agent=chat_agent)
     lock = SessionTurnLock(session.pk)
@@ -506,7 +507,7 @@ def test_a_free_chat_turn_sends_a_bounded_number_of_sql_statements(
     (access counts are written by the memory-write task, off the request path)."""
     from django.test.utils import CaptureQueriesContext
 
-    from agents.llm.demo import DemoModel
+    from llm.demo import DemoModel
     from memory.services import memory_create
 
     model, no_filter = ScriptedProvider(default="ok"), DemoModel()
@@ -559,8 +560,8 @@ def test_a_finished_turn_hands_back_the_turn_and_session_as_stored(
 def test_a_replys_recorded_prompt_tokens_are_the_builders_count_of_what_was_sent(
     alice: Any, chat_agent: Agent, scripted: ScriptedProvider
 ) -> None:
-    from agents.llm.tokens import counter_for
     from agents.models import LLMCall
+    from llm.tokens import counter_for
 
     session = session_create(user=alice, agent=chat_agent)
     for text in ("My name is Ana and I fly from Lisbon.", "What is my name?"):
@@ -604,13 +605,13 @@ def test_a_turn_finished_elsewhere_while_its_runner_lost_the_connection_is_answe
     """Runner A stalls while the model answers (its connection cut, its lease run out), and the sweep finishes
     the turn. When A's model call returns, A writes nothing (it had written a second reply over the first,
     and enqueued the memory write twice)."""
-    from agents.runtime import stuck_turns_recover
+    from orchestrator.runtime import stuck_turns_recover
 
     first = _GatedProvider(["Reply of runner A."] if a_gets == "a reply" else [LLMServerError("upstream 503")])
     recovery = ScriptedProvider(default="Reply of the recovery.")
     use_provider(lambda _agent, _cheap: first if threading.current_thread().name == "runner-A" else recovery)
     enqueued: list[int] = []
-    monkeypatch.setattr("agents.turn.finish.memory_writes_enqueue", lambda *, turn: enqueued.append(turn.pk))
+    monkeypatch.setattr("orchestrator.finish.memory_writes_enqueue", lambda *, turn: enqueued.append(turn.pk))
     session = session_create(user=alice, agent=chat_agent)
     outcome: dict[str, Any] = {}
 
@@ -644,7 +645,7 @@ def test_a_turn_finished_elsewhere_while_its_runner_lost_the_connection_is_answe
 def test_two_staff_replies_at_once_both_land(alice: Any, chat_agent: Agent, staff: Any) -> None:
     from django.contrib.auth import get_user_model
 
-    from agents.runtime import handoff_reply
+    from orchestrator.runtime import handoff_reply
 
     session = session_create(user=alice, agent=chat_agent)
     turn_run(session=session, message="I want a human")
@@ -712,7 +713,7 @@ def test_a_session_is_not_deleted_under_its_running_turn(alice: Any, chat_agent:
 def test_the_sweep_leaves_a_turn_whose_runner_is_alive(alice: Any, chat_agent: Agent) -> None:
     """A slow model past STUCK_TURN_SECONDS is not a crash: while its runner holds the lock, the sweep must
     not answer the turn a second time."""
-    from agents.runtime import stuck_turns_recover
+    from orchestrator.runtime import stuck_turns_recover
 
     session = session_create(user=alice, agent=chat_agent)
     handle = turn_stream(session=session, message="hello")  # saved and running
@@ -732,7 +733,7 @@ def test_the_sweep_sends_each_stuck_turn_to_a_recovery_task_of_its_own(
 ) -> None:
     """One task recovering every stuck turn had one time limit for all of them: after a crash with many, it
     cut the turn it was answering short (and failed it). Each turn now has its task, sent once a window."""
-    from agents.runtime import stuck_turns_enqueue
+    from orchestrator.runtime import stuck_turns_enqueue
 
     for i in range(3):
         turn_stream(session=session_create(user=alice, agent=chat_agent), message=f"hello {i}").close()
@@ -754,7 +755,7 @@ def test_a_switched_off_agents_unfinished_turn_is_closed_unanswered_by_the_sweep
 ) -> None:
     """Switched off while a turn of it was cut off: the sweep closes that turn, saying why, and never asks
     the model (an operator switching an agent off for misbehaviour or cost)."""
-    from agents.runtime import stuck_turns_recover
+    from orchestrator.runtime import stuck_turns_recover
 
     session = session_create(user=alice, agent=chat_agent)
     turn_stream(session=session, message="hello").close()

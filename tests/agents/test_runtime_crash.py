@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 
 from agents.models import Agent
-from agents.runtime import stuck_turns_recover, turn_run
-from config.db import database_url
 from conftest import wait_for
+from core.db import database_url
+from orchestrator.runtime import stuck_turns_recover, turn_run
 from sessions.locks import session_is_locked
 from sessions.models import Checkpoint, Turn
 from sessions.services import session_create
 from tests.fakes.openai_server import hang
+from tests.world import make_agent
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,7 +70,7 @@ def _kill_mid_call(session: Any, message: str, fake_openai: Any) -> Turn:
 
 @pytest.fixture
 def chat_agent(db: Any) -> Agent:
-    return Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.", workflow="free_chat", tools=[])
+    return make_agent("chat")
 
 
 @pytest.mark.django_db(transaction=True)

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import AnonymousUser
 
-from agents.llm.base import ToolCallRequest
-from agents.models import Agent, Booking, ToolInvocation
+from agents.models import Booking, ToolInvocation
 from agents.tools import ToolContext, run_tool_call
 from agents.tools.faults import faults, inject_fault
 from examples.booking.tools import city_label, timetable
+from llm.base import ToolCallRequest
 from sessions.models import ChatSession
+from tests.world import make_agent
 
 DAY = date.today() + timedelta(days=45)
 
@@ -45,7 +46,7 @@ def call(name: str, **arguments: Any) -> ToolCallRequest:
 
 
 def context_for(user: Any, *, slug: str = "booker") -> ToolContext:
-    agent = Agent.objects.create(name=slug, slug=slug, system_prompt="Book.", tools=["search_flights", "book_flight"])
+    agent = make_agent(name=slug, slug=slug, system_prompt="Book.", tools=["search_flights", "book_flight"])
     session = ChatSession.objects.create(user=user, agent=agent, workflow="flight_booking", state="IDLE")
     return ToolContext(user=user, session=session, agent=agent)
 

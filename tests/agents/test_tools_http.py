@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from agents.llm.base import ToolCallRequest
 from agents.tools import ToolContext, run_tool_call
 from agents.tools.faults import faults
+from llm.base import ToolCallRequest
 
 pytestmark = pytest.mark.django_db
 

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from agents.llm.base import ToolCallRequest
-from agents.models import Agent
 from agents.tools import ToolContext, run_tool_call
+from llm.base import ToolCallRequest
 from memory.models import Memory
 from memory.services import memory_create
+from tests.world import make_agent
 
 
 def search(context: ToolContext, **arguments: Any) -> Any:
@@ -23,7 +23,7 @@ def search(context: ToolContext, **arguments: Any) -> Any:
 # transaction=True: the tool runs in a worker thread with its own connection, so the rows must be committed.
 @pytest.mark.django_db(transaction=True)
 def test_search_memory_finds_the_users_memories_and_never_anothers(alice: Any, bob: Any) -> None:
-    agent = Agent.objects.create(name="Helper", slug="helper", system_prompt="Help.", tools=["search_memory"])
+    agent = make_agent("memory", slug="helper")
     memory_create(user=alice, kind=Memory.Kind.SEMANTIC, text="Alice prefers aisle seats on long flights")
     memory_create(user=bob, kind=Memory.Kind.SEMANTIC, text="Bob prefers window seats on long flights")
 

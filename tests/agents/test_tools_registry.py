@@ -12,7 +12,6 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from pydantic import BaseModel, Field, field_validator
 
-from agents.llm.base import ToolCallRequest
 from agents.models import Agent, ToolInvocation
 from agents.tools import (
     TOOL_ERROR_POLICY,
@@ -27,7 +26,9 @@ from agents.tools import (
 )
 from agents.tools.faults import ALWAYS, faults, inject_fault, parse_faults
 from examples.booking.tools import timetable
+from llm.base import ToolCallRequest
 from sessions.models import ChatSession
+from tests.world import make_agent
 
 pytestmark = pytest.mark.django_db
 
@@ -47,7 +48,7 @@ def fast_retries(settings: Any) -> Iterator[None]:
 
 @pytest.fixture
 def agent() -> Agent:
-    return Agent.objects.create(
+    return make_agent(
         name="Booker", slug="booker", system_prompt="Book flights.", tools=["search_flights", "book_flight"]
     )
 

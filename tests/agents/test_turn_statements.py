@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from bench.turn_statements import count_turn_statements
+from tests.world import make_agent
 
 # statements, transactions (COMMITs of atomic blocks)
 PINNED = {"chat": (9, 0), "decision": (10, 0), "tool": (14, 1)}
@@ -24,14 +25,13 @@ def test_the_statements_of_each_kind_of_turn_are_pinned(alice: Any) -> None:
 
 @pytest.mark.django_db
 def test_the_turns_hand_written_session_read_matches_the_orms(alice: Any) -> None:
-    """``_reload_with_last_seq`` reads the session, its agent and its user with SQL written once: every field
+    """``session_for_turn`` reads the session, its agent and its user with SQL written once: every field
     (a JSON field's value parsed, a datetime aware) must be what the ORM reads, or a new field with a
     converter would reach the turn as raw text."""
-    from agents.models import Agent
-    from agents.turn.begin import _reload_with_last_seq
     from sessions.models import ChatSession, Turn
+    from sessions.selectors import session_for_turn, unfinished_turns
 
-    agent = Agent.objects.create(
+    agent = make_agent(
         name="A", slug="a", system_prompt="x", workflow="free_chat", tools=["search_flights"], relevance_threshold=0.2
     )
     session = ChatSession.objects.create(
@@ -40,9 +40,8 @@ def test_the_turns_hand_written_session_read_matches_the_orms(alice: Any) -> Non
     Turn.objects.create(session=session, seq=1, user_message="hi", status=Turn.Status.COMPLETED)
     Turn.objects.create(session=session, seq=2, user_message="again", status=Turn.Status.RUNNING)
     stale = ChatSession.objects.get(pk=session.pk)
-    last_seq, orphans = _reload_with_last_seq(stale)
-    assert last_seq == 2
-    assert [t.seq for t in orphans] == [2]
+    assert session_for_turn(session=stale) == (2, True)
+    assert [t.seq for t in unfinished_turns(session=stale)] == [2]
     orm = ChatSession.objects.select_related("agent", "user").get(pk=session.pk)
     for mine, theirs in ((stale, orm), (stale.agent, orm.agent), (stale.user, orm.user)):
         for f in type(theirs)._meta.concrete_fields:
@@ -50,7 +49,7 @@ def test_the_turns_hand_written_session_read_matches_the_orms(alice: Any) -> Non
             assert (got, type(got)) == (want, type(want)), f"{type(theirs).__name__}.{f.name}"
     assert not stale._state.adding
     Turn.objects.filter(seq=2).update(status=Turn.Status.COMPLETED)
-    assert _reload_with_last_seq(stale) == (2, [])
+    assert session_for_turn(session=stale) == (2, False)
     ChatSession.objects.filter(pk=session.pk).delete()
     with pytest.raises(ChatSession.DoesNotExist):
-        _reload_with_last_seq(stale)
+        session_for_turn(session=stale)

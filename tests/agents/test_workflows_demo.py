@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.llm.base import ToolSpec
-from agents.llm.demo import demo_reply, structured_instance
 from examples.booking.demo import booking_reply, propose_decision, read_prompt_state
 from examples.booking.slot_parsing import extract_dates, extract_passengers, extract_places
 from examples.booking.workflow import FLIGHT_BOOKING as WF
+from llm.base import ToolSpec
+from llm.demo import demo_reply, structured_instance
 
 TODAY = date(2026, 11, 30)
 BOOK_TOOL = ToolSpec(name="book_flight", description="book", parameters={"type": "object"})

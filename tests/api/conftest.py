@@ -9,6 +9,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from agents.models import Agent
+from tests.world import make_agent
 
 
 @pytest.fixture(autouse=True)
@@ -19,7 +20,7 @@ def _fast_passwords(settings: Any) -> None:
 
 @pytest.fixture
 def booking_agent(db: Any) -> Agent:
-    return Agent.objects.create(
+    return make_agent(
         name="Flight booker",
         slug="flight-booker",
         system_prompt="You book flights.",
@@ -30,14 +31,12 @@ def booking_agent(db: Any) -> Agent:
 
 @pytest.fixture
 def chat_agent(db: Any) -> Agent:
-    return Agent.objects.create(name="Chatty", slug="chatty", system_prompt="You chat.", workflow="free_chat")
+    return make_agent(name="Chatty", slug="chatty", system_prompt="You chat.", workflow="free_chat")
 
 
 @pytest.fixture
 def retired_agent(db: Any) -> Agent:
-    return Agent.objects.create(
-        name="Retired", slug="retired", system_prompt="Gone.", workflow="free_chat", is_active=False
-    )
+    return make_agent(name="Retired", slug="retired", system_prompt="Gone.", workflow="free_chat", is_active=False)
 
 
 def token_client(user: Any) -> APIClient:

@@ -15,9 +15,9 @@ import pytest
 from rest_framework.test import APIClient
 
 from agents.models import Agent
-from agents.runtime import turn_run
 from memory.models import Memory
 from memory.services import memory_create
+from orchestrator.runtime import turn_run
 from sessions.models import ChatSession, Turn
 from sessions.services import session_create
 from tests.api.conftest import assert_error, token_client

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from agents.llm.providers import DEMO_LABEL
 from agents.models import Agent
+from llm.providers import DEMO_LABEL
 from tests.api.conftest import assert_error
 
 

@@ -9,7 +9,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from agents.models import Agent, Booking
-from agents.runtime import turn_begin
+from orchestrator.runtime import turn_begin
 from sessions.models import ChatSession, Checkpoint, Turn
 
 

@@ -12,8 +12,8 @@ from rest_framework.test import APIClient
 from rest_framework.throttling import SimpleRateThrottle
 
 from agents.models import Agent
-from config.api_errors import api_exception_handler
-from config.parsers import PayloadTooLarge, SizeLimitedJSONParser
+from core.api_errors import api_exception_handler
+from core.parsers import PayloadTooLarge, SizeLimitedJSONParser
 from sessions.locks import SessionTurnLock
 from sessions.models import Turn
 from sessions.services import session_create

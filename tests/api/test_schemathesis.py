@@ -49,7 +49,7 @@ def test_no_input_makes_the_api_fail_with_a_5xx(
     operations.sort(key=lambda op: op.method.upper() == "DELETE")
     assert len(operations) >= 20
     failures: list[str] = []
-    # Every answer's status is in the schema (config/api_schema.py documents the error answers).
+    # Every answer's status is in the schema (core/api_schema.py documents the error answers).
     documented = {op.label: set(op.definition.raw["responses"]) for op in operations}
     undocumented: set[str] = set()
     sent = 0

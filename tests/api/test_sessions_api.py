@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from agents.llm.providers import DEMO_LABEL
 from agents.models import Agent
+from llm.providers import DEMO_LABEL
 from sessions.locks import session_is_locked
 from sessions.models import ChatSession, Checkpoint, Turn
 from tests.api.conftest import assert_error

@@ -7,16 +7,16 @@ from typing import Any
 
 import pytest
 
-from agents.llm.continuation import MAX_CONTINUATIONS
-from agents.llm.providers import provider_override
 from agents.models import Agent, LLMCall
-from agents.runtime import turn_run
 from bench.gallery import WINDOW, conversation, gallery, gallery_demo_model, script_problems
 from bench.naive_agent import ContextLengthExceeded, ModelFault, NaiveAgent, NaiveModel, asked_slots
+from llm.continuation import MAX_CONTINUATIONS
+from llm.providers import provider_override
+from orchestrator.runtime import turn_run
 
 
 def _naive(tool: Any, *, window: int = WINDOW) -> NaiveAgent:
-    from agents.llm.tokens import counter_for
+    from llm.tokens import counter_for
     from memory.embedding import get_embedder
 
     model = NaiveModel(counter=counter_for("demo"), today=date.today(), window=window)

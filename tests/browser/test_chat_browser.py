@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from agents.llm.providers import DEMO_LABEL
 from agents.models import Agent
+from llm.providers import DEMO_LABEL
+from tests.world import make_agent
 
 # Playwright's sync API runs an event loop in this thread; Django would otherwise refuse the ORM calls
 # that the fixtures make around it.
@@ -57,7 +58,7 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def booking_agent(db: Any) -> Agent:
-    return Agent.objects.create(
+    return make_agent(
         name="Flight booker",
         slug="flight-booker",
         system_prompt="You book flights.",
@@ -225,7 +226,7 @@ def test_the_page_fills_a_recovered_answer_and_says_when_a_person_has_the_chat(
     """A message whose server died mid-answer is answered first by the next one (its `recovered` event): the
     page fills that bubble in place. A chat handed to a person gets no automatic reply: the page says so
     instead of showing an empty bubble."""
-    from agents.runtime import turn_stream
+    from orchestrator.runtime import turn_stream
     from sessions.models import ChatSession, Turn
 
     context = browser.new_context(viewport={"width": 1280, "height": 900})
@@ -256,11 +257,11 @@ def test_the_page_fills_a_recovered_answer_and_says_when_a_person_has_the_chat(
 def test_a_reply_still_cut_off_says_so_and_continue_asks_for_the_rest(
     browser: Any, live_server: Any, alice: Any, settings: Any, fake_openai: Any
 ) -> None:
-    from agents.llm.continuation import MAX_CONTINUATIONS
+    from llm.continuation import MAX_CONTINUATIONS
     from tests.fakes.openai_server import stream
 
     settings.LLM_PROFILES = {"default": fake_openai.profile(max_retries=0)}
-    Agent.objects.create(name="Essayist", slug="essayist", system_prompt="Write long.", workflow="free_chat")
+    make_agent(name="Essayist", slug="essayist", system_prompt="Write long.", workflow="free_chat")
     # The reply and each of its continuations stop at the token limit: it is kept, and marked.
     fake_openai.enqueue(
         *(stream(f"Part {n} of the essay. ", finish_reason="length") for n in range(MAX_CONTINUATIONS + 1))
@@ -300,8 +301,8 @@ def test_a_reply_still_cut_off_says_so_and_continue_asks_for_the_rest(
 def test_the_chat_says_starting_up_until_the_memory_model_is_loaded(
     browser: Any, live_server: Any, alice: Any, booking_agent: Agent, settings: Any, monkeypatch: Any
 ) -> None:
-    from config import warmup
     from memory import embedding
+    from web import warmup
 
     settings.EMBEDDING_BACKEND = "sentence-transformers"
     monkeypatch.setattr(embedding, "_instances", {})  # as in a process that has not loaded it yet
@@ -363,7 +364,7 @@ def test_a_long_chat_opens_at_its_newest_message_and_a_new_reply_is_fully_visibl
 ) -> None:
     from sessions.models import ChatSession, Turn
 
-    agent = Agent.objects.create(name="Chatter", slug="chatter", system_prompt="Chat.", workflow="free_chat")
+    agent = make_agent(name="Chatter", slug="chatter", system_prompt="Chat.", workflow="free_chat")
     session = ChatSession.objects.create(user=alice, agent=agent, workflow="free_chat", state="CHATTING", title="Long")
     for seq in range(1, 31):
         Turn.objects.create(
@@ -393,7 +394,7 @@ def test_a_typing_indicator_shows_from_send_to_the_first_token(
     from tests.fakes.openai_server import hang, stream
 
     settings.LLM_PROFILES = {"default": fake_openai.profile(read_timeout=30.0, max_retries=0)}
-    Agent.objects.create(name="Slow", slug="slow", system_prompt="Think.", workflow="free_chat")
+    make_agent(name="Slow", slug="slow", system_prompt="Think.", workflow="free_chat")
     fake_openai.enqueue(hang(2.0, then=stream("Here I am.")))
     context = browser.new_context(viewport=PHONE)
     page = context.new_page()
@@ -444,7 +445,7 @@ def test_an_expired_sign_in_says_so_and_keeps_the_typed_text(
 def test_the_title_follows_the_first_message_and_a_cut_message_says_so(
     browser: Any, live_server: Any, alice: Any
 ) -> None:
-    Agent.objects.create(name="Chatter", slug="chatter", system_prompt="Chat.", workflow="free_chat")
+    make_agent(name="Chatter", slug="chatter", system_prompt="Chat.", workflow="free_chat")
     context = browser.new_context(viewport=DESKTOP)
     page = context.new_page()
     _sign_in(page, live_server.url, "alice", "alice-pass-123")
@@ -466,7 +467,7 @@ def test_the_title_follows_the_first_message_and_a_cut_message_says_so(
 def test_asking_for_a_person_hands_over_and_a_staff_reply_arrives_live_signed(
     browser: Any, live_server: Any, alice: Any, staff: Any, booking_agent: Agent, viewport: dict[str, int]
 ) -> None:
-    from agents.runtime import handoff_reply, handoff_resume
+    from orchestrator.runtime import handoff_reply, handoff_resume
     from sessions.models import ChatSession
 
     context = browser.new_context(viewport=viewport)
@@ -509,7 +510,7 @@ def test_staff_live_chat_shows_the_user_live_and_hands_over_from_the_page(
 ) -> None:
     from sessions.models import ChatSession
 
-    Agent.objects.create(name="Helper", slug="helper", system_prompt="Help.", workflow="free_chat", tools=[])
+    make_agent(name="Helper", slug="helper", system_prompt="Help.", workflow="free_chat", tools=[])
     user_context, staff_context = browser.new_context(viewport=viewport), browser.new_context(viewport=viewport)
     user, desk = user_context.new_page(), staff_context.new_page()
     _sign_in(user, live_server.url, "alice", "alice-pass-123")
@@ -698,7 +699,7 @@ def test_a_normal_15_turn_booking_is_healthy_on_both_ops_pages_and_its_admin_pag
     """Issue 36: /ops/ listed no session at risk while the session's own page called this one "at risk"
     (prompt tokens up 85 %); its cards spilled their text; and the session's admin page was 1,466 px wide at
     1280, the checkpoints' "Resume from #N" off the screen."""
-    from agents.runtime import turn_run
+    from orchestrator.runtime import turn_run
     from sessions.services import session_create
 
     session = session_create(user=alice, agent=booking_agent)
@@ -780,7 +781,7 @@ def test_a_20000_character_message_is_clamped_with_show_all_and_the_side_panels_
     memory) scrolled away with a long chat."""
     from sessions.models import ChatSession, Turn
 
-    agent = Agent.objects.create(name="Chatter", slug="chatter", system_prompt="Chat.", workflow="free_chat")
+    agent = make_agent(name="Chatter", slug="chatter", system_prompt="Chat.", workflow="free_chat")
     session = ChatSession.objects.create(user=alice, agent=agent, workflow="free_chat", state="CHATTING", title="Long")
     pasted = ("A pasted log line with words in it, again and again. " * 380)[:20_000]
     for seq in range(1, 21):

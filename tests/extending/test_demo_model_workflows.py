@@ -13,14 +13,14 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from agents.admin import EXAMPLE_DECLARATION
-from agents.llm.demo import default_reply
 from agents.models import Agent, ToolInvocation
-from agents.turn.context import HANDOFF_NOTICE
 from agents.workflows import FREE_CHAT
+from llm.demo import default_reply
+from orchestrator.context import HANDOFF_NOTICE
 from sessions.models import ChatSession
 from tests.api.conftest import token_client
 from tests.extending.conftest import RETURNS_TOOLS, RETURNS_WORKFLOW
+from web.admin.agents import EXAMPLE_DECLARATION
 
 # What a reply must never show: the prompt's machine lines, or the demo's quoting of them.
 INTERNALS = re.compile(r"WORKFLOW:|CURRENT_STATE|COLLECTED:|ALLOWED_NEXT_STATES|I was told|Next question:")

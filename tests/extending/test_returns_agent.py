@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from agents.llm.base import ToolCallRequest
-from agents.llm.scripted import ScriptedProvider, ScriptedReply
 from agents.models import Agent, ToolInvocation
-from agents.runtime import handoff_resume
-from agents.turn.context import HANDOFF_NOTICE
+from llm.base import ToolCallRequest
+from llm.scripted import ScriptedProvider, ScriptedReply
+from orchestrator.context import HANDOFF_NOTICE
+from orchestrator.runtime import handoff_resume
 from sessions.models import ChatSession, Checkpoint
 from tests.api.conftest import token_client
 from tests.extending.conftest import RETURNS_TOOLS, RETURNS_WORKFLOW

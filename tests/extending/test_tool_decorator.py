@@ -7,9 +7,9 @@ from typing import Annotated, Any
 import pytest
 from pydantic import BaseModel, Field
 
-from agents.llm.base import ToolCallRequest
 from agents.tools import ToolContext, ToolRegistry, run_tool_call, tool
 from agents.tools.decorator import tool_from_function
+from llm.base import ToolCallRequest
 
 
 @tool

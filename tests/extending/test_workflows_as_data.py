@@ -17,15 +17,15 @@ from django.test import Client
 from django.urls import reverse
 
 import agents.workflows as agents_workflows
-from agents.admin import EXAMPLE_DECLARATION
-from agents.llm.scripted import ScriptedProvider
 from agents.models import Agent, WorkflowDefinition, WorkflowVersion
 from agents.tools.registry import tool_names
 from agents.workflows import get_workflow, workflow_choices
 from agents.workflows.spec import WorkflowSpecError, workflow_from_spec
-from config.admin_lists import workflow_states
+from llm.scripted import ScriptedProvider
 from sessions.models import ChatSession
 from tests.api.conftest import token_client
+from web.admin.agents import EXAMPLE_DECLARATION
+from web.admin.lists import workflow_states
 
 
 def declaration(**changes: Any) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from agents.llm.profiles import EndpointProfile
 from bench.gallery import FACTS, real_model_gallery
+from llm.profiles import EndpointProfile
 from tests.llm.conftest import TOOLS_MODEL, LlamaServer
 
 pytestmark = [pytest.mark.llm, pytest.mark.django_db(transaction=True)]

@@ -14,12 +14,12 @@ import pytest
 from pydantic import BaseModel, Field
 from rest_framework.test import APIClient
 
-from agents.llm.base import CallContext, ToolSpec, TruncatedOutputError
-from agents.llm.openai_compat import OpenAICompatibleProvider
-from agents.llm.profiles import EndpointProfile
 from agents.models import Agent, EndpointCapability, LLMCall, ToolInvocation
 from agents.services import default_agents_ensure
 from conftest import wait_for
+from llm.base import CallContext, ToolSpec, TruncatedOutputError
+from llm.openai_compat import OpenAICompatibleProvider
+from llm.profiles import EndpointProfile
 from memory.models import Memory
 from memory.services import memory_writes_enqueue
 from sessions.models import ChatSession, Turn

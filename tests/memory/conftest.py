@@ -36,7 +36,7 @@ def make_turn(agent: Agent) -> Any:
 @pytest.fixture
 def scripted(use_provider: Any) -> Any:
     """A scripted provider standing in for every model the memory app calls (the LLM is the edge)."""
-    from agents.llm.scripted import ScriptedProvider
+    from llm.scripted import ScriptedProvider
 
     provider = ScriptedProvider()
     use_provider(provider)

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from agents.llm.base import LLMTimeout
 from agents.models import Agent
+from llm.base import LLMTimeout
 from memory.models import Memory
 from memory.schemas import RelevanceScores
 from memory.selectors import memories_for_prompt, memory_search, trigger_matches
@@ -235,8 +235,8 @@ def test_rows_that_are_not_one_conversation_have_no_neighbours(
 
 
 def test_search_memory_tool_never_returns_another_users_memory(alice: Any, bob: Any) -> None:
-    from agents.llm.base import ToolCallRequest
     from agents.tools.registry import ToolContext, run_tool_call
+    from llm.base import ToolCallRequest
 
     memory_create(user=alice, kind="semantic", text="Alice's door code is 8812", fact_key="door_code")
     memory_create(user=bob, kind="episodic", text="User: my door is painted blue")

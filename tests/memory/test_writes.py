@@ -7,8 +7,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from agents.llm.base import LLMServerError
 from conftest import wait_for
+from llm.base import LLMServerError
 from memory.models import Memory, MemoryReview
 from memory.schemas import ExtractedFacts, Fact
 from memory.services import (

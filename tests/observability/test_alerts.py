@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from observability.models import Alert, AlertRule
 from observability.services import alert_webhook_post, alerts_evaluate, alerts_resolve_manually
-from observability.tasks import evaluate_alerts
 from tests.observability.builders import build_death_spiral, build_healthy_run, make_agent, make_call
+from web.tasks.observability import evaluate_alerts
 
 pytestmark = pytest.mark.django_db
 
@@ -211,7 +211,7 @@ def test_the_queue_wait_rule_fires_when_a_background_task_has_waited_too_long() 
     from celery import current_app
     from django.apps import apps
 
-    from config import embedded_broker
+    from core import embedded_broker
 
     AlertRule.objects.filter(metric="queue_wait").delete()
     importlib.import_module("observability.migrations.0005_queue_wait_rule").seed(apps, None)

@@ -19,7 +19,7 @@ from observability.tracing import configure_tracing, reset_tracing, span
 
 
 def _record(msg: str = "hello %s", args: tuple[object, ...] = ("world",), **extra: object) -> logging.LogRecord:
-    record = logging.LogRecord("agents.runtime", logging.WARNING, __file__, 1, msg, args, None)
+    record = logging.LogRecord("orchestrator.runtime", logging.WARNING, __file__, 1, msg, args, None)
     for key, value in extra.items():
         setattr(record, key, value)
     return record
@@ -31,7 +31,7 @@ def test_json_lines_carry_bound_ids_and_extra_fields() -> None:
     data = json.loads(line)
     assert data["message"] == "hello world"
     assert data["level"] == "WARNING"
-    assert data["logger"] == "agents.runtime"
+    assert data["logger"] == "orchestrator.runtime"
     assert data["session_id"] == "abc"
     assert data["turn_id"] == 42
     assert data["retries"] == 3
@@ -81,7 +81,7 @@ def test_exceptions_and_unserialisable_values() -> None:
 def test_plain_format_appends_ids() -> None:
     with log_context(session_id="s9"):
         text = PlainFormatter().format(_record())
-    assert "WARNING agents.runtime hello world" in text
+    assert "WARNING orchestrator.runtime hello world" in text
     assert text.endswith("[session_id=s9]")
 
 

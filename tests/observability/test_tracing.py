@@ -86,7 +86,7 @@ def test_a_turns_spans_speak_the_genai_conventions(exporter: InMemorySpanExporte
     """A turn on a real OpenAI-compatible HTTP endpoint (the local fake): its model call's span carries
     gen_ai.* attributes and is named as the conventions say; retrieval says it searched memory."""
     from agents.models import Agent
-    from agents.runtime import turn_run
+    from orchestrator.runtime import turn_run
     from sessions.services import session_create
     from tests.fakes.openai_server import FakeOpenAIServer, stream
 

@@ -20,7 +20,8 @@ import pytest
 from rest_framework.authtoken.models import Token
 
 from agents.models import Agent
-from config.db import database_url, redis_reachable
+from core.db import database_url, redis_reachable
+from tests.world import make_agent
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,12 +34,12 @@ def free_port() -> int:
 
 @pytest.fixture
 def chat_agent(db: Any) -> Agent:
-    return Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.", workflow="free_chat", tools=[])
+    return make_agent("chat")
 
 
 @pytest.fixture
 def booking_agent(db: Any) -> Agent:
-    return Agent.objects.create(
+    return make_agent(
         name="Booker",
         slug="booker",
         system_prompt="You book flights.",

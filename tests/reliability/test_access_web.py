@@ -10,8 +10,8 @@ import pytest
 from django.test import Client
 
 from agents.models import Agent
-from agents.runtime import turn_run
 from memory.services import memory_create
+from orchestrator.runtime import turn_run
 from sessions.services import session_create
 
 ANON, ALICE, BOB, STAFF = "anonymous", "alice", "bob", "staff"

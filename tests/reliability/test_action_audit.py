@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from django.db import DatabaseError
 
-import agents.turn.reply as reply_module
-from agents.models import Agent, Booking, ToolInvocation
-from agents.runtime import turn_run
+import orchestrator.reply as reply_module
+from agents.models import Booking, ToolInvocation
+from orchestrator.runtime import turn_run
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import session_create
+from tests.world import make_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,7 +26,7 @@ def _say(day: date) -> str:
 
 
 def _to_confirming(alice: Any) -> ChatSession:
-    agent = Agent.objects.create(
+    agent = make_agent(
         name="Booker",
         slug="booker",
         system_prompt="You book flights.",

@@ -16,11 +16,11 @@ import pytest
 from django.utils import timezone
 
 from agents.models import Agent, LLMCall
-from agents.runtime import turn_run
 from config.celery import app
 from conftest import _drop_broker_connections, wait_for
 from memory.models import Memory
 from memory.services import memory_writes_requeue, turns_with_lost_memory_writes
+from orchestrator.runtime import turn_run
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import checkpoint_record, session_create
 from sessions.summaries import summaries_requeue
@@ -168,7 +168,7 @@ def test_a_sweep_stopped_mid_enqueue_gives_its_claim_back(
 ) -> None:
     """Not only a broker error: whatever stops the enqueue (a time limit, the worker shutting down) must not
     hold the claim for its window with nothing sent."""
-    from memory.tasks import write_turn_memories
+    from web.tasks.memory import write_turn_memories
 
     session = session_create(user=alice, agent=chat_agent)
     Turn.objects.create(
@@ -201,8 +201,8 @@ def test_a_write_still_waiting_in_the_queue_is_not_sent_again(alice: Any, chat_a
 
     import redis
 
-    from config import embedded_broker
-    from config.queue import enqueue
+    from core import embedded_broker
+    from core.queue import enqueue
     from memory.services import WRITE_TASK
 
     session = session_create(user=alice, agent=chat_agent)

@@ -1,6 +1,6 @@
 """A fresh process serves its first burst correctly: nothing it needs is set up on first use by racing threads.
 
-Celery's task discovery is not safe between threads (``config/queue.py``): on a cold web process the first
+Celery's task discovery is not safe between threads (``core/queue.py``): on a cold web process the first
 turns to finish together used to find the task registry empty, and their memory writes waited for the
 outbox sweep. Here the web server starts as ``make run`` starts it (its gunicorn hooks, 2 processes x 8
 threads) and 64 turns at once are its very first work.
@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from agents.models import Agent
-from config.models import TaskSendFailure
+from core.models import TaskSendFailure
 from memory.services import WRITE_TASK
 from sessions.models import ChatSession, Turn
 from sessions.services import session_create

@@ -13,8 +13,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from config.models import WorkerHeartbeat
 from conftest import wait_for
+from core.models import WorkerHeartbeat
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

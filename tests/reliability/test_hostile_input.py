@@ -14,14 +14,15 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from agents.models import Agent, Booking
-from agents.runtime import turn_run
 from memory.models import Memory
 from memory.services import memory_create
+from orchestrator.runtime import turn_run
 from sessions.models import ChatSession, Turn
 from sessions.services import session_create
 from tests.api.conftest import assert_error, token_client
 from tests.fakes.openai_server import json_reply, stream, tool_call
 from tests.html_checks import script_urls
+from tests.world import make_agent
 
 pytestmark = pytest.mark.django_db
 
@@ -95,7 +96,7 @@ def test_bobs_prompt_never_contains_alices_memories_even_when_he_asks(alice: Any
     secret = "Alice's passport number is P-ALICE-7731."
     memory_create(user=alice, kind="semantic", text=secret)
     memory_create(user=alice, kind="episodic", text="User: my passport number is P-ALICE-7731. Assistant: noted.")
-    agent = Agent.objects.create(
+    agent = make_agent(
         name="Helper", slug="helper", system_prompt="Help.", workflow="free_chat", tools=["search_memory"]
     )
     bob_session = session_create(user=bob, agent=agent)

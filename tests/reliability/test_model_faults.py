@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agents.models import Agent, LLMCall
-from agents.runtime import turn_run
+from orchestrator.runtime import turn_run
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import session_create
 from tests.fakes.openai_server import error, hang, json_reply, reply, stream

@@ -19,9 +19,9 @@ import psutil
 import pytest
 from django.utils import timezone
 
-from config import embedded_broker
-from config.db import database_url
-from config.models import WorkerHeartbeat
+from core import embedded_broker
+from core.db import database_url
+from core.models import WorkerHeartbeat
 from tests.reliability.conftest import ROOT, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)

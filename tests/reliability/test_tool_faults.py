@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from agents.models import Agent, ToolInvocation
-from agents.runtime import turn_run
 from agents.tools.faults import ALWAYS, inject_fault
+from orchestrator.runtime import turn_run
 from sessions.models import Turn
 from sessions.services import session_create
 from tests.fakes.openai_server import json_reply, stream, tool_call
+from tests.world import make_agent
 
 pytestmark = pytest.mark.django_db
 
@@ -24,7 +25,7 @@ ARGS = {"origin": "Paris", "destination": "Rome", "date": (date.today() + timede
 
 @pytest.fixture
 def flights_agent(db: Any) -> Agent:
-    return Agent.objects.create(
+    return make_agent(
         name="Flights", slug="flights", system_prompt="Find flights.", workflow="free_chat", tools=["search_flights"]
     )
 

@@ -28,9 +28,9 @@ import httpx
 import pytest
 
 from agents.models import Agent, LLMCall
-from agents.runtime import stuck_turns_recover
-from config.db import database_url
 from conftest import wait_for
+from core.db import database_url
+from orchestrator.runtime import stuck_turns_recover
 from sessions.models import ChatSession, Turn
 from sessions.services import session_create
 from tests.fakes.openai_server import FakeOpenAIServer, hang, stream
@@ -559,7 +559,7 @@ def test_open_chat_pages_wait_for_staff_replies_on_the_channel_holding_no_thread
     event loop, and a staff reply reaches every open page of the chat."""
     from django.test import Client, override_settings
 
-    from agents.runtime import handoff_reply, handoff_request
+    from orchestrator.runtime import handoff_reply, handoff_request
 
     stack = run_stack(worker=False)
     staff = django_user_model.objects.create_user(username="desk", password="runs-pass-123", is_staff=True)

@@ -16,16 +16,16 @@ from typing import Any
 import pytest
 
 from agents.models import Agent
-from agents.runtime import turn_run
 from config.celery import app
-from config.db import database_url
 from conftest import _drop_broker_connections, wait_for
+from core.db import database_url
 from memory.models import Memory
-from memory.tasks import write_turn_memories
+from orchestrator.runtime import turn_run
 from sessions.models import Turn
 from sessions.services import session_create
 from tests.fakes.openai_server import EMBEDDINGS_PATH, embeddings, fake_vector, hang
 from tests.reliability.conftest import ROOT, redis_queue_url, unique_queue
+from web.tasks.memory import write_turn_memories
 
 
 class Worker:

@@ -7,15 +7,16 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from agents.models import Agent, ToolInvocation
-from agents.runtime import turn_run
+from agents.models import ToolInvocation
+from orchestrator.runtime import turn_run
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import session_create
+from tests.world import make_agent
 
 
 @pytest.fixture
 def session(alice: Any, db: Any) -> ChatSession:
-    agent = Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.", workflow="free_chat")
+    agent = make_agent("chat")
     session = session_create(user=alice, agent=agent)
     turn_run(session=session, message="hello <script>alert(1)</script>")
     ToolInvocation.objects.create(
@@ -93,7 +94,7 @@ def test_a_long_sessions_page_shows_its_latest_rows_and_still_saves(
 ) -> None:
     """A thousand-turn chat made this page 6.5 MB: it shows the latest 50 turns and checkpoints, links to the
     rest, and a title edited while a new turn arrives (moving the window) still saves."""
-    from sessions.admin import INLINE_LATEST_ROWS
+    from web.admin.sessions import INLINE_LATEST_ROWS
 
     Turn.objects.bulk_create(
         Turn(session=session, seq=seq, user_message=f"question {seq}", status="completed") for seq in range(2, 121)

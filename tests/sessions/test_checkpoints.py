@@ -13,10 +13,11 @@ from conftest import WorkerHandle, wait_for
 from sessions.models import ChatSession, Checkpoint
 from sessions.selectors import PRUNE_KEEP_REASONS
 from sessions.services import checkpoints_prune, session_create
+from tests.world import make_agent
 
 
 def _session_with_log(user: Any, reasons: list[str], slug: str = "pruner") -> ChatSession:
-    agent = Agent.objects.filter(slug=slug).first() or Agent.objects.create(
+    agent = Agent.objects.filter(slug=slug).first() or make_agent(
         name="P", slug=slug, system_prompt="p", workflow="flight_booking"
     )
     session = session_create(user=user, agent=agent)
@@ -64,7 +65,7 @@ def test_prune_command_reports_and_honours_dry_run(alice: Any, settings: Any) ->
 @pytest.mark.worker
 @pytest.mark.django_db(transaction=True)
 def test_prune_task_runs_on_a_real_worker(celery_worker: WorkerHandle, alice: Any) -> None:
-    from sessions.tasks import prune_checkpoints
+    from web.tasks.sessions import prune_checkpoints
 
     session = _session_with_log(alice, ["before_call"] * 8, slug="pruner-worker")
     prune_checkpoints.delay(4)
@@ -87,7 +88,7 @@ def test_a_checkpoint_written_while_another_holds_the_session_row_takes_the_next
 
     from sessions.services import checkpoint_record
 
-    agent = Agent.objects.create(name="C", slug="c", system_prompt="x", workflow="free_chat")
+    agent = make_agent(name="C", slug="c", system_prompt="x", workflow="free_chat")
     session = session_create(user=alice, agent=agent)
     first = Checkpoint.objects.filter(session=session).count()
     holding, waiting_started = threading.Event(), threading.Event()
@@ -131,9 +132,7 @@ def test_a_transition_while_another_writer_numbers_a_checkpoint_is_written_whole
     from agents.workflows import get_workflow
     from sessions.services import checkpoint_record, transition_apply
 
-    agent = Agent.objects.create(
-        name="B", slug="b", system_prompt="x", workflow="flight_booking", tools=["book_flight"]
-    )
+    agent = make_agent(name="B", slug="b", system_prompt="x", workflow="flight_booking", tools=["book_flight"])
     session = session_create(user=alice, agent=agent)
     workflow = get_workflow("flight_booking")
     decision = workflow.decision(next_state="GATHERING_DESTINATION", slots={"origin": "London"})

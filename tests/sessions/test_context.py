@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.llm.tokens import counter_for
 from agents.models import Agent
+from llm.tokens import counter_for
 from sessions.context import (
     DEFAULT_SHARES,
     HEADER_MEMORIES,
@@ -26,6 +26,7 @@ from sessions.context import (
     build_prompt,
     cut_to_budget,
 )
+from tests.world import make_agent
 
 COUNTER = counter_for("gpt-4o-mini")
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa".split()
@@ -315,7 +316,7 @@ def test_recent_turns_are_the_window_and_the_unsummarized_turns(
     from sessions.context import recent_turns_for
     from sessions.models import ChatSession, Turn
 
-    agent = Agent.objects.create(name="W", slug="w", system_prompt="x", workflow="free_chat", window_turns=10)
+    agent = make_agent(name="W", slug="w", system_prompt="x", workflow="free_chat", window_turns=10)
     session = ChatSession.objects.create(
         user=alice, agent=agent, workflow="free_chat", state="CHATTING", summary_through_seq=through
     )
@@ -332,7 +333,7 @@ def test_recent_turns_are_the_window_and_the_unsummarized_turns(
 
 
 def test_an_endpoint_window_without_room_for_the_reply_is_a_configuration_error(settings: Any) -> None:
-    from agents.llm.base import LLMConfigurationError
+    from llm.base import LLMConfigurationError
 
     settings.LLM_PROFILES = {"default": {"base_url": "http://127.0.0.1:9/v1", "model": "m", "context_window": 600}}
     agent = Agent(name="a", slug="a", system_prompt="x", context_window=4096, max_tokens=512, response_reserve=768)

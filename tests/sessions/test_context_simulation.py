@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from agents.llm.base import LLMConnectionError
-from agents.llm.scripted import ScriptedProvider
-from agents.llm.tokens import counter_for
 from bench.context_bench import simulate
+from llm.base import LLMConnectionError
+from llm.scripted import ScriptedProvider
+from llm.tokens import counter_for
 from sessions.context import DEFAULT_SHARES, ContextBudget
 
 

@@ -10,17 +10,17 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 
-from agents.models import Agent
-from agents.runtime import turn_run
+from orchestrator.runtime import turn_run
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import session_create
+from tests.world import make_agent
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def session(alice: Any) -> ChatSession:
-    agent = Agent.objects.create(name="Chat", slug="chat", system_prompt="x", workflow="free_chat", tools=[])
+    agent = make_agent(name="Chat", slug="chat", system_prompt="x", workflow="free_chat", tools=[])
     session = session_create(user=alice, agent=agent)
     turn_run(session=session, message="Hello <script>alert(1)</script> there")
     return session

@@ -27,12 +27,9 @@ from sessions.services import (
     transition_apply,
     turn_failure_record,
 )
+from tests.world import make_agent
 
 TODAY = date(2026, 11, 30)
-
-
-def make_agent(workflow: str = "flight_booking", slug: str = "booker") -> Agent:
-    return Agent.objects.create(name=slug.title(), slug=slug, system_prompt="You book flights.", workflow=workflow)
 
 
 def decide(next_state: str, **slots: Any) -> Any:
@@ -45,19 +42,19 @@ def make_turn(session: ChatSession, seq: int = 1, **fields: Any) -> Turn:
 
 @pytest.fixture
 def booking(alice: Any) -> ChatSession:
-    return session_create(user=alice, agent=make_agent())
+    return session_create(user=alice, agent=make_agent("booking", slug="booker"))
 
 
 @pytest.mark.django_db
 def test_session_create_starts_in_the_agents_workflow(alice: Any) -> None:
-    session = session_create(user=alice, agent=make_agent(), title="Trip")
+    session = session_create(user=alice, agent=make_agent("booking", slug="booker"), title="Trip")
     assert (session.workflow, session.state, session.last_good_state, session.data) == (
         "flight_booking",
         "IDLE",
         "IDLE",
         {},
     )
-    chat = session_create(user=alice, agent=make_agent("free_chat", slug="chatter"))
+    chat = session_create(user=alice, agent=make_agent("chat", slug="chatter"))
     assert (chat.workflow, chat.state) == ("free_chat", "CHATTING")
 
 
@@ -235,7 +232,7 @@ class TransitionLogProperty(HypothesisTestCase):
         from django.contrib.auth import get_user_model
 
         user = get_user_model().objects.create_user(username=f"u{ChatSession.objects.count()}")
-        agent = Agent.objects.filter(slug="prop").first() or make_agent(slug="prop")
+        agent = Agent.objects.filter(slug="prop").first() or make_agent("booking", slug="prop")
         session = session_create(user=user, agent=agent)
         before: dict[str, Any] = {}
         for state, slots in outputs:

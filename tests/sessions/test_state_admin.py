@@ -9,17 +9,17 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from agents.models import Agent
 from examples.booking.workflow import FLIGHT_BOOKING as WF
 from sessions.models import ChatSession, Checkpoint
 from sessions.services import session_create, transition_apply
+from tests.world import make_agent
 
 SECRET = "sk-test-DO-NOT-SHOW-4f9a2c"
 
 
 @pytest.fixture
 def walked(alice: Any) -> ChatSession:
-    agent = Agent.objects.create(name="Booker", slug="booker", system_prompt="Book.", workflow="flight_booking")
+    agent = make_agent(name="Booker", slug="booker", system_prompt="Book.", workflow="flight_booking")
     session = session_create(user=alice, agent=agent, title="Oslo trip")
     for state, slots in [("GATHERING_DESTINATION", {"origin": "Oslo"}), ("GATHERING_DATES", {"destination": "Rome"})]:
         decision = WF.decision_schema.model_validate({"next_state": state, "slots": slots})

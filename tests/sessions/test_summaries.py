@@ -6,14 +6,15 @@ from typing import Any
 
 import pytest
 
-from agents.llm.base import CallContext, LLMConnectionError
-from agents.llm.scripted import ScriptedProvider, ScriptedReply
-from agents.llm.tokens import counter_for
 from agents.models import Agent
 from conftest import wait_for
+from llm.base import CallContext, LLMConnectionError
+from llm.scripted import ScriptedProvider, ScriptedReply
+from llm.tokens import counter_for
 from sessions.context import DEFAULT_SHARES, ContextBudget, TurnText
 from sessions.models import ChatSession, Turn
 from sessions.summaries import extractive_summary, summarize_session_through, summary_due, summary_request_if_due
+from tests.world import make_agent
 
 COUNTER = counter_for("")
 FACT = "My frequent flyer number is QX-4471 and I am allergic to peanuts."
@@ -54,7 +55,7 @@ def test_long_turns_leave_the_window_sooner() -> None:
 
 @pytest.fixture
 def agent(db: Any) -> Agent:
-    return Agent.objects.create(name="Summ", slug="summ", system_prompt="You help.", window_turns=3)
+    return make_agent(name="Summ", slug="summ", system_prompt="You help.", window_turns=3)
 
 
 def make_session(user: Any, agent: Agent, n_turns: int, *, first: str = FACT) -> ChatSession:
@@ -74,7 +75,7 @@ def test_request_enqueues_once_after_commit(
     alice: Any, agent: Agent, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sent: list[tuple[str, int]] = []
-    monkeypatch.setattr("sessions.tasks.summarize_session.delay", lambda sid, seq: sent.append((sid, seq)))
+    monkeypatch.setattr("web.tasks.sessions.summarize_session.delay", lambda sid, seq: sent.append((sid, seq)))
     session = make_session(alice, agent, 6)
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         assert summary_request_if_due(session=session) is True
@@ -92,7 +93,7 @@ def test_one_request_in_flight_until_a_batch_more_is_due(
     alice: Any, agent: Agent, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sent: list[int] = []
-    monkeypatch.setattr("sessions.tasks.summarize_session.delay", lambda sid, seq: sent.append(seq))
+    monkeypatch.setattr("web.tasks.sessions.summarize_session.delay", lambda sid, seq: sent.append(seq))
     session = make_session(alice, agent, 6)
 
     def finish_turn(seq: int) -> bool:
@@ -249,7 +250,7 @@ def test_extractive_summary_keeps_facts_drops_filler_and_stays_bounded() -> None
 @pytest.mark.django_db(transaction=True)
 def test_the_task_runs_on_a_real_worker(celery_worker: Any, alice: Any) -> None:
     # No LLM is configured in tests: the worker's get_provider gives the demo model.
-    agent = Agent.objects.create(name="W", slug="w-summ", system_prompt="You help.", window_turns=3)
+    agent = make_agent(name="W", slug="w-summ", system_prompt="You help.", window_turns=3)
     session = make_session(alice, agent, 7)
     assert summary_request_if_due(session=session) is True  # autocommit: sent at once
 
@@ -273,7 +274,7 @@ def test_the_history_a_turn_read_gives_the_summary_check_the_turns_it_would_read
     from sessions.context import turn_history
     from sessions.summaries import _checked_turns, newest_turns
 
-    agent = Agent.objects.create(name="W5", slug="w5", system_prompt="x", workflow="free_chat", window_turns=5)
+    agent = make_agent(name="W5", slug="w5", system_prompt="x", workflow="free_chat", window_turns=5)
     session = ChatSession.objects.create(user=alice, agent=agent, workflow="free_chat", state="CHATTING")
     for seq in range(1, 22):
         status = Turn.Status.FAILED if seq in (7, 15, 19) else Turn.Status.COMPLETED

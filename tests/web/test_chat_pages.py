@@ -11,10 +11,10 @@ import pytest
 from django.test import Client
 from django.utils.html import escape
 
-from agents.llm.providers import DEMO_LABEL
 from agents.models import Agent
-from agents.runtime import turn_run
+from llm.providers import DEMO_LABEL
 from memory.services import memory_create
+from orchestrator.runtime import turn_run
 from sessions.models import ChatSession, Turn
 from sessions.services import session_create
 from tests.html_checks import active_parts
@@ -409,7 +409,7 @@ def test_a_turn_still_being_answered_says_so(alice: Any, chat_agent: Agent) -> N
 def test_raw_html_in_a_reply_is_shown_as_text_and_cannot_swallow_the_rest() -> None:
     """Markdown passed raw HTML through to the sanitizer: a tag it does not allow lost its name ("use the
     <div> tag" read "use the  tag"), and an unclosed <iframe took every word after it as its own text."""
-    from sessions.rendering import markdown_to_safe_html
+    from web.chat.rendering import markdown_to_safe_html
 
     html = markdown_to_safe_html("**markdown** <iframe src=//evil> and **after**, `<b>` in code, use the <div> tag")
     assert active_parts(html) == []
@@ -429,7 +429,7 @@ def test_the_home_page_says_which_agents_the_demo_model_answers(alice: Any, chat
 
 
 def test_markdown_too_deep_for_the_parser_is_plain_text_and_a_models_br_is_a_line_break() -> None:
-    from sessions.rendering import markdown_to_safe_html
+    from web.chat.rendering import markdown_to_safe_html
 
     deep = "\n".join("    " * i + "- x" for i in range(2000))  # a RecursionError after 48 s, before
     shown = markdown_to_safe_html(deep)
@@ -447,8 +447,8 @@ def test_a_reply_that_cannot_be_rendered_does_not_stop_the_stream_or_the_turn_af
 ) -> None:
     """The stream renders each reply's HTML: a failure there (the recovered answer of an earlier message, here)
     sends that event without HTML, and the new message is still answered."""
-    from agents.runtime import turn_stream
-    from sessions import streaming
+    from orchestrator.runtime import turn_stream
+    from web.chat import streaming
 
     session = session_create(user=alice, agent=chat_agent)
     turn_stream(session=session, message="hello").close()  # its answer cut off: recovered by the next message
@@ -491,8 +491,8 @@ def test_the_chat_events_say_what_staff_did_since_the_page_was_drawn(
 ) -> None:
     from django.utils import timezone
 
-    from agents.runtime import handoff_reply, handoff_request
-    from sessions import views
+    from orchestrator.runtime import handoff_reply, handoff_request
+    from web.chat import views
 
     monkeypatch.setattr(views, "EVENTS_HOLD_SECONDS", 0.0)  # one look, then the page asks again
     session = _with_a_turn(session_create(user=alice, agent=chat_agent))
@@ -521,7 +521,7 @@ def test_the_chat_events_say_what_staff_did_since_the_page_was_drawn(
 
 
 def test_the_memory_panel_lists_each_memory_once() -> None:
-    from sessions.views import _kept_and_dropped
+    from web.chat.views import _kept_and_dropped
 
     candidates = [
         {"id": 7, "kind": "semantic", "preview": "The user is vegetarian.", "kept": True, "tier": 1},
@@ -547,8 +547,8 @@ def test_one_user_holds_at_most_two_event_streams_at_once_on_the_database_cache(
 
     from django.core.cache import caches
 
-    from agents.runtime import handoff_request
-    from sessions import views
+    from orchestrator.runtime import handoff_request
+    from web.chat import views
 
     settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "app_cache"}}
     caches._settings = caches.settings = settings.CACHES  # type: ignore[attr-defined]
@@ -580,7 +580,7 @@ def test_one_user_holds_at_most_two_event_streams_at_once_on_the_database_cache(
 def test_a_cursor_at_the_ends_of_time_is_taken_not_a_500(
     alice: Any, chat_agent: Agent, monkeypatch: Any, cursor: str
 ) -> None:
-    from sessions import views
+    from web.chat import views
 
     monkeypatch.setattr(views, "EVENTS_HOLD_SECONDS", 0.0)
     session = _with_a_turn(session_create(user=alice, agent=chat_agent))

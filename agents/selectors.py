@@ -1,0 +1,23 @@
+"""Reads about agents that every door shows the same way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agents.models import Agent
+from llm.base import LLMConfigurationError
+from llm.providers import DEMO_LABEL, get_provider
+
+
+def agent_model_label(agent: Agent) -> dict[str, Any]:
+    """Which model answers for ``agent`` (``is_demo`` true for the offline demo model), without any secret."""
+    try:
+        provider = get_provider(agent=agent)
+    except LLMConfigurationError:
+        # Its endpoint profile is gone from the settings: its turns will say so; a listing must not fail.
+        return {"is_demo": False, "model_label": "not configured"}
+    is_demo = bool(getattr(provider, "is_demo", False))
+    return {
+        "is_demo": is_demo,
+        "model_label": DEMO_LABEL if is_demo else (agent.model or str(getattr(provider, "model", "")) or ""),
+    }

@@ -1,0 +1,124 @@
+"""Agents API: list and retrieve the active agents (read-only; operators configure agents in the admin)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+    inline_serializer,
+)
+from rest_framework import generics, serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from agents.models import Agent
+from core.api_errors import error_body
+from core.parsers import RawTextParser
+from people.erasure import person_erase
+from people.portability import ImportRejected, mem0_records, parse_export, person_export, person_import
+from web.api.agents_serializers import AgentOutputSerializer
+
+
+def _active_agents() -> QuerySet[Agent]:
+    return Agent.objects.filter(is_active=True).order_by("name", "pk")
+
+
+@extend_schema(tags=["agents"], summary="List the active agents")
+class AgentListApi(generics.ListAPIView[Agent]):
+    serializer_class = AgentOutputSerializer
+
+    def get_queryset(self) -> QuerySet[Agent]:
+        return _active_agents()
+
+
+@extend_schema(tags=["agents"], summary="One active agent")
+class AgentDetailApi(generics.RetrieveAPIView[Agent]):
+    serializer_class = AgentOutputSerializer
+
+    def get_queryset(self) -> QuerySet[Agent]:
+        return _active_agents()
+
+
+ERASE_CONFIRMATION = "erase my data"
+
+
+@extend_schema_field({"type": "string", "enum": [ERASE_CONFIRMATION]})
+class ErasePhraseField(serializers.CharField):
+    """The phrase, in the schema as the one value it may be (it was a free string there)."""
+
+
+class EraseMeInputSerializer(serializers.Serializer[Any]):
+    confirm = ErasePhraseField(help_text=f'Exactly "{ERASE_CONFIRMATION}": erasing cannot be undone.', max_length=50)
+
+    def validate_confirm(self, value: str) -> str:
+        # Exactly the phrase, as the schema says (it took any spacing and case).
+        if value != ERASE_CONFIRMATION:
+            raise serializers.ValidationError(f'Send "confirm": "{ERASE_CONFIRMATION}" to erase your data.')
+        return value
+
+
+@extend_schema(
+    tags=["me"],
+    summary="Erase everything kept about me (sessions, turns, memories, records); my account stays",
+    request=EraseMeInputSerializer,
+    responses=inline_serializer(
+        "Erased",
+        {"erased": serializers.DictField(child=serializers.IntegerField()), "erasure_id": serializers.IntegerField()},
+    ),
+)
+class EraseMeApi(APIView):
+    def post(self, request: Request) -> Response:
+        EraseMeInputSerializer(data=request.data).is_valid(raise_exception=True)
+        result = person_erase(user=request.user, actor=request.user)
+        return Response({"erased": result.counts, "erasure_id": result.erasure_id})
+
+
+@extend_schema(
+    tags=["me"],
+    summary="Export everything kept about me, as JSON Lines (a header line, then sessions, turns, memories)",
+    responses={(200, "application/x-ndjson"): OpenApiResponse(description="One JSON object a line.")},
+)
+class ExportMeApi(APIView):
+    def get(self, request: Request) -> StreamingHttpResponse:
+        return export_download(request.user)
+
+
+def export_download(user: Any) -> StreamingHttpResponse:
+    """``user``'s export as a JSON Lines download, streamed (the API's and the admin's)."""
+    response = StreamingHttpResponse(
+        (line.encode() for line in person_export(user=user)), content_type="application/x-ndjson"
+    )
+    response["Content-Disposition"] = f'attachment; filename="{user.get_username()}-export.jsonl"'
+    return response
+
+
+@extend_schema(
+    tags=["me"],
+    summary="Import an export (ours, or Mem0's with ?source=mem0); idempotent; nothing is written if a line is bad",
+    parameters=[OpenApiParameter("source", str, enum=["agents", "mem0"], required=False)],
+    request={"application/x-ndjson": OpenApiTypes.STR, "application/json": OpenApiTypes.OBJECT},
+    responses=inline_serializer(
+        "ImportReport",
+        {"created": serializers.DictField(child=serializers.IntegerField()), "skipped": serializers.ListField()},
+    ),
+)
+class ImportMeApi(APIView):
+    parser_classes = [RawTextParser]
+
+    def post(self, request: Request) -> Response:
+        text = request.data if isinstance(request.data, str) else ""
+        try:
+            parsed = (
+                mem0_records(text) if request.query_params.get("source") == "mem0" else parse_export(text.splitlines())
+            )
+        except ImportRejected as exc:
+            return Response(error_body("invalid_import", str(exc), {"line": exc.line}), status=400)
+        return Response(person_import(user=request.user, parsed=parsed).as_dict())

@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from web.chat import views
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("chats/new/", views.chat_new, name="chat-new"),
+    path("chats/<uuid:session_id>/", views.chat, name="chat"),
+    path("chats/<uuid:session_id>/panels/", views.chat_panels, name="chat-panels"),
+    path("chats/<uuid:session_id>/stream/", views.chat_stream, name="chat-stream"),
+    path("chats/<uuid:session_id>/events/", views.chat_events, name="chat-events"),
+    path("chats/<uuid:session_id>/delete/", views.chat_delete, name="chat-delete"),
+]

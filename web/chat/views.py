@@ -1,0 +1,515 @@
+"""The web chat: sign-in lives in web.urls; here are the session list, a new chat, the chat page,
+its streaming endpoint (server-sent events) and the panels (workflow, memory, context inspector).
+
+Another user's session is a 404, never a 403. Model output and memories reach the page only as
+sanitized HTML (``web.chat.rendering``) or as text set with ``textContent`` in the browser.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import datetime, timedelta
+from functools import wraps
+from typing import Any
+from urllib.parse import urlencode
+from uuid import UUID
+
+from asgiref.sync import sync_to_async
+from django import forms
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.cache import cache
+from django.core.paginator import Paginator
+from django.db.models import Exists, OuterRef, Prefetch
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from agents.models import Agent, ToolInvocation
+from agents.selectors import agent_model_label
+from agents.workflows import get_workflow, state_label
+from core import events as run_channel
+from core.api_errors import error_body, error_response, refusal_headers, runtime_error_status
+from core.incoming import clamped_datetime
+from core.text import state_words
+from core.throttles import messages_rate_wait
+from sessions.locks import SessionBusyError
+from sessions.models import ChatSession, Turn
+from sessions.services import session_create, session_delete
+from web.chat.streaming import idempotency_key_from, is_asgi, turn_event_response
+
+
+def _own_session(request: HttpRequest, session_id: UUID) -> ChatSession:
+    return get_object_or_404(ChatSession.objects.select_related("agent"), pk=session_id, user_id=request.user.pk or 0)
+
+
+def _model_label(agent: Agent) -> dict[str, Any]:
+    return agent_model_label(agent)
+
+
+def _workflow_panel(session: ChatSession) -> dict[str, Any]:
+    """The workflow's states in order, which one is current, and the data collected so far."""
+    states: list[str] = []
+    title = session.workflow
+    terminal: set[str] = set()
+    slots: tuple[str, ...] = ()
+    label: Callable[[str], str] = state_words
+    try:
+        workflow = get_workflow(session.workflow, session.workflow_version)
+        states = list(workflow.states)
+        slots = workflow.slot_names
+        title = str(getattr(workflow, "title", "") or session.workflow)
+        terminal = set(workflow.terminal_states)
+        label = workflow.state_label
+    except (ImportError, LookupError, KeyError, ValueError):
+        pass
+    current = states.index(session.state) if session.state in states else -1
+    steps = [
+        {
+            "name": name,
+            "label": label(name),
+            "current": i == current,
+            "done": current >= 0 and i < current,
+            "terminal": name in terminal,
+        }
+        for i, name in enumerate(states)
+    ]
+    # In the workflow's order of its slots (origin before destination), then what its actions added: the stored
+    # order is jsonb's (shortest key first), which put "origin" after "passengers".
+    known = {key: value for key, value in (session.data or {}).items() if value not in (None, "", [])}
+    place = {slot: i for i, slot in enumerate(slots)}
+    data = sorted(known.items(), key=lambda item: place.get(item[0], len(place)))
+    return {
+        "title": title,
+        "steps": steps,
+        "state": session.state,
+        "state_label": label(session.state),
+        "data": data,
+        "status": session.status,
+    }
+
+
+def _inspector(turn: Turn | None) -> dict[str, Any] | None:
+    """Prompt sections as shares of the prompt limit, for the staff context inspector."""
+    if turn is None or not turn.composition:
+        return None
+    composition = turn.composition
+    sections: dict[str, int] = {k: int(v) for k, v in (composition.get("sections") or {}).items()}
+    limit = int(composition.get("limit") or 0) or max(1, sum(sections.values()))
+    bars: list[dict[str, Any]] = [
+        {"name": name, "tokens": tokens, "percent": round(100.0 * tokens / limit, 2)}
+        for name, tokens in sections.items()
+        if tokens > 0
+    ]
+    turns = composition.get("turns") or {}
+    memories = composition.get("memories") or {}
+    return {
+        "turn": turn,
+        "bars": bars,
+        "total": int(composition.get("total") or sum(sections.values())),
+        "limit": limit,
+        "window": composition.get("window"),
+        "free_percent": max(0.0, round(100.0 - sum(float(b["percent"]) for b in bars), 2)),
+        "degradations": composition.get("degradations") or [],
+        "turns_included": turns.get("included") or [],
+        "turns_dropped": turns.get("dropped") or [],
+        "memories_included": memories.get("included") or [],
+        "memories_dropped": memories.get("dropped") or [],
+        "raw": json.dumps(composition, indent=2, default=str),
+    }
+
+
+def _panels_context(request: HttpRequest, session: ChatSession) -> dict[str, Any]:
+    finished = session.turns.exclude(status=Turn.Status.RUNNING).order_by("-seq")
+    last = finished.first()
+    # The agent's latest turn that searched memory and built a prompt: turns a person answered (a handed-off
+    # chat) have neither, and left the panel saying "No turn yet." and the inspector gone (issue 36).
+    searched = last if last is None or last.retrieval else finished.exclude(retrieval={}).first()
+    composed = last if last is None or last.composition else finished.exclude(composition={}).first()
+    retrieval = (searched.retrieval if searched is not None else None) or {}
+    return {
+        "session": session,
+        "workflow": _workflow_panel(session),
+        "last_turn": last,
+        "retrieval_turn": searched,
+        "retrieval": retrieval,
+        **_kept_and_dropped(retrieval.get("candidates") or []),
+        "inspector": _inspector(composed) if request.user.is_staff else None,
+    }
+
+
+def _kept_and_dropped(candidates: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The memory panel's lists: each memory once (one found by two tiers, or an episode and a fact of the
+    same words, was listed twice), and none both used and "considered, not used"."""
+    kept: list[dict[str, Any]] = []
+    dropped: list[dict[str, Any]] = []
+    seen: set[Any] = set()
+    for wanted in (True, False):
+        for candidate in candidates:
+            if bool(candidate.get("kept")) != wanted:
+                continue
+            keys = {("id", candidate.get("id")), ("text", " ".join(str(candidate.get("preview", "")).lower().split()))}
+            if keys & seen:
+                continue
+            seen |= keys
+            (kept if wanted else dropped).append(candidate)
+    return {"retrieval_kept": kept, "retrieval_dropped": dropped}
+
+
+# Chats listed a page on the home page (the newest first).
+HOME_PAGE_SESSIONS = 50
+
+
+@login_required
+@require_GET
+def home(request: HttpRequest) -> HttpResponse:
+    """My sessions, newest first, ``HOME_PAGE_SESSIONS`` a page (``?page=``; a page past the last shows the
+    last), and a form to start a new chat with an agent."""
+    owner: Any = request.user  # signed in (login_required)
+    # A chat nothing was sent in is not listed (starting one and leaving left "Untitled chat"s piling up).
+    sessions = (
+        ChatSession.objects.filter(user=owner)
+        .filter(Exists(Turn.objects.filter(session=OuterRef("pk"))))
+        .select_related("agent")
+        .order_by("-updated_at", "pk")
+    )
+    page = Paginator(sessions, HOME_PAGE_SESSIONS).get_page(request.GET.get("page"))
+    agents = list(Agent.objects.filter(is_active=True).order_by("name"))
+    # Which agents the demo model answers (no LLM configured): said on the page, as on every chat page.
+    demo: dict[int, bool] = {}
+    for agent in [*agents, *(s.agent for s in page.object_list)]:
+        if agent.pk not in demo:
+            demo[agent.pk] = bool(_model_label(agent)["is_demo"])
+    labels: dict[tuple[str, int | None, str], str] = {}
+    for s in page.object_list:
+        key = (s.workflow, s.workflow_version, s.state)
+        if key not in labels:
+            labels[key] = state_label(*key)
+    chats = [(s, demo[s.agent_id], labels[(s.workflow, s.workflow_version, s.state)]) for s in page.object_list]
+    demo_agents = {agent.pk for agent in agents if demo[agent.pk]}
+    return render(request, "home.html", {"chats": chats, "page": page, "agents": agents, "demo_agents": demo_agents})
+
+
+class NewChatForm(forms.Form):
+    """An active agent (an unknown or malformed id is "no agent") and an optional title (trimmed; NUL refused)."""
+
+    agent = forms.ModelChoiceField(queryset=Agent.objects.filter(is_active=True))
+    title = forms.CharField(max_length=200, required=False)
+
+
+@login_required
+@require_POST
+def chat_new(request: HttpRequest) -> HttpResponse:
+    form = NewChatForm(request.POST)
+    if not form.is_valid():
+        # The form is two fields on the home page: its errors go back there as one message.
+        if "agent" in form.errors:
+            messages.error(request, "Choose an agent to talk to.")
+        else:
+            messages.error(request, " ".join(str(e) for errors in form.errors.values() for e in errors))
+        return redirect("home")
+    try:
+        session = session_create(user=request.user, agent=form.cleaned_data["agent"], title=form.cleaned_data["title"])
+    except Exception as exc:
+        refusal = runtime_error_status(exc)
+        if refusal is None:
+            raise
+        messages.error(request, refusal[1])
+        return redirect("home")
+    return redirect("chat", session_id=session.pk)
+
+
+# Turns on one page of the chat (the latest; earlier ones a link away).
+CHAT_PAGE_TURNS = 50
+
+
+@login_required
+@require_GET
+def chat(request: HttpRequest, session_id: UUID) -> HttpResponse:
+    """The chat: its latest ``CHAT_PAGE_TURNS`` turns, and a link to the ones before (``?before=<seq>``). A
+    long session rendered whole was seconds of markdown and megabytes of HTML (3,000 turns: 3.6 s, 2.5 MB).
+    An earlier page is for reading: its composer is replaced by a link back to the latest turns."""
+    session = _own_session(request, session_id)
+    drawn = timezone.now()  # before the turns are read: what finishes meanwhile comes as an event
+    before = request.GET.get("before", "")
+    older = before.isascii() and before.isdigit() and 0 < len(before) <= 9
+    # The tools each turn ran, marked under its reply as the live stream marks them (they vanished on reload).
+    tools = Prefetch("tool_invocations", queryset=ToolInvocation.objects.order_by("id").only("turn_id", "name", "ok"))
+    turns = session.turns.order_by("-seq").prefetch_related(tools)
+    if older:
+        turns = turns.filter(seq__lt=int(before))
+    page = list(turns[: CHAT_PAGE_TURNS + 1])
+    shown = page[:CHAT_PAGE_TURNS][::-1]
+    context = {
+        "turns": shown,
+        "earlier_before": shown[0].seq if len(page) > CHAT_PAGE_TURNS else None,
+        "reading_earlier": older,
+        "model": _model_label(session.agent),
+        "events_since": drawn.isoformat(),
+        **_panels_context(request, session),
+    }
+    return render(request, "chat.html", context)
+
+
+def signed_in_or_401(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
+    """For the chat page's own requests (its stream and panels): a signed-out request gets a JSON 401 the
+    script can act on (keep the text, offer to sign in again), not a redirect to the sign-in page, which
+    ``fetch`` follows and whose HTML then landed in the page."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        if not request.user.is_authenticated:
+            chat = request.path.rsplit("/", 2)[0] + "/"
+            return error_response(
+                code="not_authenticated",
+                message="Your sign-in has expired. Sign in again to send this message; it is kept here.",
+                status_code=401,
+                details={"login_url": f"{settings.LOGIN_URL}?{urlencode({'next': chat}, safe='/')}"},
+            )
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+# How long one events request waits for news while a person has the chat (or a turn is being answered), and
+# how soon the page asks again (EventSource reconnects by itself): while nothing can happen, it asks rarely,
+# so an open chat does not hold a server thread for nothing.
+EVENTS_HOLD_SECONDS = 15.0
+EVENTS_POLL_SECONDS = 1.0
+EVENTS_RETRY_IDLE_MS = 15000
+EVENTS_RETRY_LIVE_MS = 1000
+# At most this many held events requests per user at once (each holds a server thread): more get an answer
+# at once and ask again later, so no one can tie up the server's threads by opening tabs.
+EVENTS_HELD_PER_USER = 2
+# News is looked for this far before the cursor: a staff reply's time is taken before its commit, and a look
+# between the two must not skip it (the page ignores what it has shown already).
+EVENTS_LOOKBACK = timedelta(seconds=5)
+
+
+def _events_slot(user_pk: object) -> str | None:
+    """Take one of the user's ``EVENTS_HELD_PER_USER`` slots for a held events request: its cache key, or None
+    when all are taken. ``cache.add`` is atomic in every cache backend (a unique key in the database table,
+    SET NX in Redis), so many requests at once cannot all count themselves under the limit. A slot that its
+    request never gave back (a killed process) expires after four holds."""
+    for number in range(EVENTS_HELD_PER_USER):
+        key = f"chat-events-slot:{user_pk}:{number}"
+        if cache.add(key, 1, timeout=int(EVENTS_HOLD_SECONDS * 4)):
+            return key
+    return None
+
+
+def _since(request: HttpRequest) -> datetime:
+    raw = request.headers.get("Last-Event-ID") or request.GET.get("since") or ""
+    try:
+        parsed = datetime.fromisoformat(raw)
+    except ValueError:
+        return timezone.now()
+    # Inside the dates the app takes (``0001-01-01T00:00:00`` less the look-back overflowed: a 500).
+    return clamped_datetime(parsed)
+
+
+def _news(session_id: UUID, since: datetime) -> tuple[list[dict[str, Any]], bool]:
+    """What changed in the session after ``since``: its status or state, staff replies, turns finished (the
+    ones another request answered, or a recovery). And whether anything can still happen soon."""
+    row = (
+        ChatSession.objects.filter(pk=session_id)
+        .values("status", "state", "updated_at", "workflow", "workflow_version")
+        .first()
+    )
+    if row is None:
+        return [{"event": "gone"}], False
+    since = since - EVENTS_LOOKBACK
+    events: list[dict[str, Any]] = []
+    running = Turn.objects.filter(session_id=session_id, status__in=(Turn.Status.RUNNING, Turn.Status.PENDING))
+    live = row["status"] == ChatSession.Status.NEEDS_HUMAN or running.exists()
+    if row["updated_at"] <= since and not Turn.objects.filter(session_id=session_id, completed_at__gt=since).exists():
+        return events, live
+    label = state_label(row["workflow"], row["workflow_version"], row["state"])
+    events.append({"event": "status", "status": row["status"], "state": row["state"], "label": label})
+    for turn in Turn.objects.filter(session_id=session_id).order_by("-seq")[:5][::-1]:
+        if turn.completed_at and turn.completed_at > since:
+            events.append(
+                {"event": "turn_done", "turn_id": turn.pk, "reply": turn.agent_message, "status": turn.status}
+            )
+        for reply in turn.staff_replies or []:
+            at = datetime.fromisoformat(str(reply.get("at")))
+            if at > since:
+                events.append(
+                    {
+                        "event": "staff",
+                        "turn_id": turn.pk,
+                        "author": reply.get("author"),
+                        "text": reply.get("text"),
+                        "at": reply.get("at"),
+                    }
+                )
+    return events, live
+
+
+@signed_in_or_401
+@require_GET
+def chat_events(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
+    """Server-sent events for an open chat: staff replies, hand-offs and hand-backs, turns finished elsewhere.
+    ``since`` (or the Last-Event-ID the browser sends on reconnecting) is where the page's knowledge ends."""
+    session = _own_session(request, session_id)
+    since = _since(request)
+    if is_asgi(request) and run_channel.channel_url() is not None:
+        # Under ASGI, with a run channel: the stream waits for the session's change signals in the event loop
+        # (no thread, no polling) and reads the database only when one comes.
+        return _event_stream_response(_signalled_events(request.user.pk, session.pk, since))
+
+    def stream() -> Iterator[bytes]:
+        nonlocal since
+        slot = _events_slot(request.user.pk)
+        may_hold = slot is not None
+        try:
+            deadline = time.monotonic() + (EVENTS_HOLD_SECONDS if may_hold else 0)
+            live = True
+            while True:
+                checked = timezone.now()
+                events, live = _news(session.pk, since)
+                since = checked
+                lines, gone = _event_lines(events, since)
+                yield from lines
+                if gone:
+                    return
+                if not live or time.monotonic() >= deadline:
+                    break
+                # A comment each second: a closed tab shows up as a failed write, not after the whole hold.
+                yield b": waiting\n\n"
+                time.sleep(EVENTS_POLL_SECONDS)
+            yield _retry_line(since, live=live and may_hold)
+        finally:
+            if slot is not None:
+                cache.delete(slot)
+
+    return _event_stream_response(stream())
+
+
+def _event_lines(events: list[dict[str, Any]], since: datetime) -> tuple[list[bytes], bool]:
+    """``_news``'s events as SSE messages (their id: where the page's knowledge now ends), and whether the session
+    is gone (the stream ends there)."""
+    lines: list[bytes] = []
+    for event in events:
+        name = event.pop("event")
+        lines.append(f"id: {since.isoformat()}\nevent: {name}\ndata: {json.dumps(event)}\n\n".encode())
+        if name == "gone":
+            return lines, True
+    return lines, False
+
+
+def _retry_line(since: datetime, *, live: bool) -> bytes:
+    """A held stream's end: soon again while something can happen, rarely while nothing can."""
+    return f"id: {since.isoformat()}\nretry: {EVENTS_RETRY_LIVE_MS if live else EVENTS_RETRY_IDLE_MS}\n\n".encode()
+
+
+def _event_stream_response(body: Iterator[bytes] | AsyncIterator[bytes]) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(body, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+# While it waits for a signal, a held stream sends a comment this often (proxies keep it open).
+EVENTS_KEEPALIVE_SECONDS = 5.0
+
+
+async def _signalled_events(user_pk: object, session_id: UUID, since: datetime) -> AsyncIterator[bytes]:
+    """``chat_events`` under ASGI: the same events and holds, with no thread while it waits. The database is read
+    once at the start and once per change signal (``core.events.session_changed``); a change whose signal is
+    lost is found when the page asks again, as with the polled stream."""
+    slot = await sync_to_async(_events_slot)(user_pk)
+    may_hold = slot is not None
+    try:
+        deadline = time.monotonic() + (EVENTS_HOLD_SECONDS if may_hold else 0)
+        # Taken before the database is read: a change made after that read has a later signal.
+        after = await run_channel.asession_last(session_id)
+        while True:
+            checked = timezone.now()
+            events, live = await sync_to_async(_news)(session_id, since)
+            since = checked
+            lines, gone = _event_lines(events, since)
+            for line in lines:
+                yield line
+            if gone:
+                return
+            if not live:
+                break
+            signal = None
+            while signal is None and (left := deadline - time.monotonic()) > 0:
+                signal = await run_channel.session_wait(
+                    session_id, after=after, timeout=min(left, EVENTS_KEEPALIVE_SECONDS)
+                )
+                if signal is None:
+                    yield b": waiting\n\n"
+            if signal is None:
+                break
+            after = signal
+        yield _retry_line(since, live=live and may_hold)
+    finally:
+        if slot is not None:
+            await sync_to_async(cache.delete)(slot)
+
+
+@signed_in_or_401
+@require_GET
+def chat_panels(request: HttpRequest, session_id: UUID) -> HttpResponse:
+    """The side panels alone, re-fetched by the page after each reply."""
+    session = _own_session(request, session_id)
+    return render(request, "chat_panels.html", _panels_context(request, session))
+
+
+@signed_in_or_401
+@require_POST
+def chat_stream(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
+    """POST a message; the reply comes back as ``text/event-stream``. CSRF token in the X-CSRFToken header."""
+    session = _own_session(request, session_id)
+    wait = messages_rate_wait(request)
+    if wait is not None:
+        response = error_response(
+            code="throttled",
+            message=f"Too many messages; try again in {wait} seconds.",
+            status_code=429,
+            details={"retry_after_seconds": wait},
+        )
+        response["Retry-After"] = str(wait)
+        return response
+    if request.content_type == "application/json":
+        try:
+            payload = json.loads(request.body or b"{}")
+        except (ValueError, RecursionError):  # a body nested thousands deep overflows the parser's recursion
+            return JsonResponse(error_body("parse_error", "The body is not valid JSON."), status=400)
+        message = payload.get("message") if isinstance(payload, dict) else None
+    else:
+        message = request.POST.get("message")
+    if not isinstance(message, str):
+        return JsonResponse(error_body("invalid", "Send a message."), status=400)
+    try:
+        key = idempotency_key_from(request.headers)
+    except ValueError as exc:
+        return JsonResponse(error_body("invalid", str(exc)), status=400)
+    try:
+        return turn_event_response(session=session, message=message, idempotency_key=key, asynchronous=is_asgi(request))
+    except Exception as exc:
+        refusal = runtime_error_status(exc)
+        if refusal is None:
+            raise
+        code, text, status = refusal
+        return JsonResponse(error_body(code, text), status=status, headers=refusal_headers(exc))
+
+
+@login_required
+@require_POST
+def chat_delete(request: HttpRequest, session_id: UUID) -> HttpResponse:
+    session = _own_session(request, session_id)
+    try:
+        session_delete(session=session)
+    except SessionBusyError:
+        messages.error(request, "A reply is still being written; delete the chat when it has finished.")
+        return redirect("chat", session_id=session.pk)
+    messages.success(request, "Chat deleted.")
+    return redirect("home")

@@ -1,0 +1,192 @@
+"""/healthz: is the database (with pgvector), the broker and a worker alive? /readyz: can this process
+serve a chat or memory request now (embedder and tokenizer loaded, database answering, a worker seen since
+this process started)?
+
+Open to anyone (load balancers, uptime checks): a failure is named, its exception text (hosts, addresses,
+user names) goes to the log only. A worker heartbeat older than this process's start counts for neither: it
+may be the previous run's, from a worker that is gone.
+
+Both answer within ``HEALTH_CHECK_TIMEOUT`` seconds whatever the database and the broker do: the checks run on
+a small pool of threads of their own, and one that has not answered by then is reported as failed (a stopped
+database server accepts a connection and then never answers; no statement timeout can fire there).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from celery import current_app as app  # the project's app (config/celery.py), current once config is imported
+from django.conf import settings
+from django.db import close_old_connections, connections
+from django.http import HttpRequest, JsonResponse
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from core import process
+from core.models import WorkerHeartbeat
+from llm.tokens import tokenizer_ready
+from memory.embedding import embedder_ready
+from web.warmup import warm_up_in_background
+
+logger = logging.getLogger(__name__)
+WORKER_FRESH_FOR = timedelta(seconds=60)
+
+
+def _failed(what: str, exc: Exception) -> str:
+    logger.warning("health check: %s: %s: %s", what, type(exc).__name__, exc)
+    return f"{what} ({type(exc).__name__}; details in the server log)"
+
+
+# The checks' own threads: a check stuck on a server that does not answer holds one of them, never a request.
+_POOL_SIZE = 2
+_MAX_WAITING = 8  # checks stuck or queued beyond this: answer at once that the last ones did not return
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_pid = 0
+_pool_lock = threading.Lock()
+_waiting = 0
+
+
+def _checks_pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool, _pool_pid
+    with _pool_lock:
+        if _pool is None or _pool_pid != os.getpid():  # a forked child has none of its parent's threads
+            _pool = concurrent.futures.ThreadPoolExecutor(_POOL_SIZE, thread_name_prefix="health")
+            _pool_pid = os.getpid()
+        return _pool
+
+
+def _in_own_thread(check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    global _waiting
+    try:
+        close_old_connections()  # a connection that broke or aged out is replaced, as between requests
+        return check()
+    finally:
+        with _pool_lock:
+            _waiting -= 1
+
+
+def bounded(checks: dict[str, Callable[[], dict[str, Any]]], *, deadline: float) -> dict[str, dict[str, Any]]:
+    """Run ``checks`` at once on the checks' threads; a check not done by ``deadline`` (``time.monotonic``)
+    is reported as failed ("did not answer within ...")."""
+    global _waiting
+    timeout = float(settings.HEALTH_CHECK_TIMEOUT)
+    futures: dict[str, concurrent.futures.Future[dict[str, Any]] | None] = {}
+    for name, check in checks.items():
+        with _pool_lock:
+            full = _waiting >= _MAX_WAITING
+            if not full:
+                _waiting += 1
+        futures[name] = None if full else _checks_pool().submit(_in_own_thread, check)
+    results: dict[str, dict[str, Any]] = {}
+    for name, future in futures.items():
+        try:
+            if future is None:
+                raise TimeoutError
+            results[name] = future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            logger.warning("health check: %s did not answer within %s s", name, timeout)
+            results[name] = {"ok": False, "error": f"{name} did not answer within {timeout:g} s"}
+    return results
+
+
+def _health_alias() -> str:
+    """The checks' own connection when the app pools its connections (``DATABASE_POOL_MAX_SIZE``)."""
+    return "health" if "health" in settings.DATABASES else "default"
+
+
+def check_database() -> dict[str, Any]:
+    try:
+        with connections[_health_alias()].cursor() as cursor:
+            cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+            row = cursor.fetchone()
+            cursor.execute("SHOW server_version")
+            version_row = cursor.fetchone()
+    except Exception as exc:  # noqa: BLE001 - health reports every failure as data
+        return {"ok": False, "error": _failed("the database is unreachable", exc)}
+    if row is None:
+        return {"ok": False, "error": "the pgvector extension is not installed (run migrations)"}
+    return {"ok": True, "postgres": version_row[0] if version_row else None, "pgvector": row[0]}
+
+
+def check_broker() -> dict[str, Any]:
+    url = str(app.conf.broker_url)
+    transport = url.split("://", 1)[0]
+    try:
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=2)
+    except Exception as exc:  # noqa: BLE001
+        return {"ok": False, "transport": transport, "error": _failed("the broker is unreachable", exc)}
+    return {"ok": True, "transport": transport}
+
+
+def check_worker() -> dict[str, Any]:
+    """A heartbeat newer than ``WORKER_FRESH_FOR`` and than this process's start."""
+    try:
+        beat = WorkerHeartbeat.objects.using(_health_alias()).order_by("-seen_at").first()
+    except Exception as exc:  # noqa: BLE001
+        return {"ok": False, "error": _failed("database unavailable", exc)}
+    if beat is None:
+        return {"ok": False, "error": "no worker heartbeat seen yet"}
+    now = timezone.now()
+    age = (now - beat.seen_at).total_seconds()
+    result: dict[str, Any] = {"ok": False, "hostname": beat.hostname, "last_seen_seconds_ago": round(age, 1)}
+    if age > WORKER_FRESH_FOR.total_seconds():
+        result["error"] = f"last heartbeat {age:.0f}s ago (more than {WORKER_FRESH_FOR.total_seconds():.0f}s)"
+    elif beat.seen_at < process.STARTED_AT:
+        up = (now - process.STARTED_AT).total_seconds()
+        result["error"] = (
+            f"no heartbeat since this process started {up:.0f}s ago (the last, {age:.0f}s ago, may be the "
+            "previous run's)"
+        )
+    else:
+        result["ok"] = True
+    return result
+
+
+def check_models() -> dict[str, Any]:
+    """This process's embedder and tokenizer are loaded (starting their warm-up if nothing has)."""
+    embedder, tokenizer = embedder_ready(), tokenizer_ready()
+    if embedder and tokenizer:
+        return {"ok": True}
+    warm_up_in_background()
+    waiting = [name for name, ready in (("the embedding model", embedder), ("the tokenizer", tokenizer)) if not ready]
+    return {"ok": False, "error": "loading " + " and ".join(waiting)}
+
+
+@never_cache
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    checks = bounded(
+        {"database": check_database, "broker": check_broker, "worker": check_worker},
+        deadline=time.monotonic() + float(settings.HEALTH_CHECK_TIMEOUT),
+    )
+    ok = all(c["ok"] for c in checks.values())
+    return JsonResponse({"status": "ok" if ok else "error", **checks}, status=200 if ok else 503)
+
+
+@never_cache
+@require_GET
+def readyz(request: HttpRequest) -> JsonResponse:
+    """200 when this process can answer a chat or memory request without waiting; 503 (and what it waits for)
+    until then. ``make run`` says "ready" only then; the chat page shows "starting up" meanwhile."""
+    checks = {"models": check_models()}
+    checks |= bounded(
+        {"database": check_database, "worker": check_worker},
+        deadline=time.monotonic() + float(settings.HEALTH_CHECK_TIMEOUT),
+    )
+    ok = all(c["ok"] for c in checks.values())
+    status = "ready" if ok else ("starting" if not checks["models"]["ok"] else "unavailable")
+    started = round((timezone.now() - process.STARTED_AT).total_seconds(), 1)
+    response = JsonResponse({"status": status, "up_seconds": started, **checks}, status=200 if ok else 503)
+    if status == "starting":
+        # Expected while a process starts (make run asks twice a second): not an error for Django's request log.
+        response._has_been_logged = True  # type: ignore[attr-defined]
+    return response

@@ -1,0 +1,246 @@
+"""Start everything the app needs on this machine, keep it running, and stop it all on Ctrl-C.
+
+The first README command (``make run``) ends here: the embedded PostgreSQL (when
+``DATABASE_URL`` is unset), migrations, a first staff user, a web server (gunicorn with uvicorn workers: Django
+and MCP on one port), a Celery worker with its beat scheduler and a turn worker, all in the foreground. A child that dies is restarted with backoff
+(``core.supervisor``), and says so; only Ctrl-C (or SIGTERM) stops everything.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import connections
+
+from agents.services import default_agents_ensure
+from core import embedded_broker, embedded_db
+from core.env import env_int
+from core.supervisor import Child
+
+CREDENTIALS_FILE = "first-staff-user.txt"
+
+
+def ensure_first_staff_user(data_dir: Path) -> tuple[str, str | None]:
+    """Create a staff superuser if there is none. Returns (username, password or None if it existed)."""
+    User = get_user_model()
+    existing = User.objects.filter(is_staff=True).order_by("pk").first()
+    if existing is not None:
+        return existing.get_username(), None
+    username = os.environ.get("FIRST_STAFF_USERNAME", "admin")
+    password = secrets.token_urlsafe(12)
+    User.objects.create_superuser(username=username, email="", password=password)
+    path = data_dir / CREDENTIALS_FILE
+    path.write_text(f"username: {username}\npassword: {password}\n")
+    path.chmod(0o600)
+    return username, password
+
+
+def readiness(readyz_url: str) -> tuple[bool, str]:
+    """(ready, what is still awaited) from the web server's /readyz ("" while it does not answer yet)."""
+    try:
+        response = httpx.get(readyz_url, timeout=2)
+        body = response.json()
+    except (httpx.HTTPError, ValueError):
+        return False, "the web server"
+    if response.status_code == 200:
+        return True, ""
+    waiting = [
+        str(check.get("error", name)) for name, check in body.items() if isinstance(check, dict) and not check.get("ok")
+    ]
+    return False, "; ".join(waiting)
+
+
+class Command(BaseCommand):
+    help = "Run the web server and a Celery worker (plus the embedded database when DATABASE_URL is unset)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+        # env_int: a value that is not a number stops here with ImproperlyConfigured naming the variable.
+        parser.add_argument("--port", type=int, default=env_int("PORT", 8000, minimum=1, maximum=65535))
+        parser.add_argument("--web-workers", type=int, default=env_int("WEB_WORKERS", 2, minimum=1))
+        parser.add_argument("--no-worker", action="store_true", help="Do not start the Celery workers.")
+        parser.add_argument(
+            "--turn-threads",
+            type=int,
+            default=env_int("TURN_WORKER_THREADS", 256, minimum=1),
+            help="Turns the turn workers run at once, in all (threads waiting on models).",
+        )
+        parser.add_argument(
+            "--turn-workers",
+            type=int,
+            default=env_int("TURN_WORKER_PROCESSES", 1, minimum=1),
+            help="Turn worker processes (the threads are shared out among them).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        data_dir: Path = settings.DATA_DIR
+        data_dir.mkdir(parents=True, exist_ok=True)
+        embedded_broker.ensure_configured()
+        self.stdout.write("Applying migrations…")
+        call_command("migrate", interactive=False, verbosity=0)
+        username, password = ensure_first_staff_user(data_dir)
+
+        default_agents_ensure()
+
+        bind = f"{options['host']}:{options['port']}"
+        # Each process shares a few database connections among its threads (DATABASE_POOL_MAX_SIZE).
+        # (≤ 30 in all under make run with 2 web processes: a web process's requests are short, a turn worker's
+        # threads many.)
+        pooled = {"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "6")}
+        pooled_turns = {"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "8")}
+        children = [
+            # ASGI (config/asgi.py): an open event stream holds no thread; MCP answers at /mcp/ on the same port.
+            Child(
+                "web server",
+                [
+                    sys.executable,
+                    "-m",
+                    "gunicorn",
+                    "config.asgi:application",
+                    "--config",
+                    "python:config.gunicorn_conf",
+                    "--bind",
+                    bind,
+                    "--worker-class",
+                    "uvicorn_worker.UvicornWorker",
+                    "--workers",
+                    str(options["web_workers"]),
+                    "--timeout",
+                    "300",
+                    "--graceful-timeout",
+                    "10",
+                ],
+                env=pooled,
+            ),
+        ]
+        if not options["no_worker"]:
+            queue = settings.CELERY_TASK_DEFAULT_QUEUE
+            celery = [sys.executable, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO"]
+            children.append(
+                Child(
+                    "Celery worker",
+                    [
+                        *celery,
+                        "--beat",
+                        "-Q",
+                        f"{queue},{settings.CELERY_OPS_QUEUE}",
+                        "--concurrency",
+                        "2",
+                        "--schedule",
+                        settings.CELERY_BEAT_SCHEDULE_FILENAME,
+                    ],
+                )
+            )
+            # Turns: threads that wait on models (each gives its connection back before a model call), in
+            # TURN_WORKER_PROCESSES processes: each takes turns from the queue and runs them on one core.
+            processes = max(1, int(options["turn_workers"]))
+            threads = max(1, int(options["turn_threads"]) // processes)
+            for number in range(1, processes + 1):
+                children.append(
+                    Child(
+                        "turn worker" if processes == 1 else f"turn worker {number}",
+                        [
+                            *celery,
+                            "-Q",
+                            settings.CELERY_TURNS_QUEUE,
+                            "--pool",
+                            "threads",
+                            "--concurrency",
+                            str(threads),
+                            "--hostname",
+                            f"turns{number}@%h",
+                            "--without-gossip",
+                            "--without-mingle",
+                        ],
+                        env=pooled_turns,
+                    )
+                )
+        for child in children:
+            child.start()
+
+        url = f"http://{bind}/"
+        db = "embedded PostgreSQL in " + str(data_dir / "pg") if not settings.DATABASE_URL else "DATABASE_URL"
+        broker = str(settings.CELERY_BROKER_URL).split("://", 1)[0]
+        if settings.EMBEDDED_BROKER_DIR is not None:
+            broker = f"embedded Valkey in {settings.EMBEDDED_BROKER_DIR}"
+        self.stdout.write(self.style.SUCCESS(f"\nThe app is starting at {url}"))
+        self.stdout.write(f"  database: {db}\n  broker:   {broker}\n  health:   {url}healthz\n  admin:    {url}admin/")
+        self.stdout.write(f"  MCP:      {url}mcp/ (Authorization: Bearer <API token>)")
+        if password:
+            self.stdout.write(self.style.WARNING(f"  sign in as {username!r} with password {password!r}"))
+            self.stdout.write(f"  (kept in {data_dir / CREDENTIALS_FILE}; change it in the admin)")
+        else:
+            self.stdout.write(f"  sign in as {username!r} (first run's password in {data_dir / CREDENTIALS_FILE})")
+        self.stdout.write("Press Ctrl-C to stop everything.\n")
+
+        stopping = False
+
+        def _stop(signum: int, frame: object) -> None:
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGINT, _stop)
+        signal.signal(signal.SIGTERM, _stop)
+        ready = False
+        waiting_since = time.monotonic()
+        last_said = ""
+        broker_checked = time.monotonic()
+        try:
+            while not stopping:
+                for child in children:
+                    said = child.heal()
+                    if said:
+                        self.stderr.write(said)
+                if settings.EMBEDDED_BROKER_DIR is not None and time.monotonic() - broker_checked > 2:
+                    broker_checked = time.monotonic()
+                    self._heal_broker(settings.EMBEDDED_BROKER_DIR)
+                if not ready:
+                    # "Ready" only when the web process can answer a chat at once (/readyz): its models loaded,
+                    # the database answering, a worker heard from since the start.
+                    ready, waiting = readiness(f"{url}readyz")
+                    if ready:
+                        took = time.monotonic() - waiting_since
+                        self.stdout.write(self.style.SUCCESS(f"Ready at {url} (after {took:.0f}s)"))
+                    elif waiting and waiting != last_said and time.monotonic() - waiting_since > 2:
+                        self.stdout.write(f"  starting: {waiting}…")
+                        last_said = waiting
+                time.sleep(0.5)
+        finally:
+            self._shutdown(children)
+
+    def _heal_broker(self, folder: Path) -> None:
+        if embedded_broker.answers(embedded_broker.socket_path(folder)):
+            return
+        self.stderr.write("The embedded broker does not answer; starting it again.")
+        try:
+            embedded_broker.ensure_embedded_valkey(folder)
+        except Exception as exc:  # noqa: BLE001 - said, and tried again at the next check
+            self.stderr.write(f"The embedded broker could not be started: {exc}")
+
+    def _shutdown(self, children: list[Child]) -> None:
+        self.stdout.write("\nStopping…")
+        for child in children:
+            child.signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for child in children:
+            child.wait_or_kill(max(0.1, deadline - time.monotonic()))
+        if settings.EMBEDDED_BROKER_DIR is not None and embedded_broker.started_by_this_process:
+            embedded_broker.stop_embedded_valkey(settings.EMBEDDED_BROKER_DIR)
+        if not settings.DATABASE_URL:
+            connections.close_all()
+            if embedded_db.started_by_this_process:
+                embedded_db.stop_embedded_postgres(settings.DATA_DIR / "pg")
+            else:
+                self.stdout.write("The embedded PostgreSQL was already running before; left running.")
+        self.stdout.write("Stopped.")

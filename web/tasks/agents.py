@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+from celery import shared_task
+
+from orchestrator.runtime import stuck_turns_enqueue, turn_execute, turn_recover
+
+
+@shared_task(name="agents.tasks.recover_stuck_turns", ignore_result=True, soft_time_limit=60, time_limit=90)
+def recover_stuck_turns() -> int:
+    """Find the turns whose process died between their checkpoint and their reply; send each to
+    ``recover_turn``."""
+    return stuck_turns_enqueue()
+
+
+# One turn: its model calls (each with its timeouts and retries), tools and steps, under the step limit.
+@shared_task(name="agents.tasks.recover_turn", ignore_result=True, soft_time_limit=900, time_limit=960)
+def recover_turn(turn_id: int) -> bool:
+    """Finish one orphaned turn from its last checkpoint (a no-op when it is finished or running elsewhere)."""
+    return turn_recover(turn_id=turn_id)
+
+
+# A turn accepted by a web request, run on a turn worker (a thread pool: it waits on models, holding no database
+# connection meanwhile). Acknowledged when taken: a worker that dies mid-turn leaves it to the lease's expiry and
+# the sweep, which resumes it from its checkpoint (not to a redelivery an hour later).
+@shared_task(name="agents.tasks.run_turn", ignore_result=True, acks_late=False)
+def run_turn(turn_id: int, owner: str, orphan_ids: list[int], resumed: bool, checkpoint_fresh: bool) -> str:
+    """Run a submitted turn under the lease it was handed, its events on the run channel."""
+    return turn_execute(
+        turn_id=turn_id, owner=owner, orphan_ids=orphan_ids, resumed=resumed, checkpoint_fresh=checkpoint_fresh
+    )

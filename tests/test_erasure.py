@@ -20,11 +20,12 @@ from orchestrator.runtime import turn_run
 from people.erasure import person_erase
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import session_create
+from tests.world import make_agent
 
 
 @pytest.fixture
 def chat_agent(db: Any) -> Agent:
-    return Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.", workflow="free_chat")
+    return make_agent("chat")
 
 
 def _life(user: Any, agent: Agent) -> ChatSession:

@@ -24,12 +24,12 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 from rest_framework.authtoken.models import Token
 
-from agents.models import Agent
 from memory.models import Memory
 from memory.selectors import memories_in_force
 from memory.services import memory_create
 from sessions.models import ChatSession, Turn
 from tests.reliability.conftest import server_env
+from tests.world import make_agent
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -78,7 +78,7 @@ def _text(result: Any) -> str:
 
 
 def test_one_users_memory_and_agents_over_mcp(mcp_url: str, alice: Any, bob: Any) -> None:
-    Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.", workflow="free_chat")
+    make_agent("chat")
     alice_token = Token.objects.create(user=alice).key
     bob_token = Token.objects.create(user=bob).key
     secret = memory_create(user=bob, kind="semantic", text="Bob keeps a secret about opera.")
@@ -184,7 +184,7 @@ def _in_process(user: Any, calls: Any) -> Any:
 
 
 def test_send_message_refuses_idempotency_keys_the_rest_api_refuses(alice: Any) -> None:
-    Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.", workflow="free_chat")
+    make_agent("chat")
     prefix = "k" * 200
 
     async def calls(client: Client) -> dict[str, Any]:
@@ -240,7 +240,7 @@ def test_list_memories_lists_what_is_in_force_as_the_other_doors_do(alice: Any) 
 
 
 def test_someone_elses_session_resource_is_not_found_as_a_missing_one(alice: Any, bob: Any) -> None:
-    agent = Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.", workflow="free_chat")
+    agent = make_agent("chat")
     theirs = ChatSession.objects.create(user=bob, agent=agent, workflow="free_chat", state="CHATTING")
     mine = ChatSession.objects.create(user=alice, agent=agent, workflow="free_chat", state="CHATTING")
 

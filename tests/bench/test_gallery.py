@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 
-from agents.models import Agent, LLMCall
+from agents.models import LLMCall
 from bench.gallery import WINDOW, conversation, gallery, gallery_demo_model, script_problems
 from bench.naive_agent import ContextLengthExceeded, ModelFault, NaiveAgent, NaiveModel, asked_slots
 from llm.continuation import MAX_CONTINUATIONS
 from llm.providers import provider_override
 from orchestrator.runtime import turn_run
+from tests.world import make_agent
 
 
 def _naive(tool: Any, *, window: int = WINDOW) -> NaiveAgent:
@@ -80,7 +81,7 @@ def test_the_demo_model_cut_off_and_asked_to_continue_through_the_turn(alice: An
     # request to continue is answered as a real endpoint may answer it.
     from sessions.services import session_create
 
-    agent = Agent.objects.create(name="Chat", slug="chat", system_prompt="Be thorough.", workflow="free_chat")
+    agent = make_agent("chat", system_prompt="Be thorough.")
     model = gallery_demo_model()
     model.turn_begins(ModelFault(truncate=case))
     with provider_override(model):

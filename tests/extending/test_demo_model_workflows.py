@@ -20,6 +20,7 @@ from orchestrator.context import HANDOFF_NOTICE
 from sessions.models import ChatSession
 from tests.api.conftest import token_client
 from tests.extending.conftest import RETURNS_TOOLS, RETURNS_WORKFLOW
+from tests.world import make_agent
 from web.admin.agents import EXAMPLE_DECLARATION
 
 # What a reply must never show: the prompt's machine lines, or the demo's quoting of them.
@@ -38,9 +39,7 @@ def say(client: Any, session_id: str, message: str) -> dict[str, Any]:
 @pytest.fixture
 def returns_agent(db: Any, plug_in: Any) -> Agent:
     plug_in(workflows=RETURNS_WORKFLOW, tools=RETURNS_TOOLS)
-    return Agent.objects.create(
-        name="Returns", slug="returns", system_prompt="You handle returns.", workflow="returns", tools=[]
-    )
+    return make_agent("chat", slug="returns", name="Returns", system_prompt="You handle returns.", workflow="returns")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -96,9 +95,7 @@ def _declared(staff_client: Client) -> None:
         "versions-MAX_NUM_FORMS": "1000",
     }
     assert staff_client.post(reverse("admin:agents_workflowdefinition_add"), data).status_code == 302
-    Agent.objects.create(
-        name="Callbacks", slug="callbacks", system_prompt="You arrange callbacks.", workflow="callback"
-    )
+    make_agent("chat", slug="callbacks", name="Callbacks", system_prompt="You arrange callbacks.", workflow="callback")
 
 
 @pytest.mark.django_db(transaction=True)

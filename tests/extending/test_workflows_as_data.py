@@ -24,6 +24,7 @@ from agents.workflows.spec import WorkflowSpecError, workflow_from_spec
 from llm.scripted import ScriptedProvider
 from sessions.models import ChatSession
 from tests.api.conftest import token_client
+from tests.world import make_agent
 from web.admin.agents import EXAMPLE_DECLARATION
 from web.admin.lists import workflow_states
 
@@ -259,7 +260,7 @@ def test_an_agent_keeps_a_switched_off_workflow_and_the_demo_model_stays_in_its_
 ) -> None:
     add = reverse("admin:agents_workflowdefinition_add")
     assert _admin_post(staff_client, add, name="callback", spec=declaration()).status_code == 302
-    agent = Agent.objects.create(name="Callbacks", slug="callbacks", system_prompt="Callbacks.", workflow="callback")
+    agent = make_agent("chat", slug="callbacks", name="Callbacks", system_prompt="Callbacks.", workflow="callback")
     client = token_client(alice)
     session = client.post("/api/sessions/", {"agent": "callbacks"}, format="json").json()
     body = say(client, session["id"], "hello")  # the demo model: no script for this workflow
@@ -320,9 +321,7 @@ def test_a_declared_state_label_is_what_people_read_in_the_chat(staff_client: Cl
 
     add = reverse("admin:agents_workflowdefinition_add")
     assert _admin_post(staff_client, add, name="callback", spec=spec).status_code == 302
-    Agent.objects.create(
-        name="Callbacks", slug="callbacks", system_prompt="You arrange callbacks.", workflow="callback"
-    )
+    make_agent("chat", slug="callbacks", name="Callbacks", system_prompt="You arrange callbacks.", workflow="callback")
     web = Client()
     web.force_login(alice)
     agent = Agent.objects.get(slug="callbacks")
@@ -341,9 +340,7 @@ def test_a_declared_workflow_runs_on_the_demo_model_and_hands_off_when_asked(
     pydantic refuses: every turn logged an error and asking for a person did nothing (the walk of 2026-12-03)."""
     add = reverse("admin:agents_workflowdefinition_add")
     assert _admin_post(staff_client, add, name="callback", spec=declaration()).status_code == 302
-    Agent.objects.create(
-        name="Callbacks", slug="callbacks", system_prompt="You arrange callbacks.", workflow="callback"
-    )
+    make_agent("chat", slug="callbacks", name="Callbacks", system_prompt="You arrange callbacks.", workflow="callback")
     client = token_client(alice)
     session = client.post("/api/sessions/", {"agent": "callbacks"}, format="json").json()
 

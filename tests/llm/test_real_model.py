@@ -26,6 +26,7 @@ from sessions.models import ChatSession, Turn
 from sessions.services import session_create
 from sessions.summaries import summary_request_if_due
 from tests.llm.conftest import TOOLS_MODEL, LlamaServer
+from tests.world import make_agent
 
 pytestmark = [pytest.mark.llm, pytest.mark.django_db]
 
@@ -110,9 +111,7 @@ def test_a_forced_tool_call_arrives_whole_in_a_stream(real_model: LlamaServer) -
 
 # --- turns through the API -----------------------------------------------------------------------------------
 def test_a_free_chat_turn_through_the_api_is_answered_and_continued(alice: Any, real_model: LlamaServer) -> None:
-    agent = Agent.objects.create(
-        name="Chat", slug="chat", system_prompt="You write long, detailed answers.", max_tokens=24
-    )
+    agent = make_agent("chat", system_prompt="You write long, detailed answers.", max_tokens=24)
     session = session_create(user=alice, agent=agent)
     response = client_for(alice).post(
         f"/api/sessions/{session.pk}/messages/",
@@ -188,7 +187,7 @@ def test_a_tool_call_in_a_turn_runs_the_tool_and_moves_the_workflow(
 def test_a_streamed_turn_cancelled_by_its_client_is_still_answered_and_saved(
     alice: Any, real_model: LlamaServer
 ) -> None:
-    agent = Agent.objects.create(name="Chat", slug="chat-stream", system_prompt="Be brief.", max_tokens=32)
+    agent = make_agent("chat", max_tokens=32)
     session = session_create(user=alice, agent=agent)
     response = client_for(alice).post(
         f"/api/sessions/{session.pk}/messages/stream/",
@@ -212,7 +211,7 @@ def test_a_streamed_turn_cancelled_by_its_client_is_still_answered_and_saved(
 def test_the_worker_summarizes_and_extracts_facts_with_the_real_model(
     celery_worker: Any, alice: Any, real_model: LlamaServer
 ) -> None:
-    agent = Agent.objects.create(name="Mem", slug="mem", system_prompt="You help.", window_turns=3)
+    agent = make_agent("chat", system_prompt="You help.", window_turns=3)
     session = ChatSession.objects.create(user=alice, agent=agent, workflow="free_chat", state="CHATTING")
     for seq in range(1, 8):
         Turn.objects.create(

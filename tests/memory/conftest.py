@@ -6,11 +6,12 @@ import pytest
 
 from agents.models import Agent
 from sessions.models import ChatSession, Turn
+from tests.world import make_agent
 
 
 @pytest.fixture
 def agent(db: Any) -> Agent:
-    return Agent.objects.create(name="Travel", slug="travel", system_prompt="You help with travel.")
+    return make_agent("chat", slug="travel", name="Travel", system_prompt="You help with travel.")
 
 
 @pytest.fixture

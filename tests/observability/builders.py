@@ -7,10 +7,11 @@ from typing import Any
 
 from agents.models import Agent, LLMCall, ToolInvocation
 from sessions.models import ChatSession, Checkpoint, Turn
+from tests import world
 
 
 def make_agent(slug: str) -> Agent:
-    return Agent.objects.create(name=slug.title(), slug=slug, system_prompt="You help.", workflow="flight_booking")
+    return world.make_agent("booking", slug=slug, name=slug.title(), system_prompt="You help.")
 
 
 def make_session(*, user: Any, agent: Agent, state: str = "IDLE") -> ChatSession:

@@ -9,6 +9,7 @@ from opentelemetry.trace import StatusCode
 
 from observability.logging import log_context
 from observability.tracing import NOOP_SPAN, configure_tracing, reset_tracing, span, tracing_enabled
+from tests.world import make_agent
 
 
 @pytest.fixture
@@ -85,7 +86,6 @@ def test_on_with_an_endpoint(settings: pytest.FixtureRequest) -> None:
 def test_a_turns_spans_speak_the_genai_conventions(exporter: InMemorySpanExporter, alice: Any, settings: Any) -> None:
     """A turn on a real OpenAI-compatible HTTP endpoint (the local fake): its model call's span carries
     gen_ai.* attributes and is named as the conventions say; retrieval says it searched memory."""
-    from agents.models import Agent
     from orchestrator.runtime import turn_run
     from sessions.services import session_create
     from tests.fakes.openai_server import FakeOpenAIServer, stream
@@ -93,7 +93,7 @@ def test_a_turns_spans_speak_the_genai_conventions(exporter: InMemorySpanExporte
     with FakeOpenAIServer() as server:
         settings.LLM_PROFILES = {"default": server.profile(max_retries=0)}
         server.enqueue(stream("Hello there."))
-        agent = Agent.objects.create(name="Chat", slug="chat", system_prompt="Be brief.", workflow="free_chat")
+        agent = make_agent("chat")
         turn_run(session=session_create(user=alice, agent=agent), message="Hi")
     spans = {s.name: s for s in exporter.get_finished_spans()}
     call = spans["chat fake-model"]

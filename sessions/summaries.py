@@ -81,7 +81,7 @@ def summary_due(*, turns: Sequence[TurnText], budget: ContextBudget, counter: To
     return due
 
 
-def _checked_turns(budget: ContextBudget) -> int:
+def checked_turns(budget: ContextBudget) -> int:
     """How many of the newest completed turns the summary trigger looks at."""
     return budget.window_turns + _lead_turns() + 1
 
@@ -89,7 +89,7 @@ def _checked_turns(budget: ContextBudget) -> int:
 def newest_turns(*, session: ChatSession, budget: ContextBudget) -> list[TurnText]:
     """The newest completed turns the window and the summary trigger look at, oldest first."""
     # More than the window (budget.window_turns), so the read stops at exactly this many.
-    return turn_history(session=session, cap=_checked_turns(budget)).newest
+    return turn_history(session=session, cap=checked_turns(budget)).newest
 
 
 # The summary task (``web.tasks.sessions.summarize_session``), sent by name: tasks are doors, above this.
@@ -109,7 +109,7 @@ def summary_request_if_due(
     budget = ContextBudget.from_agent(session.agent)
     turns = None
     if history is not None and finished is not None:
-        turns = history.newest_with(finished, _checked_turns(budget))
+        turns = history.newest_with(finished, checked_turns(budget))
     due = summary_due(
         turns=turns if turns is not None else newest_turns(session=session, budget=budget),
         budget=budget,

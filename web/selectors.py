@@ -53,3 +53,21 @@ def usage_summary_for_user(*, user: Any) -> dict[str, Any]:
         "tools": tools,
         "memories": {"total": sum(memories.values()), "by_kind": memories},
     }
+
+
+def memory_panel_lists(candidates: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The memory panel's lists: each memory once (one found by two tiers, or an episode and a fact of the
+    same words, was listed twice), and none both used and "considered, not used"."""
+    kept: list[dict[str, Any]] = []
+    dropped: list[dict[str, Any]] = []
+    seen: set[Any] = set()
+    for wanted in (True, False):
+        for candidate in candidates:
+            if bool(candidate.get("kept")) != wanted:
+                continue
+            keys = {("id", candidate.get("id")), ("text", " ".join(str(candidate.get("preview", "")).lower().split()))}
+            if keys & seen:
+                continue
+            seen |= keys
+            (kept if wanted else dropped).append(candidate)
+    return {"retrieval_kept": kept, "retrieval_dropped": dropped}

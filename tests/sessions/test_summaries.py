@@ -272,7 +272,7 @@ def test_the_history_a_turn_read_gives_the_summary_check_the_turns_it_would_read
     that must be exactly the newest turns the check would read (gaps of failed turns included), or nothing
     when the read stopped too early to know them."""
     from sessions.context import turn_history
-    from sessions.summaries import _checked_turns, newest_turns
+    from sessions.summaries import checked_turns, newest_turns
 
     agent = make_agent(name="W5", slug="w5", system_prompt="x", workflow="free_chat", window_turns=5)
     session = ChatSession.objects.create(user=alice, agent=agent, workflow="free_chat", state="CHATTING")
@@ -286,7 +286,7 @@ def test_the_history_a_turn_read_gives_the_summary_check_the_turns_it_would_read
     Turn.objects.filter(pk=current.pk).update(status=Turn.Status.COMPLETED, assistant_message="a22")
 
     budget = ContextBudget.from_agent(agent)
-    wanted = _checked_turns(budget)
+    wanted = checked_turns(budget)
     assert wanted == 8  # a window of 5, 2 lead turns and the one that finished
     handed = history.newest_with(TurnText(seq=22, user="u22", assistant="a22"), wanted)
     if told:

@@ -521,7 +521,7 @@ def test_the_chat_events_say_what_staff_did_since_the_page_was_drawn(
 
 
 def test_the_memory_panel_lists_each_memory_once() -> None:
-    from web.chat.views import _kept_and_dropped
+    from web.selectors import memory_panel_lists
 
     candidates = [
         {"id": 7, "kind": "semantic", "preview": "The user is vegetarian.", "kept": True, "tier": 1},
@@ -530,7 +530,7 @@ def test_the_memory_panel_lists_each_memory_once() -> None:
         {"id": 7, "kind": "semantic", "preview": "The user is vegetarian.", "kept": False, "tier": 2},
         {"id": 11, "kind": "episodic", "preview": "Talked about Lisbon.", "kept": False, "tier": 2},
     ]
-    lists = _kept_and_dropped(candidates)
+    lists = memory_panel_lists(candidates)
     assert [c["id"] for c in lists["retrieval_kept"]] == [7]
     assert [c["id"] for c in lists["retrieval_dropped"]] == [11]
 

@@ -41,6 +41,7 @@ from sessions.locks import SessionBusyError
 from sessions.models import ChatSession, Turn
 from sessions.services import session_create, session_delete
 from web.chat.streaming import idempotency_key_from, is_asgi, turn_event_response
+from web.selectors import memory_panel_lists
 
 
 def _own_session(request: HttpRequest, session_id: UUID) -> ChatSession:
@@ -137,27 +138,9 @@ def _panels_context(request: HttpRequest, session: ChatSession) -> dict[str, Any
         "last_turn": last,
         "retrieval_turn": searched,
         "retrieval": retrieval,
-        **_kept_and_dropped(retrieval.get("candidates") or []),
+        **memory_panel_lists(retrieval.get("candidates") or []),
         "inspector": _inspector(composed) if request.user.is_staff else None,
     }
-
-
-def _kept_and_dropped(candidates: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """The memory panel's lists: each memory once (one found by two tiers, or an episode and a fact of the
-    same words, was listed twice), and none both used and "considered, not used"."""
-    kept: list[dict[str, Any]] = []
-    dropped: list[dict[str, Any]] = []
-    seen: set[Any] = set()
-    for wanted in (True, False):
-        for candidate in candidates:
-            if bool(candidate.get("kept")) != wanted:
-                continue
-            keys = {("id", candidate.get("id")), ("text", " ".join(str(candidate.get("preview", "")).lower().split()))}
-            if keys & seen:
-                continue
-            seen |= keys
-            (kept if wanted else dropped).append(candidate)
-    return {"retrieval_kept": kept, "retrieval_dropped": dropped}
 
 
 # Chats listed a page on the home page (the newest first).

@@ -514,7 +514,7 @@ def _profile_ours(ours: OurSide, messages: list[str]) -> str:
 _PHASES = (
     ("orchestrator.runtime", "turn_begin", "turn_begin: lock, session, Turn row with its checkpoint"),
     ("orchestrator.begin", "session_for_turn", "  session, last turn number, orphans"),
-    ("orchestrator.begin", "turn_insert_with_checkpoint", "  the turn, its checkpoint and title (one statement)"),
+    ("orchestrator.begin", "turn_insert", "  the turn, its checkpoint and title (one statement)"),
     ("orchestrator.steps", "turn_history", "history read"),
     ("orchestrator.steps", "memories_for_prompt", "memory retrieval (tiers 1-4)"),
     ("orchestrator.reply", "build_prompt", "prompt build and token counts"),

@@ -186,3 +186,10 @@ def dates_read_within_bounds(*, sender: Any = None, connection: Any, **kwargs: A
     adapters.register_loader("timestamptz", BoundedTzLoader)
     adapters.register_loader("timestamp", BoundedLoader)
     adapters.register_loader("date", BoundedDateLoader)
+
+
+def release_connection() -> None:
+    """Give this thread's database connection back (to the pool, or closed) unless a transaction uses it: before
+    a wait that needs none (a model's answer, a run's next event)."""
+    if not connection.in_atomic_block:
+        connection.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 from django.utils import timezone
 
 from core.errors import Refusal
@@ -16,7 +16,7 @@ from orchestrator.context import AGENT_SWITCHED_OFF, FINISHED
 from sessions.locks import SessionBusyError, SessionTurnLock
 from sessions.models import ChatSession, Turn
 from sessions.selectors import session_for_turn, unfinished_turns
-from sessions.services import checkpoint_before_call, turn_insert_with_checkpoint
+from sessions.services import turn_insert
 
 
 class MessageRejected(Refusal):
@@ -150,22 +150,11 @@ def _begin_locked(session: ChatSession, text: str, key: str | None, lock: Sessio
         started_at=timezone.now(),
         state_before=session.state,
     )
-    _save(turn, title="" if session.title else text.strip().splitlines()[0][:80])
-    return TurnHandle(session=session, turn=turn, lock=lock, orphans=orphans, checkpoint_fresh=True)
-
-
-def _save(turn: Turn, *, title: str) -> None:
-    """The new turn, its before-call checkpoint and the session's first title, in one statement; in a transaction
-    of a few when another writer took the checkpoint's number meanwhile (a staff action)."""
-    session = turn.session
-    if not turn_insert_with_checkpoint(turn=turn, title=title):
-        with transaction.atomic():
-            turn.save(force_insert=True)
-            checkpoint_before_call(session=session, turn=turn)
-            if title:
-                ChatSession.objects.filter(pk=session.pk, title="").update(title=title)
+    title = "" if session.title else text.strip().splitlines()[0][:80]
+    turn_insert(turn=turn, title=title)  # the turn, its before-call checkpoint and the first title
     if title:
         session.title = title
+    return TurnHandle(session=session, turn=turn, lock=lock, orphans=orphans, checkpoint_fresh=True)
 
 
 def _same_message_or_refuse(turn: Turn, text: str) -> None:

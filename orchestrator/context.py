@@ -6,8 +6,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
-from django.db import connection
-
+from core.db import release_connection
 from llm.base import CallContext, Purpose
 from sessions.models import TURN_FINISHED, TURN_UNFINISHED, ChatSession, Turn
 from sessions.services import checkpoint_before_call
@@ -91,8 +90,8 @@ class TurnContext:
     def call(self, purpose: Purpose, **extra: Any) -> CallContext:
         """The ``CallContext`` of a model call of this turn, which follows at once: on a turn worker, the
         database connection goes back first (``release_connection_before_model_calls``)."""
-        if release_connection_before_model_calls.get() and not connection.in_atomic_block:
-            connection.close()
+        if release_connection_before_model_calls.get():
+            release_connection()
         return CallContext(
             purpose=purpose, agent_id=self.agent.pk, session_id=self.session.pk, turn_id=self.turn.pk, **extra
         )

@@ -210,7 +210,6 @@ def hand_off_turn(session: ChatSession, turn: Turn, *, reason: str, said: str = 
         # The turn first: a runner that lost the turn to another changes nothing.
         _finish_row(turn, status=Turn.Status.COMPLETED, assistant_message=reply, completed_at=timezone.now())
         session_hand_off(session=session, turn=turn, detail=reason)
-        Turn.objects.filter(pk=turn.pk).update(state_after=session.state)
     turn.refresh_from_db()
     return reply
 

@@ -20,7 +20,6 @@ crash, and the next request (or the sweep beat runs every minute) resumes it fro
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass, field
@@ -30,14 +29,13 @@ from typing import Any, cast
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import connection
-from django.db.models import Case, F, Func, JSONField, QuerySet, TextField, Value, When
-from django.db.models.functions import Cast, Concat
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from agents.call_records import llm_calls_held
 from agents.workflows import get_workflow
 from core import events as run_channel
+from core.db import release_connection
 from core.errors import Refusal
 from core.queue import enqueue
 from core.services import requeue_each
@@ -82,7 +80,7 @@ from orchestrator.steps import (
 )
 from sessions.locks import SessionTurnLock, TurnLockLost
 from sessions.models import ChatSession, Turn, staff_signed
-from sessions.services import session_hand_back, session_hand_off, stuck_turns_find
+from sessions.services import session_hand_back, session_hand_off, stuck_turns_find, turn_staff_reply_append
 
 __all__ = [
     "AGENT_SWITCHED_OFF",
@@ -386,13 +384,6 @@ def turn_follow(turn: Turn, *, after: str = "") -> Iterator[TurnEvent] | RunStre
     return iter([turn_end_event(turn)])
 
 
-def release_connection() -> None:
-    """Give this thread's database connection back (to the pool, or closed) unless a transaction uses it: before
-    a wait that needs none (a model's answer, a run's next event)."""
-    if not connection.in_atomic_block:
-        connection.close()
-
-
 @contextlib.contextmanager
 def connections_released_while_models_answer() -> Iterator[None]:
     """In a turn worker's thread: give the database connection back before each model call (to the pool, or
@@ -402,7 +393,7 @@ def connections_released_while_models_answer() -> Iterator[None]:
         yield
     finally:
         release_connection_before_model_calls.reset(token)
-        connection.close()
+        release_connection()
 
 
 def turn_recover(*, turn_id: int) -> bool:
@@ -489,23 +480,7 @@ def handoff_reply(*, session: ChatSession, text: str, author: Any) -> Turn:
         "text": text,
         "at": timezone.now().isoformat(),
     }
-    signed = staff_signed(reply)
-    # Appended in the database, in one statement: two staff replying at once both land (a read-modify-write
-    # of the text kept only the last one).
-    Turn.objects.filter(pk=turn.pk).update(
-        assistant_message=Case(
-            When(assistant_message="", then=Value(signed)),
-            default=Concat(F("assistant_message"), Value("\n\n" + signed)),
-            output_field=TextField(),
-        ),
-        staff_replies=Func(
-            F("staff_replies"),
-            Cast(Value(json.dumps([reply])), JSONField()),
-            template="%(expressions)s",
-            arg_joiner=" || ",
-        ),
-    )
-    ChatSession.objects.filter(pk=session.pk).update(updated_at=timezone.now())
+    turn_staff_reply_append(session=session, turn=turn, reply=reply, signed=staff_signed(reply))
     run_channel.session_changed(session.pk)
     turn.refresh_from_db(fields=["assistant_message", "staff_replies"])
     return turn

@@ -20,7 +20,8 @@ from typing import Any
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Max
+from django.db.models import Case, F, Func, JSONField, Max, TextField, Value, When
+from django.db.models.functions import Cast, Concat
 from django.db.models.sql import InsertQuery
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
@@ -56,6 +57,7 @@ __all__ = [
     "transition_apply",
     "turn_complete_write",
     "turn_failure_record",
+    "turn_insert",
     "turn_insert_with_checkpoint",
     "turn_write_unfinished",
 ]
@@ -550,11 +552,31 @@ def turn_complete_write(
 
 
 # --- hand-off ---------------------------------------------------------------------------------------------
+def turn_staff_reply_append(*, session: ChatSession, turn: Turn, reply: dict[str, Any], signed: str) -> None:
+    """A person's reply added to ``turn``: ``signed`` appended to its text and ``reply`` to its staff replies,
+    in one statement, so two staff replying at once both land (a read-modify-write kept only the last one);
+    the session's ``updated_at`` moves on."""
+    Turn.objects.filter(pk=turn.pk).update(
+        assistant_message=Case(
+            When(assistant_message="", then=Value(signed)),
+            default=Concat(F("assistant_message"), Value("\n\n" + signed)),
+            output_field=TextField(),
+        ),
+        staff_replies=Func(
+            F("staff_replies"),
+            Cast(Value(json.dumps([reply])), JSONField()),
+            template="%(expressions)s",
+            arg_joiner=" || ",
+        ),
+    )
+    ChatSession.objects.filter(pk=session.pk).update(updated_at=timezone.now())
+
+
 def session_hand_off(*, session: ChatSession, detail: str, turn: Turn | None = None) -> bool:
     """Hand the session to a person (``NEEDS_HUMAN``: the agent stops answering it) and checkpoint it, with the
     turn that did it if one did; the instance is read again. False, and nothing written, when it was with a
     person already. The one place a session is handed off: by its turn (the workflow, the routing, the model,
-    the step limit) or by staff."""
+    the step limit) or by staff. A ``turn`` that did it records the state it left the session in."""
     changed = (
         ChatSession.objects.filter(pk=session.pk)
         .exclude(status=ChatSession.Status.NEEDS_HUMAN)
@@ -563,7 +585,23 @@ def session_hand_off(*, session: ChatSession, detail: str, turn: Turn | None = N
     session.refresh_from_db(from_queryset=ChatSession.objects.select_related("agent", "user"))
     if changed:
         checkpoint_record(session=session, reason=Checkpoint.Reason.HANDOFF, turn=turn, detail=detail[:500])
+    if turn is not None:
+        Turn.objects.filter(pk=turn.pk).update(state_after=session.state)
+        turn.state_after = session.state
     return bool(changed)
+
+
+def turn_insert(*, turn: Turn, title: str) -> None:
+    """Save the new ``turn`` with its before-call checkpoint and the session's first ``title`` (when it has
+    none): in one statement (``turn_insert_with_checkpoint``), or in a transaction of a few when another writer
+    (a staff action) took the checkpoint's number meanwhile."""
+    if turn_insert_with_checkpoint(turn=turn, title=title):
+        return
+    with transaction.atomic():
+        turn.save(force_insert=True)
+        checkpoint_before_call(session=turn.session, turn=turn)
+        if title:
+            ChatSession.objects.filter(pk=turn.session_id, title="").update(title=title)
 
 
 def session_hand_back(*, session: ChatSession, actor: Any = None) -> ChatSession:

@@ -18,7 +18,9 @@ from sessions.services import (
     session_hand_back,
     session_hand_off,
     turn_complete_write,
+    turn_insert,
     turn_insert_with_checkpoint,
+    turn_staff_reply_append,
     turn_write_unfinished,
 )
 from tests.world import make_agent
@@ -54,6 +56,34 @@ def test_a_new_turn_goes_in_with_its_checkpoint_and_the_sessions_first_title(ses
     assert turn_insert_with_checkpoint(turn=_new_turn(session, 2), title="Other words") is True
     assert ChatSession.objects.get(pk=session.pk).title == "First words"
     assert list(Checkpoint.objects.filter(session=session).values_list("seq", flat=True).order_by("seq")) == [1, 2]
+
+
+def test_a_turn_whose_checkpoint_number_was_taken_goes_in_with_the_same_rows(
+    session: ChatSession, monkeypatch: Any
+) -> None:
+    """When the one statement cannot take the checkpoint's number (a staff action took it meanwhile: it says
+    False and writes nothing), ``turn_insert`` writes the same rows in a transaction of a few."""
+    import sessions.services as services
+
+    monkeypatch.setattr(services, "turn_insert_with_checkpoint", lambda *, turn, title: False)
+    turn = _new_turn(session)
+    turn_insert(turn=turn, title="First words")
+    assert Turn.objects.get(pk=turn.pk).user_message == "message 1"
+    (checkpoint,) = Checkpoint.objects.filter(session=session)
+    assert (checkpoint.turn_id, checkpoint.reason) == (turn.pk, Checkpoint.Reason.BEFORE_CALL)
+    assert ChatSession.objects.get(pk=session.pk).title == "First words"
+
+
+def test_staff_replies_are_appended_each_in_one_statement(session: ChatSession) -> None:
+    turn = Turn.objects.create(session=session, seq=1, user_message="hi", status=Turn.Status.COMPLETED)
+    stale = Turn.objects.get(pk=turn.pk)  # a second staff member's copy, read before the first reply
+    before = ChatSession.objects.get(pk=session.pk).updated_at
+    turn_staff_reply_append(session=session, turn=turn, reply={"author": "Sam", "text": "one"}, signed="[Sam] one")
+    turn_staff_reply_append(session=session, turn=stale, reply={"author": "Kim", "text": "two"}, signed="[Kim] two")
+    fresh = Turn.objects.get(pk=turn.pk)
+    assert fresh.assistant_message == "[Sam] one\n\n[Kim] two"
+    assert [r["text"] for r in fresh.staff_replies] == ["one", "two"]
+    assert ChatSession.objects.get(pk=session.pk).updated_at > before
 
 
 def test_a_second_turn_under_the_same_key_is_refused_and_writes_nothing(session: ChatSession) -> None:

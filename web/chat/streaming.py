@@ -16,9 +16,10 @@ from typing import Any
 from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
 
+from core.db import release_connection
 from core.incoming import Unstorable, idempotency_key
 from orchestrator.context import TurnEvent
-from orchestrator.runtime import RunStream, release_connection, turn_stream
+from orchestrator.runtime import RunStream, turn_stream
 from sessions.models import ChatSession
 from web.chat.rendering import markdown_to_safe_html
 

@@ -189,7 +189,7 @@ def _fresh_cache() -> Iterator[None]:
     from agents.endpoints import forget_stored_profiles
     from llm.capabilities import forget_all
     from memory.embedding import query_vectors_forget
-    from memory.selectors import history_sizes_forget
+    from memory.retrieval import history_sizes_forget
 
     cache.clear()
     forget_all()  # what an endpoint took for structured outputs (a fake server's port is reused)

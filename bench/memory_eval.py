@@ -6,7 +6,7 @@ For each corpus (``bench/memory_corpora.py``) three retrievers answer every quer
 - ``ranking``: the app's retrieval with its relevance filter off (``relevance_threshold=0``): what the
   tiers and the ranking alone find;
 - ``defaults``: the app's retrieval exactly as ``GET /api/memories/search/`` runs it with no parameter but
-  ``q`` (``memory.selectors.memories_for_prompt`` with the API's defaults: a 2,000-token budget, no model
+  ``q`` (``memory.retrieval.memories_for_prompt`` with the API's defaults: a 2,000-token budget, no model
   filter, the default relevance filter).
 
 Recall@k is the share of a query's labelled memories among the first k returned (k = 5, 10, 25). A
@@ -16,7 +16,7 @@ on the tuning split (every 4th query of each corpus, counting from the first); t
 rest, and ``bench/results/memory_eval.json`` has both.
 
 Run: ``python -m bench memory_eval [-- --corpora persona,locomo_turns] [--split tuning|held_out|all]
-[--set NAME=VALUE ...] [--no-write]``. ``--set`` changes a constant of ``memory.selectors`` for the run
+[--set NAME=VALUE ...] [--no-write]``. ``--set`` changes a constant of ``memory.retrieval.tuning`` for the run
 (a sweep on the tuning split; the figures it prints are not written unless ``--write-anyway``).
 """
 
@@ -44,7 +44,7 @@ TUNING_EVERY = 4
 BUDGET_TOKENS = 2000  # the API's default budget_tokens
 RETRIEVERS = ("dense", "ranking", "defaults")
 # The app's retrievers search what the chat would: a conversational query with the person's earlier
-# messages (memory.selectors.retrieval_query; no model here, so no rewrite). Dense searches the turn alone.
+# messages (memory.retrieval.retrieval_query; no model here, so no rewrite). Dense searches the turn alone.
 USE_CONTEXT = os.environ.get("BENCH_QUERY_CONTEXT", "1") != "0"
 DRAGON_OBSERVATIONS = {"recall@5": 0.562, "recall@10": 0.613, "recall@25": 0.675}  # LoCoMo paper, Table 3
 DRAGON_TURNS = {"recall@5": 0.567, "recall@10": 0.662, "recall@25": 0.767}
@@ -144,7 +144,7 @@ def evaluate(corpus: Corpus, *, split: str, limit: int | None, sweep: list[dict[
 def _evaluate(corpus: Corpus, ingested: Any, *, split: str, limit: int | None, quiet: bool = False) -> dict[str, Any]:
     from bench.memory_cache import cached_embed
     from memory.embedding import get_embedder
-    from memory.selectors import memories_for_prompt, retrieval_query
+    from memory.retrieval import memories_for_prompt, retrieval_query
 
     users, labels, dense = ingested
     chosen = [(i, q) for i, q in enumerate(corpus.queries) if split == "all" or split_of(i) == split]
@@ -234,14 +234,14 @@ def worst_margins(corpora: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any
 def _apply_overrides(pairs: list[str]) -> dict[str, Any]:
     from django.conf import settings
 
-    import memory.selectors as selectors
+    from memory.retrieval import tuning
 
     applied = {}
     for pair in pairs:
         name, _, raw = pair.partition("=")
-        target: Any = selectors if hasattr(selectors, name) else settings if name.startswith("MEMORY_") else None
+        target: Any = tuning if hasattr(tuning, name) else settings if name.startswith("MEMORY_") else None
         if target is None:
-            raise SystemExit(f"memory.selectors has no {name} (and it is no MEMORY_ setting)")
+            raise SystemExit(f"memory.retrieval.tuning has no {name} (and it is no MEMORY_ setting)")
         value = type(getattr(target, name))(json.loads(raw))
         setattr(target, name, value)
         applied[name] = value
@@ -290,7 +290,7 @@ def main(argv: list[str]) -> int:
         action="append",
         default=[],
         metavar="NAME=V1,V2",
-        help="try every combination of these memory.selectors constants (after one ingest a corpus); prints only",
+        help="try every combination of these memory.retrieval.tuning constants (after one ingest a corpus); prints only",
     )
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--write-anyway", action="store_true", help="write results even with --set or --limit")

@@ -36,7 +36,7 @@ CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 
 PAPER_DRAGON = {"5": 0.567, "10": 0.662, "25": 0.767}  # LoCoMo paper, Table 3, dialog turns
 PLAIN_DENSE_MINILM = {"5": 0.334, "10": 0.428, "25": 0.550}  # ../shared/eval/README.md
 EVIDENCE_ID = re.compile(r"D:?(\d+):0*(\d+)")
-# RRF_K, TEXT_WEIGHT and NEIGHBOUR_WEIGHT (memory/selectors.py) were chosen on every 4th question with
+# RRF_K, TEXT_WEIGHT and NEIGHBOUR_WEIGHT (memory/retrieval/tuning.py) were chosen on every 4th question with
 # evidence, counting from the first (index % 4 == 0). The other three quarters are the held-out figure.
 TUNING_EVERY = 4
 
@@ -138,7 +138,7 @@ def evaluate(
     threshold: float,
     limit_questions: int | None,
 ) -> dict[str, Any]:
-    from memory.selectors import memories_for_prompt
+    from memory.retrieval import memories_for_prompt
 
     recalls: dict[int, list[float]] = {k: [] for k in KS}
     held_out: dict[int, list[float]] = {k: [] for k in KS}
@@ -241,7 +241,7 @@ def main(argv: list[str]) -> int:
         for t in (args.threshold or [0.0, 0.5])
     ]
     report = {
-        "benchmark": "LoCoMo retrieval (evidence-turn recall) through memory.selectors.memories_for_prompt",
+        "benchmark": "LoCoMo retrieval (evidence-turn recall) through memory.retrieval.memories_for_prompt",
         "data": "../shared/eval/locomo10.json (10 conversations, 5,882 turns; questions with evidence)",
         "embedder": settings.EMBEDDING_BACKEND,
         "memory_budget_tokens": BUDGET_TOKENS,

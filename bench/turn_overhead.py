@@ -341,7 +341,7 @@ class LangGraphSide(_GraphSide):
 
 class LangGraphLikeForLikeSide(_GraphSide):
     """LangGraph doing the work our turn does, on the same PostgreSQL: a ``retrieve`` node that runs this app's
-    own hybrid retrieval (``memory.selectors.memories_for_prompt``, the same SQL over the same memories, with the
+    own hybrid retrieval (``memory.retrieval.memories_for_prompt``, the same SQL over the same memories, with the
     same budgets and threshold) and builds the prompt with the same counter; a checkpoint after it, so one
     stands before the model call (``PostgresSaver``, durability "sync"); a ``call_model`` node that calls the fake
     model and writes an audit row for the call (a table like ``LLMCall``, in LangGraph's database); and the
@@ -359,7 +359,7 @@ class LangGraphLikeForLikeSide(_GraphSide):
 
         from llm.scripted import ScriptedProvider
         from llm.tokens import counter_for
-        from memory.selectors import memories_for_prompt
+        from memory.retrieval import memories_for_prompt
 
         name = LANGGRAPH_DATABASE + "_full"
         _recreate_database(name)

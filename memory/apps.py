@@ -29,7 +29,7 @@ class MemoryConfig(AppConfig):
 def blas_single_thread() -> None:
     """One thread for numpy's BLAS in this process.
 
-    Retrieval scores its candidates' pairs in one small matrix product (``memory.selectors._crowding``, about
+    Retrieval scores its candidates' pairs in one small matrix product (``memory.retrieval.vector.crowding``, about
     80 x 384). OpenBLAS starts a thread per core for it, and its threads keep spinning for a while after each
     product, on the cores PostgreSQL and the other requests need: at the 1M scale (2 cores) that raised the
     p99 of tier 1, which does no maths, from 2.2 to 4.9 ms (docs/memory.md, Scale). One thread computes

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 from pgvector.django import CosineDistance
 
@@ -28,7 +28,6 @@ from core.queue import enqueue, queued_args
 from core.services import requeue_each
 from llm.base import CallContext, LLMError
 from llm.providers import get_provider
-from memory.access import memories_touch
 from memory.embedding import get_embedder
 from memory.models import Memory, MemoryReview
 from memory.schemas import ExtractedFacts, Fact
@@ -631,26 +630,11 @@ def turn_memories_write(*, turn_id: int) -> TurnMemoryWriteResult:
     written in one transaction after the model calls, so a crash leaves either everything or nothing.
     """
     result = TurnMemoryWriteResult(turn_id=turn_id, written=False)
-    turn = Turn.objects.select_related("session", "session__agent").filter(pk=turn_id).first()
-    if turn is None:  # deleted since it was queued (its session, or its person erased): nothing to write
+    turn = _turn_to_write(turn_id)
+    if turn is None:
         return result
-    if not turn.user_message.strip():
-        return result
-    # Written before (the proof, set in the write's transaction; an episode a user deleted stays deleted).
-    if turn.memories_written_at is not None:
-        return result
-    if Memory.objects.filter(source_turn_id=turn_id, kind=Memory.Kind.EPISODIC).exists():
-        return result
-    session = turn.session
-    user = session.user
-    known_keys = sorted(
-        set(
-            Memory.objects.filter(user=user, kind=Memory.Kind.SEMANTIC, valid_to__isnull=True)
-            .exclude(fact_key="")
-            .values_list("fact_key", flat=True)
-        )
-    )
-    facts, result.extraction_error = _extract_facts(turn=turn, known_keys=known_keys)
+    user = turn.session.user
+    facts, result.extraction_error = _extract_facts(turn=turn, known_keys=_known_fact_keys(user))
     text = episode_text(user_message=turn.user_message, assistant_message=turn.assistant_message)
     vectors, model_name = _embed([text] + [f.text.strip() for f in facts])
     now = timezone.now()
@@ -664,21 +648,9 @@ def turn_memories_write(*, turn_id: int) -> TurnMemoryWriteResult:
             # model has written the turn (its episode may be deleted since; it stays so).
             if not Turn.objects.filter(pk=turn.pk, memories_written_at__isnull=True).update(memories_written_at=now):
                 return result
-            episode = Memory.objects.create(
-                user=user,
-                agent=session.agent,
-                kind=Memory.Kind.EPISODIC,
-                text=text,
-                importance=EPISODE_IMPORTANCE,
-                source_session=session,
-                source_turn=turn,
-                embedding=vectors[0],
-                embedding_model=model_name,
-                content_hash=content_hash_for(text),
-                occurred_at=turn.created_at or now,  # when it was said; created_at is this row's own time
-                valid_from=turn.created_at or now,
+            result.episodic_id = _turn_episode_create(
+                turn=turn, text=text, vector=vectors[0], model_name=model_name, now=now
             )
-            result.episodic_id = episode.id
             # The memories this turn's prompt used get their access counted here, off the request path,
             # once (in the transaction that writes the episode, which a retry finds and skips).
             memories_touch(
@@ -689,7 +661,7 @@ def turn_memories_write(*, turn_id: int) -> TurnMemoryWriteResult:
             for fact, vector in zip(facts, vectors[1:], strict=True):
                 _fact_apply(
                     user=user,
-                    agent=session.agent,
+                    agent=turn.session.agent,
                     fact=fact,
                     vector=vector,
                     model_name=model_name,
@@ -706,6 +678,65 @@ def turn_memories_write(*, turn_id: int) -> TurnMemoryWriteResult:
     return result
 
 
+def _turn_to_write(turn_id: int) -> Turn | None:
+    """The turn, with its session and agent, when its memories are still to write: None when it is gone
+    (its session, or its person erased, since it was queued), has no message, or was written before."""
+    turn = Turn.objects.select_related("session", "session__agent").filter(pk=turn_id).first()
+    if turn is None:  # deleted since it was queued (its session, or its person erased): nothing to write
+        return None
+    if not turn.user_message.strip():
+        return None
+    # Written before (the proof, set in the write's transaction; an episode a user deleted stays deleted).
+    if turn.memories_written_at is not None:
+        return None
+    if Memory.objects.filter(source_turn_id=turn_id, kind=Memory.Kind.EPISODIC).exists():
+        return None
+    return turn
+
+
+def _known_fact_keys(user: Any) -> list[str]:
+    """The keys of the user's current facts (the extractor reuses them rather than invent synonyms)."""
+    return sorted(
+        set(
+            Memory.objects.filter(user=user, kind=Memory.Kind.SEMANTIC, valid_to__isnull=True)
+            .exclude(fact_key="")
+            .values_list("fact_key", flat=True)
+        )
+    )
+
+
+def _turn_episode_create(*, turn: Turn, text: str, vector: list[float], model_name: str, now: datetime) -> int:
+    """The turn's episodic memory (what was said, when it was said); returns its id."""
+    session = turn.session
+    episode = Memory.objects.create(
+        user=session.user,
+        agent=session.agent,
+        kind=Memory.Kind.EPISODIC,
+        text=text,
+        importance=EPISODE_IMPORTANCE,
+        source_session=session,
+        source_turn=turn,
+        embedding=vector,
+        embedding_model=model_name,
+        content_hash=content_hash_for(text),
+        occurred_at=turn.created_at or now,  # when it was said; created_at is this row's own time
+        valid_from=turn.created_at or now,
+    )
+    return int(episode.id)
+
+
+def memories_touch(*, memory_ids: list[int], now: Any = None, user_id: int | None = None) -> int:
+    """Count an access on memories that went into a prompt (one UPDATE, for recency and curation): the
+    memory-write task counts a turn's retrieved memories, and a direct search (``memory.retrieval``) what it
+    returned."""
+    if not memory_ids:
+        return 0
+    qs = Memory.objects.filter(id__in=memory_ids)
+    if user_id is not None:
+        qs = qs.filter(Q(user_id=user_id) | Q(user__isnull=True))
+    return qs.update(access_count=F("access_count") + 1, last_accessed_at=now or timezone.now())
+
+
 def _retrieved_ids(turn: Turn) -> list[int]:
     """Ids of the memories that went into a turn's prompt, from its retrieval report."""
     items = (turn.retrieval or {}).get("items", []) if isinstance(turn.retrieval, dict) else []
@@ -713,7 +744,7 @@ def _retrieved_ids(turn: Turn) -> list[int]:
 
 
 # --- Per-user vector indexes ------------------------------------------------------------------------
-# A user with fewer than MEMORY_EXACT_SEARCH_MAX memories is searched exactly (memory.selectors). A bigger
+# A user with fewer than MEMORY_EXACT_SEARCH_MAX memories is searched exactly (memory.retrieval.vector). A bigger
 # history gets an HNSW index of its own: a partial index (WHERE user_id = <id>) holds only that user's
 # vectors, so the graph walk wastes no steps on other users' neighbours, which the filtered walk of the
 # shared index does in proportion to how small the user's share of all rows is. The planner picks it by

@@ -1,6 +1,6 @@
 """``search_memory``: lets the model look up what it knows about the user beyond what the prompt holds.
 
-It goes through the same tiered retrieval as the prompt (``memory.selectors.memories_for_prompt``), so
+It goes through the same tiered retrieval as the prompt (``memory.retrieval.memories_for_prompt``), so
 it sees only the signed-in user's own current memories. The memory app offers it to agents through
 ``settings.AGENT_TOOLS`` like any other package's tool.
 """
@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agents.tools.errors import ToolInputError
 from agents.tools.registry import Tool, ToolContext
-from memory.selectors import memories_for_prompt
+from memory.retrieval import memories_for_prompt
 
 # Used when there is no agent to take a memory budget from.
 DEFAULT_BUDGET_TOKENS = 1000

@@ -11,7 +11,7 @@ from agents.routing import route_message
 from agents.workflows.base import ActionContext, ActionFailed
 from llm.base import LLMError, StructuredOutputError
 from llm.prompt import ContextOverflowError
-from memory.selectors import RecentWindow, memories_for_prompt, retrieval_query
+from memory.retrieval import RecentWindow, memories_for_prompt, retrieval_query
 from observability.tracing import memory_annotate, span
 from orchestrator.context import (
     AGENT_SWITCHED_OFF,

@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 
 from agents.models import Agent
 from memory.models import Memory
-from memory.selectors import memories_for_prompt
+from memory.retrieval import memories_for_prompt
 from memory.services import memory_create
 from orchestrator.runtime import turn_run
 from people.erasure import person_erase

@@ -33,7 +33,8 @@ from core.incoming import BIGINT_MAX, Unstorable, storable_str
 from core.incoming import idempotency_key as valid_idempotency_key
 from core.throttles import messages_rate_wait
 from memory.models import Memory
-from memory.selectors import memories_for_prompt, memories_in_force
+from memory.retrieval import memories_for_prompt
+from memory.selectors import memories_in_force
 from memory.services import memory_get_or_create
 from orchestrator.runtime import MessageRejected, turn_run, validate_message
 from sessions.locks import SessionBusyError

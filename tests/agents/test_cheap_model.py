@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from memory.selectors import memories_for_prompt
+from memory.retrieval import memories_for_prompt
 from memory.services import memory_create, turn_memories_write
 from orchestrator.runtime import turn_run
 from sessions.models import Turn

@@ -138,7 +138,7 @@ def test_occurred_at_is_taken_shown_to_the_model_and_editable(alice_client: APIC
     found = alice_client.get("/api/memories/search/", {"q": "half marathon"}).json()
     assert found["items"][0]["memory"]["id"] == body["id"]
     stored = Memory.objects.get(pk=body["id"])
-    from memory.selectors import prompt_text
+    from memory.retrieval import prompt_text
 
     assert prompt_text(stored) == "(2025-09-27) Ran the Porto half marathon."
 

@@ -254,7 +254,7 @@ def test_try_retrieval_shows_what_each_fused_score_is_made_of(staff_client: Clie
     memory outranks another."""
     from django.template.defaultfilters import floatformat
 
-    from memory.selectors import memories_for_prompt
+    from memory.retrieval import memories_for_prompt
 
     for text in ("User: I sail on Sundays", "User: my boat is called Wren", "User: I bake bread"):
         memory_create(user=alice, kind="episodic", text=text)

@@ -10,8 +10,8 @@ from django.utils import timezone
 from agents.models import Agent
 from llm.base import LLMTimeout
 from memory.models import Memory
+from memory.retrieval import memories_for_prompt, memory_search, trigger_matches
 from memory.schemas import RelevanceScores
-from memory.selectors import memories_for_prompt, memory_search, trigger_matches
 from memory.services import memory_create, memory_update
 from sessions.models import ChatSession
 
@@ -254,7 +254,7 @@ def test_exact_and_hnsw_vector_search_agree_and_stay_per_user(alice: Any, bob: A
     """Small histories are searched exactly, big ones through the HNSW index (iterative scan): the same
     nearest neighbours either way, and never another user's, even when theirs are nearer."""
     from memory.embedding import get_embedder
-    from memory.selectors import _vector_search
+    from memory.retrieval.vector import vector_search
 
     topics = ["trains", "ferries", "bicycles", "mountains", "museums", "cooking", "jazz", "chess"]
     for i, topic in enumerate(topics * 3):
@@ -265,9 +265,9 @@ def test_exact_and_hnsw_vector_search_agree_and_stay_per_user(alice: Any, bob: A
     now = timezone.now()
 
     settings.MEMORY_EXACT_SEARCH_MAX = 10_000  # Alice has 24 memories: exact
-    exact = _vector_search(user_id=alice.pk, vector=vector, now=now, limit=5)
+    exact = vector_search(user_id=alice.pk, vector=vector, now=now, limit=5)
     settings.MEMORY_EXACT_SEARCH_MAX = 1  # every user is "big": the HNSW index
-    approximate = _vector_search(user_id=alice.pk, vector=vector, now=now, limit=5)
+    approximate = vector_search(user_id=alice.pk, vector=vector, now=now, limit=5)
 
     assert len(exact) == 5 and [i for i, _ in approximate] == [i for i, _ in exact]
     assert set(Memory.objects.filter(pk__in=[i for i, _ in exact]).values_list("user_id", flat=True)) == {alice.pk}
@@ -281,7 +281,7 @@ def test_big_histories_get_an_hnsw_index_of_their_own(alice: Any, bob: Any, sett
     from django.db import connection
 
     from memory.embedding import get_embedder
-    from memory.selectors import _VECTOR_SQL, _nearest_sql, _vector_search, vector_literal
+    from memory.retrieval.vector import _VECTOR_SQL, _nearest_sql, vector_literal, vector_search
     from memory.services import user_index_name, user_indexes_present, user_indexes_sync
 
     settings.MEMORY_EXACT_SEARCH_MAX = 6
@@ -307,7 +307,7 @@ def test_big_histories_get_an_hnsw_index_of_their_own(alice: Any, bob: Any, sett
         cursor.execute("RESET enable_seqscan")
         cursor.execute("RESET enable_sort")
     assert user_index_name(alice.pk) in plan and user_index_name(alice.pk) in plan_with_vectors
-    found = _vector_search(user_id=alice.pk, vector=vector, now=timezone.now(), limit=3)
+    found = vector_search(user_id=alice.pk, vector=vector, now=timezone.now(), limit=3)
     assert {i for i, _ in found} <= {m.id for m in mine} and len(found) == 3
 
     # Run again: nothing to do. Then the history shrinks below half the threshold: the index goes.
@@ -346,7 +346,7 @@ def test_the_index_command_builds_keeps_and_drops_per_user_indexes(alice: Any, s
 
 
 def test_word_arm_weights_rare_words_breaks_ties_by_recency_and_stays_per_user(alice: Any, bob: Any) -> None:
-    from memory.selectors import word_candidates
+    from memory.retrieval import word_candidates
 
     # "trains" is in every memory (a low idf); "Porto" in two; a memory with both has the whole share.
     both = memory_create(user=alice, kind="episodic", text="User: trains to Porto")
@@ -368,7 +368,7 @@ def test_word_arm_weights_rare_words_breaks_ties_by_recency_and_stays_per_user(a
 
 def test_word_ties_at_the_cut_go_to_the_memories_nearer_the_query(alice: Any, settings: Any) -> None:
     from memory.embedding import get_embedder
-    from memory.selectors import hybrid_candidates, word_candidates
+    from memory.retrieval import hybrid_candidates, word_candidates
 
     settings.MEMORY_VECTOR_CANDIDATES = 1
     # Four memories with the query's one word: equal shares. The nearest two by meaning are the oldest.
@@ -396,7 +396,7 @@ def _similarity(search: Any, memory_id: int) -> float:
 
 def test_a_word_only_candidate_gets_its_own_similarity_to_the_query(alice: Any, settings: Any) -> None:
     from memory.embedding import get_embedder
-    from memory.selectors import hybrid_candidates
+    from memory.retrieval import hybrid_candidates
 
     settings.MEMORY_VECTOR_CANDIDATES = 1
     near = memory_create(user=alice, kind="episodic", text="User: the honeymoon in Kyoto was lovely")
@@ -419,10 +419,10 @@ def test_candidate_rows_are_built_without_database_converters() -> None:
     # a field that needs one (a JSONField, say) must not join them unnoticed.
     from django.db import connection
 
-    from memory.selectors import _LIGHT_FIELDS
+    from memory.retrieval.sql import LIGHT_FIELDS
 
-    assert {f.name for f in _LIGHT_FIELDS} >= {"id", "user", "text", "created_at", "importance"}
-    for field in _LIGHT_FIELDS:
+    assert {f.name for f in LIGHT_FIELDS} >= {"id", "user", "text", "created_at", "importance"}
+    for field in LIGHT_FIELDS:
         assert not field.get_db_converters(connection), field.name
         assert not connection.ops.get_db_converters(field.get_col(Memory._meta.db_table)), field.name
 
@@ -490,7 +490,7 @@ def test_episodes_of_turns_the_prompt_shows_are_not_sent_again(alice: Any, make_
         )
         for t in [first, *later]
     }
-    from memory.selectors import RecentWindow
+    from memory.retrieval import RecentWindow
 
     result = _retrieve(alice, "ferry to Tangier", relevance_threshold=0.0, window=RecentWindow(session.pk, 1))
 
@@ -517,7 +517,7 @@ def test_each_memory_is_reported_once(alice: Any) -> None:
 
 
 def test_the_query_carries_the_users_earlier_messages_without_a_cheap_model() -> None:
-    from memory.selectors import retrieval_query
+    from memory.retrieval import retrieval_query
 
     alone = retrieval_query(message="Hello", earlier=[])
     assert (alone.text, alone.source) == ("Hello", "message")
@@ -530,13 +530,15 @@ def test_the_query_carries_the_users_earlier_messages_without_a_cheap_model() ->
 def test_fusion_discounts_crowded_candidates_and_leaves_vectorless_ones_to_their_words() -> None:
     """Hubness: a memory close to all the other candidates (a generic one) loses HUB_WEIGHT times that
     closeness from its cosine; one without a vector has no meaning to compare and competes on its words."""
-    from memory.selectors import HUB_WEIGHT, VECTOR_SHARE, HybridCandidate, _convex_fusion
+    from memory.retrieval import HybridCandidate
+    from memory.retrieval.hybrid import convex_fusion
+    from memory.retrieval.tuning import HUB_WEIGHT, VECTOR_SHARE
 
     assert HUB_WEIGHT > 0
     hub = HybridCandidate(1, vector_rank=1, similarity=0.60, crowding=0.90)
     specific = HybridCandidate(2, vector_rank=2, similarity=0.55, crowding=0.20)
     unembedded = HybridCandidate(3, text_rank=1, similarity=0.0, text_share=0.5, has_vector=False)
-    _convex_fusion([hub, specific, unembedded])
+    convex_fusion([hub, specific, unembedded])
     assert specific.fused > hub.fused  # 0.55 - 0.5 x 0.2 beats 0.60 - 0.5 x 0.9
     assert specific.fused == pytest.approx(VECTOR_SHARE)  # the best meaning, no words
     assert hub.fused == pytest.approx(0.0)
@@ -547,7 +549,7 @@ def test_crowding_is_measured_among_the_queries_candidates_only(alice: Any, bob:
     """Each candidate's crowding is its mean cosine to its nearest fellow candidates: near-copies crowd each
     other, a lone memory does not; the word arm's ties past its cut are not fellows (they would make the
     pairs many), and another user's memories are never read."""
-    from memory.selectors import _vector_arm
+    from memory.retrieval.vector import vector_arm
 
     def unit(*xs: float) -> list[float]:
         v = [0.0] * 384
@@ -566,7 +568,7 @@ def test_crowding_is_measured_among_the_queries_candidates_only(alice: Any, bob:
     unembedded = write(alice, "no vector yet", None)
     ties = [write(alice, f"tie {i}", unit(0, 1, 0.1 * i)) for i in range(5)]
     write(bob, "bob's twin", unit(1, 0.01))
-    arm = _vector_arm(
+    arm = vector_arm(
         user_id=alice.pk,
         vector=unit(1, 0.1, 0.5),
         now=timezone.now(),
@@ -603,7 +605,7 @@ def test_a_query_that_cannot_be_embedded_is_searched_by_its_words(alice: Any, mo
     tools all get memories), and the report says why."""
     import concurrent.futures
 
-    import memory.selectors as selectors
+    import memory.retrieval.query as query_module
 
     memory_create(user=alice, kind="semantic", text="The user's sailing boat is called Wren.")
     memory_create(user=alice, kind="semantic", text="The user bakes rye bread on Sundays.")
@@ -613,7 +615,7 @@ def test_a_query_that_cannot_be_embedded_is_searched_by_its_words(alice: Any, mo
         future.set_exception(TimeoutError("embedding endpoint too slow"))
         return future
 
-    monkeypatch.setattr(selectors, "embed_query_soon", down)
+    monkeypatch.setattr(query_module, "embed_query_soon", down)
     found = memories_for_prompt(user=alice, query="what is my boat called", budget_tokens=500, use_model_filter=False)
     assert [m.memory.text for m in found.items] == ["The user's sailing boat is called Wren."]
     report = found.as_report()
@@ -637,11 +639,11 @@ def test_the_report_shows_a_candidates_own_scores_not_its_neighbours(alice: Any,
 
 
 def test_crowding_is_not_reported_when_the_correction_is_off(alice: Any, monkeypatch: Any) -> None:
-    import memory.selectors as selectors
+    from memory.retrieval import tuning
 
     memory_create(user=alice, kind="semantic", text="The user's sailing boat is called Wren.")
     memory_create(user=alice, kind="semantic", text="The user sails on Sundays.")
-    monkeypatch.setattr(selectors, "HUB_WEIGHT", 0.0)
+    monkeypatch.setattr(tuning, "HUB_WEIGHT", 0.0)
     found = memories_for_prompt(user=alice, query="sailing", budget_tokens=500, use_model_filter=False)
     assert found.candidates and all(c.crowding is None and c.cosine is not None for c in found.candidates)
 
@@ -683,14 +685,16 @@ def test_the_word_arm_earns_its_weight_by_how_much_of_the_query_its_best_match_h
     """Words that no memory has more than a sliver of (a long message of asides: each memory shares a word or
     two) leave the order to meaning; a match that covers the query's informative words gets the arm's whole
     weight; in between, a part. A query without a vector has only its words."""
-    from memory.selectors import VECTOR_SHARE, WORD_TRUST_FLOOR, WORD_TRUST_FULL, HybridCandidate, _convex_fusion
+    from memory.retrieval import HybridCandidate
+    from memory.retrieval.hybrid import convex_fusion
+    from memory.retrieval.tuning import VECTOR_SHARE, WORD_TRUST_FLOOR, WORD_TRUST_FULL
 
     def fuse(best_share: float, *, vectors: bool = True) -> tuple[float, HybridCandidate, HybridCandidate]:
         meant = HybridCandidate(1, vector_rank=1, similarity=0.6 if vectors else 0.0, has_vector=vectors)
         worded = HybridCandidate(
             2, text_rank=1, similarity=0.3 if vectors else 0.0, text_share=best_share, has_vector=vectors
         )
-        return _convex_fusion([meant, worded]), meant, worded
+        return convex_fusion([meant, worded]), meant, worded
 
     weight, meant, worded = fuse(WORD_TRUST_FLOOR)  # scattered words: meaning alone
     assert weight == 0.0 and meant.fused == pytest.approx(1.0) and worded.fused == pytest.approx(0.0)
@@ -704,7 +708,7 @@ def test_the_word_arm_earns_its_weight_by_how_much_of_the_query_its_best_match_h
 
 
 def test_a_rare_word_still_finds_its_memory_and_the_report_shows_the_word_arms_weight(alice: Any) -> None:
-    from memory.selectors import VECTOR_SHARE
+    from memory.retrieval.tuning import VECTOR_SHARE
 
     code = memory_create(user=alice, kind="semantic", text="The user's locker code at the climbing gym is QX7731.")
     for text in ("The user likes climbing on Sundays.", "The user's gym bag is blue.", "The user codes in Python."):

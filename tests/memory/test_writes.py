@@ -241,7 +241,7 @@ def test_enqueue_runs_after_commit_on_a_real_worker(
 
 @pytest.mark.django_db
 def test_selector_query_count_is_bounded(alice: Any) -> None:
-    from memory.selectors import memories_for_prompt
+    from memory.retrieval import memories_for_prompt
 
     for i in range(10):
         memory_create(user=alice, kind="episodic", text=f"User: note {i} about gardening tomatoes")

@@ -24,7 +24,7 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from memory.models import Memory
-from memory.selectors import memories_for_prompt
+from memory.retrieval import memories_for_prompt
 from memory.services import memories_merge, memories_set_archived, memories_set_pinned, memory_update, merge_plan
 
 DESK_PAGE = 50

@@ -29,7 +29,8 @@ from agents.models import Agent
 from core.incoming import Unstorable, storable_datetime
 from memory.embedding import get_embedder
 from memory.models import Memory, MemoryReview
-from memory.selectors import HUB_WEIGHT, current_q, memories_for_prompt
+from memory.retrieval import memories_for_prompt, tuning
+from memory.selectors import current_q
 from memory.services import (
     current_duplicate,
     duplicate_message,
@@ -359,7 +360,7 @@ class MemoryAdmin(LogAdmin):
             "form": form,
             "result": result,
             "rows": rows,
-            "hub_weight": HUB_WEIGHT,
+            "hub_weight": tuning.HUB_WEIGHT,
         }
         return TemplateResponse(request, "admin/memory/try_retrieval.html", context)
 

@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from memory.models import Memory
-from memory.selectors import memories_for_prompt
+from memory.retrieval import memories_for_prompt
 from memory.services import memory_get_or_create, memory_update
 from web.api.memory_serializers import (
     MemoryCreateSerializer,

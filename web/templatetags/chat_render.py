@@ -36,7 +36,7 @@ def state_words(state: Any) -> str:
     return words(state)
 
 
-# Where a memory came from in retrieval, in words a user reads (the tiers of memory.selectors, for staff).
+# Where a memory came from in retrieval, in words a user reads (the tiers of memory.retrieval, for staff).
 _TIER_WORDS = {1: "known about you", 2: "matched your message"}
 
 

@@ -1,0 +1,99 @@
+"""The cheap model's calls in retrieval: one structured call abandoned past its time budget, the batched
+relevance scores of tier 3, and whether a cheap model is there to call at all."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import TYPE_CHECKING, Any
+
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+
+from llm.base import CallContext
+from llm.providers import agent_profile, get_provider
+from memory.models import Memory
+from memory.retrieval import tuning
+from memory.schemas import RelevanceScores
+
+if TYPE_CHECKING:
+    from agents.models import Agent
+    from llm.base import Purpose, SchemaT
+
+RELEVANCE_SYSTEM_PROMPT = (
+    "You judge which stored memories help answer the user's message. Score every memory id from 0.0 "
+    "(unrelated) to 1.0 (needed to answer). Facts about the user that the reply should respect count as "
+    "relevant. Return one score per id and nothing else."
+)
+
+
+def cheap_structured(
+    *,
+    agent: Agent | None,
+    messages: list[dict[str, Any]],
+    schema: type[SchemaT],
+    purpose: Purpose,
+    max_tokens: int,
+    timeout: float,
+) -> SchemaT:
+    """One structured call to the cheap model, abandoned past ``timeout`` seconds (raises
+    ``concurrent.futures.TimeoutError``; any provider error is raised too)."""
+    provider = get_provider(agent=agent, cheap=True)
+    ctx = CallContext(purpose=purpose, agent_id=agent.pk if agent else None)
+
+    # The call runs in a worker thread (so it can be abandoned past its time budget) and writes its
+    # LLMCall record there. Outside a transaction the thread uses (and closes) its own connection; inside
+    # one (a caller's atomic block, or a test) it borrows the caller's, so the record belongs to the same
+    # transaction instead of being committed on the side.
+    caller = connections[DEFAULT_DB_ALIAS]
+    shared = caller if caller.in_atomic_block else None
+    if shared is not None:
+        shared.inc_thread_sharing()
+
+    def call() -> SchemaT:
+        try:
+            if shared is not None:
+                connections[DEFAULT_DB_ALIAS] = shared
+            return provider.structured(messages, schema=schema, ctx=ctx, max_tokens=max_tokens)
+        finally:
+            if shared is not None:
+                shared.dec_thread_sharing()
+            else:
+                connection.close()
+
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=purpose)
+    try:
+        return executor.submit(call).result(timeout=timeout)
+    finally:
+        executor.shutdown(wait=False)
+
+
+def model_scores(*, agent: Agent | None, query: str, memories: list[Memory], timeout: float) -> dict[int, float]:
+    """One batched cheap-model call scoring all candidates; raises on error or when over the time budget."""
+    listing = "\n".join(f"[{m.id}] {m.text[: tuning.MODEL_FILTER_CHARS]}" for m in memories)
+    messages = [
+        {"role": "system", "content": RELEVANCE_SYSTEM_PROMPT},
+        {"role": "user", "content": f"User message:\n{query}\n\nMemories:\n{listing}"},
+    ]
+    result = cheap_structured(
+        agent=agent,
+        messages=messages,
+        schema=RelevanceScores,
+        purpose="relevance",
+        max_tokens=20 + 12 * len(memories),
+        timeout=timeout,
+    )
+    wanted = {m.id for m in memories}
+    return {s.id: s.score for s in result.scores if s.id in wanted}
+
+
+def cheap_model_configured(agent: Agent | None) -> bool:
+    """A cheap model is named for the agent's endpoint (``LLM_CHEAP_MODEL`` or the profile's ``cheap_model``):
+    the query rewrite is one more call before the reply, worth it only on a fast, cheap model."""
+    try:
+        profile = agent_profile(agent)
+    except Exception:  # noqa: BLE001 - a misconfigured endpoint is reported by the turn's own provider lookup
+        return False
+    return profile is not None and bool(profile.cheap_model)
+
+
+def model_filter_available(agent: Agent | None) -> bool:
+    return not get_provider(agent=agent, cheap=True).is_demo

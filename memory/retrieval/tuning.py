@@ -1,0 +1,49 @@
+"""The constants of retrieval, in one place: every stage reads them from here (``tuning.NAME``), so a sweep
+(bench/memory_eval.py ``--set`` / ``--sweep``) or a test can change one for every stage at once.
+
+Every constant below was chosen on the tuning split of bench/memory_eval.py (every 4th query of each of
+its corpora); docs/memory.md has the held-out figures and the command.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+FUSION = "cc"  # "rrf": reciprocal rank fusion; "cc": convex combination of the arms' scores (hybrid.convex_fusion)
+VECTOR_SHARE = 0.6  # "cc": the cosine's share of the fused score when the word arm has earned its whole weight
+# "cc": the word arm earns its weight (1 - VECTOR_SHARE) per query, by how much of the query's information its
+# best match covers: the idf-weighted share of the query's words that the best-matching memory has. At or under
+# WORD_TRUST_FLOOR no memory answers to the query's words as a whole: they are scattered over memories that
+# each share an incidental word or two (a long message of several utterances: "work", "dinner", a name said
+# in passing), and the fused score is meaning alone. From WORD_TRUST_FULL the word arm has its whole weight
+# (a question whose informative words, a name, a code, a place, one memory has); linear in between.
+WORD_TRUST_FLOOR = 0.2
+WORD_TRUST_FULL = 0.3
+RRF_K = 10  # reciprocal-rank-fusion constant: lower than the usual 60, so top ranks dominate
+VECTOR_WEIGHT, TEXT_WEIGHT = 1.0, 1.5  # the arms' shares in the fusion
+# Hubness: some memories sit close to everything (generic, long or chatty ones) and so come near the top
+# for any query. A candidate's cosine is discounted by HUB_WEIGHT times its crowding: its mean cosine to
+# its HUB_K nearest fellow candidates of this query (a local CSLS-style correction; 0 = off).
+HUB_WEIGHT = 0.5
+HUB_K = 10
+HUB_FELLOWS = 64  # at most this many of each arm's best are fellows (the pairs grow with its square)
+NEIGHBOUR_WEIGHT = 0.3  # share of a candidate's score given to the episodes next to it in its session (0 = off)
+NEIGHBOUR_SOURCES = 20  # how many of the best candidates spread to their neighbours
+NEIGHBOUR_MAX_GAP = timedelta(hours=1)  # episodes further apart than this are not neighbours
+TEXT_POOL = 1000  # newest full-text matches scored per query (bounds the work for users with huge histories)
+RECENCY_HALF_LIFE_DAYS = 30.0
+WEIGHT_RELEVANCE, WEIGHT_IMPORTANCE, WEIGHT_RECENCY = 0.8, 0.1, 0.1
+# The default relevance filter (no model, or its call failed): a candidate is kept when its fused score is at
+# least this share of the query's best candidate's. With FUSION "cc" the fused score is on the query's own
+# scale already (cosine and word share each between this query's worst and best): one absolute cut-off over
+# cosine and word share (0.5) starved whole queries on data it was not tuned on.
+RELATIVE_KEEP = 0.3
+PREVIEW_CHARS = 160
+MODEL_FILTER_CHARS = 400  # per memory in the relevance prompt
+PROFILE_LIMIT = 20
+PINNED_LIMIT = 20
+
+# The query (query.retrieval_query).
+QUERY_CONTEXT_TURNS = 2  # the user's earlier messages searched with the new one
+QUERY_CONTEXT_CHARS = 600  # at most this much of them
+QUERY_STANDALONE_WORDS = 6  # a message with this many words is searched alone (a shorter one is a follow-up)

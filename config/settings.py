@@ -490,6 +490,11 @@ EMBEDDING_BASE_URL = env_str("EMBEDDING_BASE_URL", "") or ""
 EMBEDDING_MODEL = env_str("EMBEDDING_MODEL", "") or ""
 EMBEDDING_API_KEY_ENV = env_str("EMBEDDING_API_KEY_ENV", "EMBEDDING_API_KEY") or "EMBEDDING_API_KEY"
 EMBEDDING_TIMEOUT = env_float("EMBEDDING_TIMEOUT", 30.0, minimum=0.1)
+# The local model served once per machine (memory/embedding_service.py; make run starts it): when set, the
+# sentence-transformers backend asks the service on this Unix socket instead of loading the model (and torch)
+# in every process. How long a caller waits for a service that does not answer (restarting) before failing.
+EMBEDDING_SERVICE_SOCKET = env_str("EMBEDDING_SERVICE_SOCKET", "") or ""
+EMBEDDING_SERVICE_WAIT = env_float("EMBEDDING_SERVICE_WAIT", 20.0, minimum=0.0)
 # Memory retrieval: candidates per search arm, HNSW search breadth, the relevance model's time budget.
 MEMORY_CANDIDATES = env_int("MEMORY_CANDIDATES", 40, minimum=1, maximum=1000)
 MEMORY_VECTOR_CANDIDATES = env_int("MEMORY_VECTOR_CANDIDATES", 40, minimum=1, maximum=1000)

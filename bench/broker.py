@@ -1,5 +1,5 @@
 """The default broker under a backlog: ``--tasks`` tasks queued at once on the embedded Valkey, drained by one
-Celery worker as ``make run`` starts it (prefork, 2 processes).
+Celery worker as ``make run`` starts it (a pool of ``CELERY_WORKER_THREADS`` threads).
 
 It starts a throwaway embedded broker (its own folder) and the worker on a queue of its own, sends ``--tasks``
 heartbeat tasks (``web.tasks.core.record_worker_heartbeat``: one upsert each, the cheapest task the app has) as
@@ -23,6 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
+
 from core import embedded_broker
 from core.db import database_url
 
@@ -42,7 +44,8 @@ def run(*, argv: list[str], tasks: int, max_seconds: float) -> dict[str, Any]:
     log = folder / "worker.log"
     with log.open("wb") as out:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "config", "worker", "--concurrency", "2", "-Q", queue,
+            [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool", "threads",
+             "--concurrency", str(settings.CELERY_WORKER_THREADS), "-Q", queue,
              "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--hostname", f"{queue}@%h"],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip

@@ -312,6 +312,9 @@ CELERY_TASK_ROUTES["agents.tasks.run_turn"] = {"queue": CELERY_TURNS_QUEUE}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# The background worker's threads under make run (memory writes, the outbox sweep, beat's tasks): each task waits
+# on the embedding service and the database, so threads of one process carry them (bench/broker.py).
+CELERY_WORKER_THREADS = env_int("CELERY_WORKER_THREADS", 8, minimum=1)
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 120, minimum=1)
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 180, minimum=1)
 CELERY_TASK_IGNORE_RESULT = True

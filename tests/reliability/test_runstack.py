@@ -50,7 +50,7 @@ def group_of(pid: int) -> list[psutil.Process]:
 
 
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, int]]:
+def stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, int]]:
     port = free_port()
     log = tmp_path / "runstack.log"
     env = {
@@ -58,12 +58,18 @@ def stack(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, int]]
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "DATABASE_URL": database_url(),
         "APP_DATA_DIR": str(tmp_path / "data"),
-        "EMBEDDING_BACKEND": "hashing",
+        "EMBEDDING_BACKEND": getattr(request, "param", "hashing"),
         "CELERY_QUEUE": f"runstack-{uuid.uuid4().hex[:8]}",
         "WORKER_HEARTBEAT_SECONDS": "1",
         "LOG_FORMAT": "plain",
     }
-    for name in ("REDIS_URL", "CELERY_BROKER_URL", "CELERY_FILESYSTEM_BROKER_DIR", "LLM_PROFILES_JSON"):
+    for name in (
+        "REDIS_URL",
+        "CELERY_BROKER_URL",
+        "CELERY_FILESYSTEM_BROKER_DIR",
+        "LLM_PROFILES_JSON",
+        "EMBEDDING_SERVICE_SOCKET",
+    ):
         env.pop(name, None)
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -115,7 +121,9 @@ def test_a_killed_worker_comes_back_and_ctrl_c_stops_everything(
     children = {" ".join(c.cmdline()): c.pid for c in psutil.Process(proc.pid).children()}
     worker = next(pid for line, pid in children.items() if "celery" in line and "worker" in line)
     web = next(pid for line, pid in children.items() if "gunicorn" in line)
-    worker_group = wait_for(lambda: len(group_of(worker)) >= 3 and group_of(worker), "beat and pool", within=30)
+    worker_group = wait_for(
+        lambda: len(group_of(worker)) >= 2 and group_of(worker), "the worker and its beat", within=30
+    )
 
     killed_at = timezone.now()
     os.kill(worker, signal.SIGKILL)
@@ -142,3 +150,45 @@ def test_a_killed_worker_comes_back_and_ctrl_c_stops_everything(
     assert proc.wait(timeout=60) == 0
     assert "Stopped." in log.read_text(errors="replace")
     assert [group_of(pid) for pid in groups] == [[] for _ in groups]
+
+
+def _holds_torch(pid: int) -> bool:
+    try:
+        return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.real_embedder
+@pytest.mark.parametrize("stack", ["sentence-transformers"], indirect=True)
+def test_the_embedding_model_is_held_by_one_process_of_the_stack_and_comes_back_when_killed(
+    stack: tuple[subprocess.Popen[bytes], Path, int],
+) -> None:
+    proc, log, port = stack
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    holders = [p for p in tree if _holds_torch(p.pid)]
+    assert [" ".join(p.cmdline()) for p in holders] == [
+        next(" ".join(p.cmdline()) for p in tree if "serve_embeddings" in " ".join(p.cmdline()))
+    ]
+    # Ready means the web process can embed: it asks the service (it holds no model of its own).
+    assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10).status_code == 200
+
+    service = holders[0].pid
+    os.kill(service, signal.SIGKILL)
+    wait_for(
+        lambda: "embedding service exited (killed by SIGKILL)" in log.read_text(errors="replace"),
+        "the supervisor saying so",
+        within=10,
+    )
+    back = wait_for(
+        lambda: [p for p in psutil.Process(proc.pid).children(recursive=True) if _holds_torch(p.pid)],
+        "the service back",
+        within=60,
+    )
+    assert len(back) == 1 and back[0].pid != service
+    wait_for(
+        lambda: httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10).status_code == 200,
+        "ready again",
+        within=90,
+    )
+    assert proc.poll() is None

@@ -97,9 +97,28 @@ class Command(BaseCommand):
         # Each process shares a few database connections among its threads (DATABASE_POOL_MAX_SIZE).
         # (≤ 30 in all under make run with 2 web processes: a web process's requests are short, a turn worker's
         # threads many.)
-        pooled = {"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "6")}
-        pooled_turns = {"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "8")}
-        children = [
+        # The embedding model once for the machine (memory/embedding_service.py): the other processes ask it over
+        # a Unix socket and never load torch (~550 MB each otherwise).
+        shared_model: dict[str, str] = {}
+        children = []
+        if settings.EMBEDDING_BACKEND == "sentence-transformers" and not settings.EMBEDDING_SERVICE_SOCKET:
+            socket_path = data_dir / "embedder.sock"
+            shared_model = {"EMBEDDING_SERVICE_SOCKET": str(socket_path)}
+            children.append(
+                Child(
+                    "embedding service",
+                    [
+                        sys.executable,
+                        str(settings.BASE_DIR / "manage.py"),
+                        "serve_embeddings",
+                        "--socket",
+                        str(socket_path),
+                    ],
+                )
+            )
+        pooled = {"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "6"), **shared_model}
+        pooled_turns = {"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "8"), **shared_model}
+        children += [
             # ASGI (config/asgi.py): an open event stream holds no thread; MCP answers at /mcp/ on the same port.
             Child(
                 "web server",
@@ -135,11 +154,16 @@ class Command(BaseCommand):
                         "--beat",
                         "-Q",
                         f"{queue},{settings.CELERY_OPS_QUEUE}",
+                        # Threads, not processes: a memory write waits on the embedding service and the database,
+                        # and one process holds the app once (~150 MB) rather than once per pool process.
+                        "--pool",
+                        "threads",
                         "--concurrency",
-                        "2",
+                        str(settings.CELERY_WORKER_THREADS),
                         "--schedule",
                         settings.CELERY_BEAT_SCHEDULE_FILENAME,
                     ],
+                    env={"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "4"), **shared_model},
                 )
             )
             # Turns: threads that wait on models (each gives its connection back before a model call), in

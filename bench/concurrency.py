@@ -259,7 +259,13 @@ def _start_stack(
             "API_THROTTLE_USER": "1000000/min",
         }
     )
-    unset = ("LLM_PROFILES_JSON", "CELERY_BROKER_URL", "CELERY_QUEUE", "CELERY_FILESYSTEM_BROKER_DIR")
+    unset = (
+        "LLM_PROFILES_JSON",
+        "CELERY_BROKER_URL",
+        "CELERY_QUEUE",
+        "CELERY_FILESYSTEM_BROKER_DIR",
+        "EMBEDDING_SERVICE_SOCKET",
+    )
     for name in (*unset, "DATABASE_STATEMENT_TIMEOUT"):  # the stack as make run has it, not the bench's
         env.pop(name, None)
     if embedder:
@@ -335,11 +341,11 @@ def _wait_ready(stack: subprocess.Popen[bytes], log: Path, *, timeout: float) ->
     raise RuntimeError(f"the stack was not ready within {timeout:.0f} s:\n{log.read_text(errors='replace')[-3000:]}")
 
 
-def _stack_rss_mb(root: int) -> int:
-    """The resident memory of the stack: ``root`` and every process under it (web, workers, the embedded
-    broker), in MB."""
+def _stack_memory_mb(root: int) -> dict[str, int]:
+    """The memory of the stack: ``root`` and every process under it (web, workers, the embedding service), in
+    MB: ``rss``, the sum of each process's resident set (pages shared between processes counted in each), and
+    ``pss``, the proportional set (a shared page split between its sharers: what the stack holds in all)."""
     parents: dict[int, int] = {}
-    rss: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -348,17 +354,22 @@ def _stack_rss_mb(root: int) -> int:
         except OSError:
             continue
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        pid = int(entry.name)
-        parents[pid] = int(fields.get("PPid", "0").strip() or 0)
-        rss[pid] = int((fields.get("VmRSS", "0 kB").split() or ["0"])[0])
-    total = 0
-    for pid in rss:
+        parents[int(entry.name)] = int(fields.get("PPid", "0").strip() or 0)
+    totals = {"rss": 0, "pss": 0}
+    for pid in parents:
         ancestor = pid
         while ancestor and ancestor != root:
             ancestor = parents.get(ancestor, 0)
-        if ancestor == root:
-            total += rss[pid]
-    return round(total / 1024)
+        if ancestor != root:
+            continue
+        try:
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in rollup.splitlines()[1:] if ":" in line)
+        totals["rss"] += int(fields.get("Rss", "0 kB").split()[0])
+        totals["pss"] += int(fields.get("Pss", "0 kB").split()[0])
+    return {name: round(kb / 1024) for name, kb in totals.items()}
 
 
 def _stop_stack(stack: subprocess.Popen[bytes]) -> None:
@@ -404,12 +415,14 @@ def run(
         stack = _start_stack(port=port, model=model, data_dir=folder / "data", log=log, embedder=embedder)
         try:
             ready_s = _wait_ready(stack, log, timeout=300)
+            time.sleep(5)  # the web processes' and workers' warm-up threads finish
+            ready_memory = _stack_memory_mb(stack.pid)  # ready, idle: what make run holds before anyone chats
             progress.advance(task)
             for n in people:
                 progress.update(task, description=f"{n} people at once")
                 phases.append({**phase(base=base, people=n, log=log, timeout=timeout), "floor_wall_s": floors[n]})
                 progress.advance(task)
-            rss_mb = _stack_rss_mb(stack.pid)  # after the crowds: the stack idle, with its models loaded
+            memory = _stack_memory_mb(stack.pid)  # after the crowds: the stack idle again, its caches grown
         finally:
             _stop_stack(stack)
         if langgraph_workers:
@@ -441,7 +454,10 @@ def run(
         "model_ttft_s": ttft,
         "embedder": embedder or "the default (make run's)",
         "stack_ready_s": round(ready_s, 1),
-        "stack_rss_mb": rss_mb,
+        "stack_rss_mb": memory["rss"],
+        "stack_pss_mb": memory["pss"],
+        "ready_rss_mb": ready_memory["rss"],
+        "ready_pss_mb": ready_memory["pss"],
         "stack_log": str(log),
         "phases": phases,
         "langgraph_workers": langgraph_workers,
@@ -493,7 +509,8 @@ def main(argv: list[str]) -> int:
     connections.close_all()
     print(
         f"model: {args.latency:g} s a call; stack ready after {result['stack_ready_s']} s, "
-        f"{result['stack_rss_mb']} MB resident after the crowds; log {result['stack_log']}"
+        f"memory ready {result['ready_rss_mb']} MB RSS / {result['ready_pss_mb']} MB PSS, after the crowds "
+        f"{result['stack_rss_mb']} / {result['stack_pss_mb']} MB; log {result['stack_log']}"
     )
     print(
         "people | wall s (x alone) | floor s | accepted p50/p95 | turn started p50/p95 | first token p50/p95 | done p50/p95 | failures | healthz max | pg conns | log errors | sends failed"

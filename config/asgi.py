@@ -23,7 +23,8 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django_app = get_asgi_application()
 
-from web.mcp_server import http_app  # noqa: E402 - after Django is set up
+from web.health import PROBES, asgi_probe  # noqa: E402 - after Django is set up
+from web.mcp_server import http_app  # noqa: E402
 
 MCP_PATH = "/mcp/"
 _FOLLOW = re.compile(r"^/api/turns/\d+/events/?$|^/chats/[0-9a-fA-F-]{36}/events/?$")
@@ -39,6 +40,9 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
         await mcp_app(scope, receive, send)  # starts (and stops) MCP's session manager
         return
     path = str(scope.get("path", ""))
+    if path.rstrip("/") in PROBES:
+        await asgi_probe(scope, receive, send)  # in the event loop: never behind the process's other requests
+        return
     if path == MCP_PATH.rstrip("/") or path.startswith(MCP_PATH):
         await mcp_app(scope, receive, send)
         return

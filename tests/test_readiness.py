@@ -78,3 +78,39 @@ def test_readyz_is_503_until_the_embedding_model_is_loaded_then_200(
     WorkerHeartbeat.objects.filter(hostname="celery@this-run").update(seen_at=timezone.now())
     last = client.get("/readyz")
     assert last.status_code == 200, last.json()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_probes_under_asgi_answer_in_the_event_loop_with_the_views_bodies(
+    client: Client, just_started: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """config/asgi.py answers /healthz and /readyz itself (no Django request thread, no middleware): the same
+    checks, statuses and bodies as the views, a check that raises reported as failed, and GET only."""
+    import asyncio
+
+    import httpx
+
+    from config.asgi import application
+    from web import health
+
+    WorkerHeartbeat.objects.create(hostname="celery@this-run", seen_at=timezone.now())
+
+    async def ask(method: str, path: str) -> httpx.Response:
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://probe") as http:
+            return await http.request(method, path)
+
+    view = client.get("/healthz")
+    probe = asyncio.run(ask("GET", "/healthz"))
+    assert probe.status_code == view.status_code == 200
+    assert probe.json().keys() == view.json().keys() and probe.json()["status"] == "ok"
+    assert probe.headers["cache-control"].startswith("max-age=0") and probe.headers["x-content-type-options"]
+    assert asyncio.run(ask("POST", "/readyz")).status_code == 405
+
+    def broken() -> dict[str, Any]:
+        raise RuntimeError("secret host db.internal")
+
+    monkeypatch.setitem(health.HEALTH_CHECKS, "broker", broken)
+    failed = asyncio.run(ask("GET", "/healthz/"))
+    assert failed.status_code == 503
+    assert failed.json()["broker"] == {"ok": False, "error": "broker failed (RuntimeError; details in the server log)"}

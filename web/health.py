@@ -13,7 +13,9 @@ database server accepts a connection and then never answers; no statement timeou
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import json
 import logging
 import os
 import threading
@@ -40,7 +42,7 @@ logger = logging.getLogger(__name__)
 WORKER_FRESH_FOR = timedelta(seconds=60)
 
 
-def _failed(what: str, exc: Exception) -> str:
+def _failed(what: str, exc: BaseException) -> str:
     logger.warning("health check: %s: %s: %s", what, type(exc).__name__, exc)
     return f"{what} ({type(exc).__name__}; details in the server log)"
 
@@ -73,11 +75,8 @@ def _in_own_thread(check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
             _waiting -= 1
 
 
-def bounded(checks: dict[str, Callable[[], dict[str, Any]]], *, deadline: float) -> dict[str, dict[str, Any]]:
-    """Run ``checks`` at once on the checks' threads; a check not done by ``deadline`` (``time.monotonic``)
-    is reported as failed ("did not answer within ...")."""
+def _submit(checks: dict[str, Callable[[], dict[str, Any]]]) -> dict[str, concurrent.futures.Future[Any] | None]:
     global _waiting
-    timeout = float(settings.HEALTH_CHECK_TIMEOUT)
     futures: dict[str, concurrent.futures.Future[dict[str, Any]] | None] = {}
     for name, check in checks.items():
         with _pool_lock:
@@ -85,16 +84,43 @@ def bounded(checks: dict[str, Callable[[], dict[str, Any]]], *, deadline: float)
             if not full:
                 _waiting += 1
         futures[name] = None if full else _checks_pool().submit(_in_own_thread, check)
+    return futures
+
+
+def _outcomes(futures: dict[str, concurrent.futures.Future[Any] | None]) -> dict[str, dict[str, Any]]:
+    """Each check's result, or its failure to answer in time (a future that is not done)."""
+    timeout = float(settings.HEALTH_CHECK_TIMEOUT)
     results: dict[str, dict[str, Any]] = {}
     for name, future in futures.items():
-        try:
-            if future is None:
-                raise TimeoutError
-            results[name] = future.result(timeout=max(0.0, deadline - time.monotonic()))
-        except TimeoutError:
+        if future is not None and future.done():
+            error = future.exception()
+            results[name] = (
+                future.result() if error is None else {"ok": False, "error": _failed(f"{name} failed", error)}
+            )
+        else:
             logger.warning("health check: %s did not answer within %s s", name, timeout)
             results[name] = {"ok": False, "error": f"{name} did not answer within {timeout:g} s"}
     return results
+
+
+def bounded(checks: dict[str, Callable[[], dict[str, Any]]], *, deadline: float) -> dict[str, dict[str, Any]]:
+    """Run ``checks`` at once on the checks' threads; a check not done by ``deadline`` (``time.monotonic``)
+    is reported as failed ("did not answer within ...")."""
+    futures = _submit(checks)
+    live = [f for f in futures.values() if f is not None]
+    concurrent.futures.wait(live, timeout=max(0.0, deadline - time.monotonic()))
+    return _outcomes(futures)
+
+
+async def bounded_async(
+    checks: dict[str, Callable[[], dict[str, Any]]], *, deadline: float
+) -> dict[str, dict[str, Any]]:
+    """``bounded`` for the event loop: it awaits the checks' threads, and holds no thread of its own."""
+    futures = _submit(checks)
+    live = [asyncio.wrap_future(f) for f in futures.values() if f is not None]
+    if live:
+        await asyncio.wait(live, timeout=max(0.0, deadline - time.monotonic()))
+    return _outcomes(futures)
 
 
 def _health_alias() -> str:
@@ -161,15 +187,39 @@ def check_models() -> dict[str, Any]:
     return {"ok": False, "error": "loading " + " and ".join(waiting)}
 
 
+HEALTH_CHECKS: dict[str, Callable[[], dict[str, Any]]] = {
+    "database": check_database,
+    "broker": check_broker,
+    "worker": check_worker,
+}
+READY_CHECKS: dict[str, Callable[[], dict[str, Any]]] = {
+    "models": check_models,
+    "database": check_database,
+    "worker": check_worker,
+}
+
+
+def health_report(checks: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], int]:
+    ok = all(c["ok"] for c in checks.values())
+    return {"status": "ok" if ok else "error", **checks}, 200 if ok else 503
+
+
+def ready_report(checks: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], int]:
+    ok = all(c["ok"] for c in checks.values())
+    status = "ready" if ok else ("starting" if not checks["models"]["ok"] else "unavailable")
+    started = round((timezone.now() - process.STARTED_AT).total_seconds(), 1)
+    return {"status": status, "up_seconds": started, **checks}, 200 if ok else 503
+
+
+def _deadline() -> float:
+    return time.monotonic() + float(settings.HEALTH_CHECK_TIMEOUT)
+
+
 @never_cache
 @require_GET
 def healthz(request: HttpRequest) -> JsonResponse:
-    checks = bounded(
-        {"database": check_database, "broker": check_broker, "worker": check_worker},
-        deadline=time.monotonic() + float(settings.HEALTH_CHECK_TIMEOUT),
-    )
-    ok = all(c["ok"] for c in checks.values())
-    return JsonResponse({"status": "ok" if ok else "error", **checks}, status=200 if ok else 503)
+    body, status = health_report(bounded(HEALTH_CHECKS, deadline=_deadline()))
+    return JsonResponse(body, status=status)
 
 
 @never_cache
@@ -177,16 +227,32 @@ def healthz(request: HttpRequest) -> JsonResponse:
 def readyz(request: HttpRequest) -> JsonResponse:
     """200 when this process can answer a chat or memory request without waiting; 503 (and what it waits for)
     until then. ``make run`` says "ready" only then; the chat page shows "starting up" meanwhile."""
-    checks = {"models": check_models()}
-    checks |= bounded(
-        {"database": check_database, "worker": check_worker},
-        deadline=time.monotonic() + float(settings.HEALTH_CHECK_TIMEOUT),
-    )
-    ok = all(c["ok"] for c in checks.values())
-    status = "ready" if ok else ("starting" if not checks["models"]["ok"] else "unavailable")
-    started = round((timezone.now() - process.STARTED_AT).total_seconds(), 1)
-    response = JsonResponse({"status": status, "up_seconds": started, **checks}, status=200 if ok else 503)
-    if status == "starting":
+    body, status = ready_report(bounded(READY_CHECKS, deadline=_deadline()))
+    response = JsonResponse(body, status=status)
+    if body["status"] == "starting":
         # Expected while a process starts (make run asks twice a second): not an error for Django's request log.
         response._has_been_logged = True  # type: ignore[attr-defined]
     return response
+
+
+PROBES = {"/healthz": (HEALTH_CHECKS, health_report), "/readyz": (READY_CHECKS, ready_report)}
+_PROBE_HEADERS = [
+    (b"content-type", b"application/json"),
+    (b"cache-control", b"max-age=0, no-cache, no-store, must-revalidate, private"),
+    (b"x-content-type-options", b"nosniff"),
+]
+
+
+async def asgi_probe(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """``/healthz`` and ``/readyz`` under ASGI, answered in the event loop: no Django request thread and no
+    middleware between a load balancer and the checks, so a probe never queues behind the requests of a busy
+    process (``config/asgi.py`` sends them here). The same checks and bodies as the views."""
+    path = str(scope.get("path", "")).rstrip("/")
+    checks, report = PROBES[path]
+    if scope.get("method") not in ("GET", "HEAD"):
+        body, status = b'{"error": "GET only"}', 405
+    else:
+        result, status = report(await bounded_async(checks, deadline=_deadline()))
+        body = json.dumps(result).encode()
+    await send({"type": "http.response.start", "status": status, "headers": _PROBE_HEADERS})
+    await send({"type": "http.response.body", "body": b"" if scope.get("method") == "HEAD" else body})

@@ -7,7 +7,7 @@ from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -15,7 +15,7 @@ from rest_framework.views import APIView
 from memory.models import Memory
 from memory.retrieval import memories_for_prompt
 from memory.selectors import memories_in_force, own_memories
-from memory.services import memory_get_or_create, memory_update
+from memory.services import memory_forget, memory_get_or_create, memory_update
 from web.api.memory_serializers import (
     MemoryCreateSerializer,
     MemoryOutputSerializer,
@@ -108,7 +108,8 @@ class MemoryDetailApi(APIView):
 
     @extend_schema(tags=["memories"], summary="Forget a memory", responses={204: None})
     def delete(self, request: Request, memory_id: int) -> Response:
-        self._memory(request, memory_id).delete()
+        if not memory_forget(user=request.user, memory_id=memory_id):
+            raise NotFound()
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

@@ -61,6 +61,87 @@ def readiness(readyz_url: str) -> tuple[bool, str]:
     return False, "; ".join(waiting)
 
 
+def _web_child(bind: str, workers: int) -> Child:
+    """The web server: ASGI (config/asgi.py), so an open event stream holds no thread; MCP answers at /mcp/ on the
+    same port."""
+    # Each process shares a few database connections among its threads (DATABASE_POOL_MAX_SIZE).
+    # (≤ 30 in all under make run with 2 web processes: a web process's requests are short, a turn worker's
+    # threads many.)
+    pooled = {"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "6")}
+    return Child(
+        "web server",
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "config.asgi:application",
+            "--config",
+            "python:config.gunicorn_conf",
+            "--bind",
+            bind,
+            "--worker-class",
+            "uvicorn_worker.UvicornWorker",
+            "--workers",
+            str(workers),
+            "--timeout",
+            "300",
+            "--graceful-timeout",
+            "10",
+        ],
+        env=pooled,
+    )
+
+
+CELERY = [sys.executable, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO"]
+
+
+def _worker_children(turn_workers: int, turn_threads: int) -> list[Child]:
+    """The Celery worker (with beat) for the default and ops queues, then the turn workers."""
+    queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    worker = Child(
+        "Celery worker",
+        [
+            *CELERY,
+            "--beat",
+            "-Q",
+            f"{queue},{settings.CELERY_OPS_QUEUE}",
+            "--concurrency",
+            "2",
+            "--schedule",
+            settings.CELERY_BEAT_SCHEDULE_FILENAME,
+        ],
+    )
+    return [worker, *_turn_workers(turn_workers, turn_threads)]
+
+
+def _turn_workers(turn_workers: int, turn_threads: int) -> list[Child]:
+    """Turns: threads that wait on models (each gives its connection back before a model call), in
+    TURN_WORKER_PROCESSES processes: each takes turns from the queue and runs them on one core."""
+    pooled_turns = {"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "8")}
+    processes = max(1, int(turn_workers))
+    threads = max(1, int(turn_threads) // processes)
+    return [
+        Child(
+            "turn worker" if processes == 1 else f"turn worker {number}",
+            [
+                *CELERY,
+                "-Q",
+                settings.CELERY_TURNS_QUEUE,
+                "--pool",
+                "threads",
+                "--concurrency",
+                str(threads),
+                "--hostname",
+                f"turns{number}@%h",
+                "--without-gossip",
+                "--without-mingle",
+            ],
+            env=pooled_turns,
+        )
+        for number in range(1, processes + 1)
+    ]
+
+
 class Command(BaseCommand):
     help = "Run the web server and a Celery worker (plus the embedded database when DATABASE_URL is unset)."
 
@@ -94,82 +175,18 @@ class Command(BaseCommand):
         default_agents_ensure()
 
         bind = f"{options['host']}:{options['port']}"
-        # Each process shares a few database connections among its threads (DATABASE_POOL_MAX_SIZE).
-        # (≤ 30 in all under make run with 2 web processes: a web process's requests are short, a turn worker's
-        # threads many.)
-        pooled = {"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "6")}
-        pooled_turns = {"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "8")}
-        children = [
-            # ASGI (config/asgi.py): an open event stream holds no thread; MCP answers at /mcp/ on the same port.
-            Child(
-                "web server",
-                [
-                    sys.executable,
-                    "-m",
-                    "gunicorn",
-                    "config.asgi:application",
-                    "--config",
-                    "python:config.gunicorn_conf",
-                    "--bind",
-                    bind,
-                    "--worker-class",
-                    "uvicorn_worker.UvicornWorker",
-                    "--workers",
-                    str(options["web_workers"]),
-                    "--timeout",
-                    "300",
-                    "--graceful-timeout",
-                    "10",
-                ],
-                env=pooled,
-            ),
-        ]
+        children = [_web_child(bind, options["web_workers"])]
         if not options["no_worker"]:
-            queue = settings.CELERY_TASK_DEFAULT_QUEUE
-            celery = [sys.executable, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO"]
-            children.append(
-                Child(
-                    "Celery worker",
-                    [
-                        *celery,
-                        "--beat",
-                        "-Q",
-                        f"{queue},{settings.CELERY_OPS_QUEUE}",
-                        "--concurrency",
-                        "2",
-                        "--schedule",
-                        settings.CELERY_BEAT_SCHEDULE_FILENAME,
-                    ],
-                )
-            )
-            # Turns: threads that wait on models (each gives its connection back before a model call), in
-            # TURN_WORKER_PROCESSES processes: each takes turns from the queue and runs them on one core.
-            processes = max(1, int(options["turn_workers"]))
-            threads = max(1, int(options["turn_threads"]) // processes)
-            for number in range(1, processes + 1):
-                children.append(
-                    Child(
-                        "turn worker" if processes == 1 else f"turn worker {number}",
-                        [
-                            *celery,
-                            "-Q",
-                            settings.CELERY_TURNS_QUEUE,
-                            "--pool",
-                            "threads",
-                            "--concurrency",
-                            str(threads),
-                            "--hostname",
-                            f"turns{number}@%h",
-                            "--without-gossip",
-                            "--without-mingle",
-                        ],
-                        env=pooled_turns,
-                    )
-                )
+            children += _worker_children(options["turn_workers"], options["turn_threads"])
         for child in children:
             child.start()
 
         url = f"http://{bind}/"
+        self._say_started(url, data_dir, username, password)
+        self._supervise(children, url)
+
+    def _say_started(self, url: str, data_dir: Path, username: str, password: str | None) -> None:
+        """Where the app is, what it runs on, and how to sign in."""
         db = "embedded PostgreSQL in " + str(data_dir / "pg") if not settings.DATABASE_URL else "DATABASE_URL"
         broker = str(settings.CELERY_BROKER_URL).split("://", 1)[0]
         if settings.EMBEDDED_BROKER_DIR is not None:
@@ -184,6 +201,8 @@ class Command(BaseCommand):
             self.stdout.write(f"  sign in as {username!r} (first run's password in {data_dir / CREDENTIALS_FILE})")
         self.stdout.write("Press Ctrl-C to stop everything.\n")
 
+    def _supervise(self, children: list[Child], url: str) -> None:
+        """Restart what dies, say when the app is ready, and stop everything on Ctrl-C or SIGTERM."""
         stopping = False
 
         def _stop(signum: int, frame: object) -> None:
@@ -206,18 +225,23 @@ class Command(BaseCommand):
                     broker_checked = time.monotonic()
                     self._heal_broker(settings.EMBEDDED_BROKER_DIR)
                 if not ready:
-                    # "Ready" only when the web process can answer a chat at once (/readyz): its models loaded,
-                    # the database answering, a worker heard from since the start.
-                    ready, waiting = readiness(f"{url}readyz")
-                    if ready:
-                        took = time.monotonic() - waiting_since
-                        self.stdout.write(self.style.SUCCESS(f"Ready at {url} (after {took:.0f}s)"))
-                    elif waiting and waiting != last_said and time.monotonic() - waiting_since > 2:
-                        self.stdout.write(f"  starting: {waiting}…")
-                        last_said = waiting
+                    ready, last_said = self._check_ready(url, waiting_since, last_said)
                 time.sleep(0.5)
         finally:
             self._shutdown(children)
+
+    def _check_ready(self, url: str, waiting_since: float, last_said: str) -> tuple[bool, str]:
+        """Whether the app is ready now (said once), else what it waits for (said when it changes)."""
+        # "Ready" only when the web process can answer a chat at once (/readyz): its models loaded,
+        # the database answering, a worker heard from since the start.
+        ready, waiting = readiness(f"{url}readyz")
+        if ready:
+            took = time.monotonic() - waiting_since
+            self.stdout.write(self.style.SUCCESS(f"Ready at {url} (after {took:.0f}s)"))
+        elif waiting and waiting != last_said and time.monotonic() - waiting_since > 2:
+            self.stdout.write(f"  starting: {waiting}…")
+            last_said = waiting
+        return ready, last_said
 
     def _heal_broker(self, folder: Path) -> None:
         if embedded_broker.answers(embedded_broker.socket_path(folder)):

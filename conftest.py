@@ -53,50 +53,29 @@ class WorkerHandle:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
-@pytest.fixture(scope="session")
-def celery_worker(
-    django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[WorkerHandle]:
-    """A real Celery worker in its own process, on Redis when reachable, else the filesystem broker.
-
-    Tests that use it must commit their data (``transaction=True``) so the worker can see it.
-    """
-    from config.celery import app
-
-    queue = f"test-{uuid.uuid4().hex[:8]}"
-    env = dict(os.environ)
+def _worker_broker(tmp_path_factory: pytest.TempPathFactory, env: dict[str, str]) -> tuple[str, dict[str, object]]:
+    """The worker's broker URL and transport options: Redis when reachable, else a filesystem broker in a
+    folder of its own (named in ``env`` for the worker)."""
     if os.environ.get("TEST_BROKER", "") != "filesystem" and redis_reachable():
-        broker_url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
-        transport_options: dict[str, object] = {}
-    else:
-        broker_url = "filesystem://"
-        folder = tmp_path_factory.mktemp("broker")
-        (folder / "out").mkdir()
-        (folder / "processed").mkdir()
-        (folder / "control").mkdir()
-        transport_options = {
-            "data_folder_in": str(folder / "out"),
-            "data_folder_out": str(folder / "out"),
-            "processed_folder": str(folder / "processed"),
-            "control_folder": str(folder / "control"),
-            "store_processed": False,
-        }
-        env["CELERY_FILESYSTEM_BROKER_DIR"] = str(folder)
-    with django_db_blocker.unblock():
-        env["DATABASE_URL"] = database_url()
-    # The worker embeds with the deterministic embedder too (the real model's cold load takes ~18 s).
-    env["EMBEDDING_BACKEND"] = os.environ.get("TEST_WORKER_EMBEDDING_BACKEND", "hashing")
-    env.update({"CELERY_BROKER_URL": broker_url, "CELERY_QUEUE": queue, "DJANGO_SETTINGS_MODULE": "config.settings"})
-    _BROKERS["worker"] = {
-        "broker_url": broker_url,
-        "broker_transport_options": transport_options,
-        "task_default_queue": queue,
-        "task_routes": _ops_routes(queue),
+        return os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15"), {}
+    folder = tmp_path_factory.mktemp("broker")
+    (folder / "out").mkdir()
+    (folder / "processed").mkdir()
+    (folder / "control").mkdir()
+    env["CELERY_FILESYSTEM_BROKER_DIR"] = str(folder)
+    return "filesystem://", {
+        "data_folder_in": str(folder / "out"),
+        "data_folder_out": str(folder / "out"),
+        "processed_folder": str(folder / "processed"),
+        "control_folder": str(folder / "control"),
+        "store_processed": False,
     }
-    _use_broker(app, "worker")
-    log = tmp_path_factory.mktemp("worker") / "worker.log"
+
+
+def _worker_start(queue: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """A prefork Celery worker of two processes on ``queue`` and its ops queue, writing to ``log``."""
     with log.open("wb") as out:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -122,23 +101,60 @@ def celery_worker(
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    handle = WorkerHandle(proc, broker_url, queue, log)
-    deadline = time.monotonic() + 60
+
+
+def _worker_wait_ready(handle: WorkerHandle, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
     while "ready." not in handle.log_text():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
+        if handle.proc.poll() is not None or time.monotonic() > deadline:
+            handle.proc.kill()
             raise RuntimeError(f"Celery worker did not start:\n{handle.log_text()}")
         time.sleep(0.2)
-    yield handle
-    proc.terminate()
+
+
+def _worker_stop(handle: WorkerHandle) -> None:
+    """Stop the worker (killed after 15 s) and empty its Redis queues."""
+    handle.proc.terminate()
     try:
-        proc.wait(timeout=15)
+        handle.proc.wait(timeout=15)
     except subprocess.TimeoutExpired:
-        proc.kill()
-    if broker_url.startswith("redis"):
+        handle.proc.kill()
+    if handle.broker_url.startswith("redis"):
         import redis
 
-        redis.Redis.from_url(broker_url).delete(queue, f"{queue}-ops")
+        redis.Redis.from_url(handle.broker_url).delete(handle.queue, f"{handle.queue}-ops")
+
+
+@pytest.fixture(scope="session")
+def celery_worker(
+    django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerHandle]:
+    """A real Celery worker in its own process, on Redis when reachable, else the filesystem broker.
+
+    Tests that use it must commit their data (``transaction=True``) so the worker can see it.
+    """
+    from config.celery import app
+
+    queue = f"test-{uuid.uuid4().hex[:8]}"
+    env = dict(os.environ)
+    broker_url, transport_options = _worker_broker(tmp_path_factory, env)
+    with django_db_blocker.unblock():
+        env["DATABASE_URL"] = database_url()
+    # The worker embeds with the deterministic embedder too (the real model's cold load takes ~18 s).
+    env["EMBEDDING_BACKEND"] = os.environ.get("TEST_WORKER_EMBEDDING_BACKEND", "hashing")
+    env.update({"CELERY_BROKER_URL": broker_url, "CELERY_QUEUE": queue, "DJANGO_SETTINGS_MODULE": "config.settings"})
+    _BROKERS["worker"] = {
+        "broker_url": broker_url,
+        "broker_transport_options": transport_options,
+        "task_default_queue": queue,
+        "task_routes": _ops_routes(queue),
+    }
+    _use_broker(app, "worker")
+    log = tmp_path_factory.mktemp("worker") / "worker.log"
+    handle = WorkerHandle(_worker_start(queue, env, log), broker_url, queue, log)
+    _worker_wait_ready(handle)
+    yield handle
+    _worker_stop(handle)
 
 
 def wait_for(predicate: Any, *, timeout: float = 20.0, interval: float = 0.1, message: str = "condition") -> Any:

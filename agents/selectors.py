@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import QuerySet
+
 from agents.models import Agent
 from llm.base import LLMConfigurationError
 from llm.providers import DEMO_LABEL, get_provider
@@ -21,3 +23,13 @@ def agent_model_label(agent: Agent) -> dict[str, Any]:
         "is_demo": is_demo,
         "model_label": DEMO_LABEL if is_demo else (agent.model or str(getattr(provider, "model", "")) or ""),
     }
+
+
+def active_agents() -> QuerySet[Agent]:
+    """The agents people can talk to, by name: what the API's agent list and MCP's ``list_agents`` list."""
+    return Agent.objects.filter(is_active=True).order_by("name", "pk")
+
+
+def active_agent(slug: str) -> Agent | None:
+    """The active agent called ``slug``, or None (none, or an empty slug)."""
+    return active_agents().filter(slug=slug).first() if slug else None

@@ -323,141 +323,176 @@ def _fill(texts: Sequence[str], limit: int, counter: TokenCounter) -> int:
     return len(texts)
 
 
-def build_prompt(*, inputs: PromptInputs, budget: ContextBudget, counter: TokenCounter) -> BuiltPrompt:
-    """Assemble the prompt from budgeted sections, degrading in a fixed order until it fits.
+@dataclass
+class _Log:
+    """What one build cut, dropped and degraded: the record ``composition`` is made of."""
 
-    Raises ``ContextOverflowError`` when even the degraded prompt exceeds ``budget.prompt_limit``.
-    """
-    limit = budget.prompt_limit
-    cut_inputs: list[dict[str, Any]] = []
+    counter: TokenCounter
+    cut_inputs: list[dict[str, Any]] = field(default_factory=list)
+    procedural_dropped: list[dict[str, Any]] = field(default_factory=list)
+    memories_dropped: list[dict[str, Any]] = field(default_factory=list)
+    turns_dropped: list[dict[str, Any]] = field(default_factory=list)
+    kept_unsummarized: list[int] = field(default_factory=list)
+    degradations: list[str] = field(default_factory=list)
+    simplified: int = 0
+    summary_shortened: bool = False
 
-    def cut(text: str, section_budget: int, label: str) -> str:
-        result, cut_tokens = cut_to_budget(text, section_budget, counter)
+    def note(self, name: str) -> None:
+        if name not in self.degradations:
+            self.degradations.append(name)
+
+    def cut(self, text: str, section_budget: int, label: str) -> str:
+        """``text`` cut to ``section_budget`` tokens (head and tail, a marker between), recorded when cut."""
+        result, cut_tokens = cut_to_budget(text, section_budget, self.counter)
         if cut_tokens:
-            cut_inputs.append(
+            self.cut_inputs.append(
                 {
                     "input": label,
-                    "original_tokens": counter.count(text),
-                    "kept_tokens": counter.count(result),
+                    "original_tokens": self.counter.count(text),
+                    "kept_tokens": self.counter.count(result),
                     "budget": section_budget,
                     "tokens_cut": cut_tokens,
                 }
             )
         return result
 
-    # 1. Inputs larger than their own budget are cut, visibly.
+
+@dataclass
+class _CutInputs:
+    """The inputs once each is within its own budget."""
+
+    message_msg: dict[str, Any]
+    tool_messages: list[dict[str, Any]]
+    summary: str
+    turn_messages: dict[int, list[dict[str, Any]]]
+
+
+def _cut_inputs(inputs: PromptInputs, budget: ContextBudget, counter: TokenCounter, log: _Log) -> _CutInputs:
+    """Step 1: inputs larger than their own budget are cut, visibly."""
     message_limit = budget.section_limit("message")
-    message_msg = {"role": "user", "content": cut(inputs.message, message_limit, "message")}
-    tool_messages = _cut_tool_results(inputs, budget, counter, cut)
-    summary = cut(inputs.summary, budget.section_limit("summary"), "summary") if inputs.summary else ""
+    message_msg = {"role": "user", "content": log.cut(inputs.message, message_limit, "message")}
+    tool_messages = _cut_tool_results(inputs, budget, counter, log.cut)
+    summary = log.cut(inputs.summary, budget.section_limit("summary"), "summary") if inputs.summary else ""
     turn_messages: dict[int, list[dict[str, Any]]] = {}
     for turn in inputs.recent_turns:
-        msgs = [{"role": "user", "content": cut(turn.user, message_limit, f"turn {turn.seq} user")}]
+        msgs = [{"role": "user", "content": log.cut(turn.user, message_limit, f"turn {turn.seq} user")}]
         if turn.assistant:
             msgs.append(
-                {"role": "assistant", "content": cut(turn.assistant, message_limit, f"turn {turn.seq} assistant")}
+                {"role": "assistant", "content": log.cut(turn.assistant, message_limit, f"turn {turn.seq} assistant")}
             )
         turn_messages[turn.seq] = msgs
+    return _CutInputs(message_msg, tool_messages, summary, turn_messages)
 
-    # 2. Allocations: procedures and memories up to their section budgets; turns by the window.
-    n_proc = _fill(inputs.procedural, budget.section_limit("procedural"), counter)
-    procedural_dropped = [
-        {"index": i, "reason": "over the procedures budget"} for i in range(n_proc, len(inputs.procedural))
-    ]
-    n_mem = _fill([m.text for m in inputs.memories], budget.section_limit("memories"), counter)
-    memories_dropped: list[dict[str, Any]] = [
-        {"id": m.id, "reason": "over the memory budget"} for m in inputs.memories[n_mem:]
-    ]
-    turns_dropped: list[dict[str, Any]] = []
-    kept_unsummarized: list[int] = []
-    n_window = window_size(inputs.recent_turns, budget=budget, counter=counter)
-    window = list(inputs.recent_turns[len(inputs.recent_turns) - n_window :])
-    older = list(inputs.recent_turns[: len(inputs.recent_turns) - len(window)])
+
+def _turns_in_view(inputs: PromptInputs, budget: ContextBudget, counter: TokenCounter, log: _Log) -> list[TurnText]:
+    """The window's turns, after the older ones not yet in the summary (kept: better than losing them)."""
+    turns = inputs.recent_turns
+    n_window = window_size(turns, budget=budget, counter=counter)
+    window = list(turns[len(turns) - n_window :])
     stretched: list[TurnText] = []
-    for turn in older:
+    for turn in turns[: len(turns) - len(window)]:
         if inputs.summary_through_seq is not None and turn.seq > inputs.summary_through_seq:
             # Not in the summary yet: keeping it beats losing it; degradation removes it if room runs out.
             stretched.append(turn)
-            kept_unsummarized.append(turn.seq)
+            log.kept_unsummarized.append(turn.seq)
         else:
-            turns_dropped.append({"seq": turn.seq, "reason": "left the window"})
+            log.turns_dropped.append({"seq": turn.seq, "reason": "left the window"})
+    return stretched + window
 
-    draft = _Draft(
+
+def _allocate(inputs: PromptInputs, budget: ContextBudget, counter: TokenCounter, cut: _CutInputs, log: _Log) -> _Draft:
+    """Step 2: procedures and memories up to their section budgets; turns by the window."""
+    n_proc = _fill(inputs.procedural, budget.section_limit("procedural"), counter)
+    log.procedural_dropped.extend(
+        {"index": i, "reason": "over the procedures budget"} for i in range(n_proc, len(inputs.procedural))
+    )
+    n_mem = _fill([m.text for m in inputs.memories], budget.section_limit("memories"), counter)
+    log.memories_dropped.extend({"id": m.id, "reason": "over the memory budget"} for m in inputs.memories[n_mem:])
+    return _Draft(
         system_prompt=inputs.system_prompt,
         procedural=list(inputs.procedural[:n_proc]),
         memories=list(inputs.memories[:n_mem]),
-        summary=summary,
-        turns=stretched + window,
-        turn_messages=turn_messages,
+        summary=cut.summary,
+        turns=_turns_in_view(inputs, budget, counter, log),
+        turn_messages=cut.turn_messages,
     )
 
-    # 3. Pre-flight check with real counts; degrade in the fixed order until it fits.
-    degradations: list[str] = []
 
-    def note(name: str) -> None:
-        if name not in degradations:
-            degradations.append(name)
+def _shrink_window(draft: _Draft, over: int, budget: ContextBudget, counter: TokenCounter, log: _Log) -> None:
+    # Whole messages are counted independently, so dropping turns lowers the total exactly.
+    unsummarized = set(log.kept_unsummarized)
+    while over > 0 and len(draft.turns) > budget.min_turns:
+        oldest = draft.turns.pop(0)
+        over -= sum(counter.count_message(m) for m in draft.turn_messages[oldest.seq])
+        reason = "degraded: window shrunk"
+        if oldest.seq in unsummarized:
+            reason += " (not yet in the summary)"
+        log.turns_dropped.append({"seq": oldest.seq, "reason": reason})
+    log.note("shrink_window")
 
-    simplified = 0
-    summary_shortened = False
-    unsummarized = set(kept_unsummarized)
-    while True:
-        messages, sections = _assemble(draft, inputs, message_msg, tool_messages, counter)
-        total = sum(sections.values())
-        over = total - limit
-        if over <= 0:
-            break
-        if len(draft.turns) > budget.min_turns:
-            # Whole messages are counted independently, so dropping turns lowers the total exactly.
-            while over > 0 and len(draft.turns) > budget.min_turns:
-                oldest = draft.turns.pop(0)
-                over -= sum(counter.count_message(m) for m in turn_messages[oldest.seq])
-                reason = "degraded: window shrunk"
-                if oldest.seq in unsummarized:
-                    reason += " (not yet in the summary)"
-                turns_dropped.append({"seq": oldest.seq, "reason": reason})
-            note("shrink_window")
-            continue
-        if draft.memories:
-            while over > 0 and draft.memories:
-                worst = draft.memories.pop()
-                over -= counter.count(f"- {worst.text.strip()}\n")
-                memories_dropped.append({"id": worst.id, "reason": "degraded: lowest-ranked dropped to fit"})
-            note("drop_memories")
-            continue
-        if draft.summary and not summary_shortened:
-            draft.summary = _shorten_summary(draft.summary, over, counter)
-            summary_shortened = True
-            note("shorten_summary")
-            continue
-        if draft.summary:
-            draft.summary = ""  # the shortened summary still did not fit: drop it before touching the system prompt
-            continue
-        if simplified == 0 and (
-            draft.procedural or draft.system_prompt.strip() != _first_paragraph(draft.system_prompt)
-        ):
-            procedural_dropped.extend(
-                {"index": i, "reason": "degraded: system prompt simplified"} for i in range(len(draft.procedural))
-            )
-            draft.procedural = []
-            first = counter.truncate(_first_paragraph(draft.system_prompt), SIMPLIFIED_SYSTEM_TOKENS)
-            draft.system_prompt = f"{first}\n{SYSTEM_SIMPLIFIED_MARKER}"
-            simplified = 1
-            note("simplify_system")
-            continue
-        system_tokens = counter.count(draft.system_prompt)
-        if simplified < 2 and system_tokens > SYSTEM_FLOOR_TOKENS:
-            keep = max(SYSTEM_FLOOR_TOKENS, system_tokens - over - 16)
-            body = _first_paragraph(draft.system_prompt.replace(SYSTEM_SIMPLIFIED_MARKER, ""))
-            draft.system_prompt = f"{counter.truncate(body, keep)}\n{SYSTEM_SIMPLIFIED_MARKER}"
-            simplified = 2
-            note("simplify_system")
-            continue
-        raise ContextOverflowError(total=total, limit=limit, sections=sections, degradations=degradations)
 
+def _drop_memories(draft: _Draft, over: int, counter: TokenCounter, log: _Log) -> None:
+    while over > 0 and draft.memories:
+        worst = draft.memories.pop()
+        over -= counter.count(f"- {worst.text.strip()}\n")
+        log.memories_dropped.append({"id": worst.id, "reason": "degraded: lowest-ranked dropped to fit"})
+    log.note("drop_memories")
+
+
+def _simplify_system(draft: _Draft, counter: TokenCounter, log: _Log) -> bool:
+    """Drop the procedures and keep the system prompt's first paragraph; False when it is already that."""
+    if not draft.procedural and draft.system_prompt.strip() == _first_paragraph(draft.system_prompt):
+        return False
+    log.procedural_dropped.extend(
+        {"index": i, "reason": "degraded: system prompt simplified"} for i in range(len(draft.procedural))
+    )
+    draft.procedural = []
+    first = counter.truncate(_first_paragraph(draft.system_prompt), SIMPLIFIED_SYSTEM_TOKENS)
+    draft.system_prompt = f"{first}\n{SYSTEM_SIMPLIFIED_MARKER}"
+    return True
+
+
+def _cut_system_to_floor(draft: _Draft, over: int, counter: TokenCounter) -> bool:
+    """Cut the simplified system prompt further, not below ``SYSTEM_FLOOR_TOKENS``; False when at the floor."""
+    system_tokens = counter.count(draft.system_prompt)
+    if system_tokens <= SYSTEM_FLOOR_TOKENS:
+        return False
+    keep = max(SYSTEM_FLOOR_TOKENS, system_tokens - over - 16)
+    body = _first_paragraph(draft.system_prompt.replace(SYSTEM_SIMPLIFIED_MARKER, ""))
+    draft.system_prompt = f"{counter.truncate(body, keep)}\n{SYSTEM_SIMPLIFIED_MARKER}"
+    return True
+
+
+def _degrade(draft: _Draft, over: int, budget: ContextBudget, counter: TokenCounter, log: _Log) -> bool:
+    """Step 3: one degradation, the next in the fixed order; False when none is left."""
+    if len(draft.turns) > budget.min_turns:
+        _shrink_window(draft, over, budget, counter, log)
+    elif draft.memories:
+        _drop_memories(draft, over, counter, log)
+    elif draft.summary and not log.summary_shortened:
+        draft.summary = _shorten_summary(draft.summary, over, counter)
+        log.summary_shortened = True
+        log.note("shorten_summary")
+    elif draft.summary:
+        draft.summary = ""  # the shortened summary still did not fit: drop it before touching the system prompt
+    elif log.simplified == 0 and _simplify_system(draft, counter, log):
+        log.simplified = 1
+        log.note("simplify_system")
+    elif log.simplified < 2 and _cut_system_to_floor(draft, over, counter):
+        log.simplified = 2
+        log.note("simplify_system")
+    else:
+        return False
+    return True
+
+
+def _composition(
+    *, inputs: PromptInputs, budget: ContextBudget, draft: _Draft, sections: dict[str, int], total: int, log: _Log
+) -> dict[str, Any]:
+    """How the prompt was made (the context inspector)."""
     included = {t.seq for t in draft.turns}
-    composition: dict[str, Any] = {
-        "limit": limit,
+    return {
+        "limit": budget.prompt_limit,
         "total": total,
         "window": budget.window,
         "response_reserve": budget.response_reserve,
@@ -466,29 +501,48 @@ def build_prompt(*, inputs: PromptInputs, budget: ContextBudget, counter: TokenC
         "section_limits": {name: budget.section_limit(name) for name in SECTIONS},
         "turns": {
             "included": [t.seq for t in draft.turns],
-            "dropped": sorted(turns_dropped, key=lambda d: d["seq"]),
-            "kept_unsummarized": [s for s in kept_unsummarized if s in included],
+            "dropped": sorted(log.turns_dropped, key=lambda d: d["seq"]),
+            "kept_unsummarized": [s for s in log.kept_unsummarized if s in included],
             "window_turns": budget.window_turns,
         },
-        "memories": {"included": [m.id for m in draft.memories], "dropped": memories_dropped},
-        "procedural": {"included": len(draft.procedural), "dropped": procedural_dropped},
+        "memories": {"included": [m.id for m in draft.memories], "dropped": log.memories_dropped},
+        "procedural": {"included": len(draft.procedural), "dropped": log.procedural_dropped},
         "summary": {
             "through_seq": inputs.summary_through_seq,
             "tokens": sections["summary"],
-            "shortened": "shorten_summary" in degradations,
+            "shortened": "shorten_summary" in log.degradations,
             "dropped": bool(inputs.summary) and not draft.summary,
         },
-        "degradations": degradations,
-        "cut_inputs": cut_inputs,
+        "degradations": log.degradations,
+        "cut_inputs": log.cut_inputs,
     }
+
+
+def build_prompt(*, inputs: PromptInputs, budget: ContextBudget, counter: TokenCounter) -> BuiltPrompt:
+    """Assemble the prompt from budgeted sections, degrading in a fixed order until it fits.
+
+    Raises ``ContextOverflowError`` when even the degraded prompt exceeds ``budget.prompt_limit``.
+    """
+    limit = budget.prompt_limit
+    log = _Log(counter=counter)
+    cut = _cut_inputs(inputs, budget, counter, log)
+    draft = _allocate(inputs, budget, counter, cut, log)
+    # Pre-flight check with real counts; degrade in the fixed order until it fits.
+    while True:
+        messages, sections = _assemble(draft, inputs, cut.message_msg, cut.tool_messages, counter)
+        total = sum(sections.values())
+        if total <= limit:
+            break
+        if not _degrade(draft, total - limit, budget, counter, log):
+            raise ContextOverflowError(total=total, limit=limit, sections=sections, degradations=log.degradations)
     return BuiltPrompt(
         messages=messages,
         tools=list(inputs.tools),
         sections=sections,
         total_tokens=total,
         limit=limit,
-        composition=composition,
-        degradations=degradations,
+        composition=_composition(inputs=inputs, budget=budget, draft=draft, sections=sections, total=total, log=log),
+        degradations=log.degradations,
     )
 
 

@@ -1,4 +1,4 @@
-"""Plain reads of memory: the memories in force, and the per-user vector indexes that exist.
+"""Plain reads of memory: one's own memories, those in force, and the per-user vector indexes that exist.
 
 Retrieval (the tiered search every door uses) is ``memory.retrieval``; writes are ``memory.services``.
 """
@@ -26,12 +26,24 @@ def current_q(now: datetime) -> Q:
     )
 
 
+def own_memories(user: Any) -> QuerySet[Memory]:
+    """Every memory of ``user``'s own, whatever its state (archived, superseded, expired included): what the
+    API and MCP look ids up in, and what the API's ``?archived=true`` lists. Shared procedures are curated in
+    the admin."""
+    return Memory.objects.filter(user=user)
+
+
 def memories_in_force(*, user: Any, now: datetime | None = None) -> QuerySet[Memory]:
     """``user``'s own memories in force (``current_q``: not archived, already valid, not superseded, not
-    expired), newest first: what the MCP's ``list_memories`` lists, as the admin's "in force" filter and the
-    retriever see them."""
+    expired), newest first: what the API's memory list and MCP's ``list_memories`` list, as the admin's "in
+    force" filter and the retriever see them."""
     at = now or timezone.now()
-    return Memory.objects.filter(user=user).filter(current_q(at)).order_by("-occurred_at", "-pk")
+    return own_memories(user).filter(current_q(at)).order_by("-occurred_at", "-pk")
+
+
+def memory_texts(*, user: Any, ids: list[int]) -> dict[int, str]:
+    """Memory id -> full text, for those of ``ids`` that are ``user``'s own."""
+    return dict(own_memories(user).filter(pk__in=ids).values_list("pk", "text"))
 
 
 USER_INDEX_PREFIX = "memory_hnsw_user_"

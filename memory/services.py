@@ -31,7 +31,7 @@ from llm.providers import get_provider
 from memory.embedding import get_embedder
 from memory.models import Memory, MemoryReview
 from memory.schemas import ExtractedFacts, Fact
-from memory.selectors import forget_user_indexes, user_index_name, user_indexes_present
+from memory.selectors import forget_user_indexes, own_memories, user_index_name, user_indexes_present
 from sessions.models import Checkpoint, Turn
 
 if TYPE_CHECKING:
@@ -249,6 +249,12 @@ def memory_update(*, memory: Memory, **fields: Any) -> Memory:
         stored.save(update_fields=sorted(changed | {"updated_at"}))
     refresh_from(memory, stored)
     return memory
+
+
+def memory_forget(*, user: Any, memory_id: int) -> bool:
+    """Delete ``user``'s memory ``memory_id`` for good; False when they have none by that id (someone else's
+    as much as a missing one)."""
+    return own_memories(user).filter(pk=memory_id).delete()[0] > 0
 
 
 def memories_reembed(

@@ -410,13 +410,8 @@ def _state_revisits(path: Sequence[str]) -> int:
     return revisits
 
 
-def session_health(*, session: ChatSession, recent_turns: int = 30) -> SessionHealth:
-    """Per-turn tokens, retries and states of one session, and the death-spiral signals among them.
-
-    Signals: prompt tokens per turn up 30 % from the first third of the recent turns to the last
-    third and, at their slope, reaching the agent's context window within 20 turns; a fifth of calls retried; any reset or FAILED checkpoint; the FSM re-entering states
-    (two or more revisits); a step-limit hit; tool errors in a quarter of the turns.
-    """
+def _recent_turn_health(session: ChatSession, recent_turns: int) -> list[TurnHealth]:
+    """The session's last ``recent_turns`` turns, oldest first, each with its calls' figures and tool errors."""
     turns = list(
         Turn.objects.filter(session=session)
         .order_by("-seq")
@@ -434,36 +429,40 @@ def session_health(*, session: ChatSession, recent_turns: int = 30) -> SessionHe
         .annotate(n=Count("id"))
         .values_list("turn_id", "n")
     )
-    rows = []
-    for turn in turns:
-        rows.append(
-            TurnHealth(
-                seq=turn.seq,
-                turn_id=turn.id,
-                created_at=turn.created_at,
-                prompt_tokens=turn.prompt_tokens or int(turn.call_tokens),
-                calls=int(turn.call_count),
-                retries=int(turn.call_retries),
-                steps=turn.steps,
-                step_limit_hit=turn.step_limit_hit,
-                degraded=bool((turn.composition or {}).get("degradations")),
-                tool_errors=int(tool_errors_by_turn.get(turn.id, 0)),
-                state_before=turn.state_before,
-                state_after=turn.state_after,
-                status=turn.status,
-            )
+    return [
+        TurnHealth(
+            seq=turn.seq,
+            turn_id=turn.id,
+            created_at=turn.created_at,
+            prompt_tokens=turn.prompt_tokens or int(turn.call_tokens),
+            calls=int(turn.call_count),
+            retries=int(turn.call_retries),
+            steps=turn.steps,
+            step_limit_hit=turn.step_limit_hit,
+            degraded=bool((turn.composition or {}).get("degradations")),
+            tool_errors=int(tool_errors_by_turn.get(turn.id, 0)),
+            state_before=turn.state_before,
+            state_after=turn.state_after,
+            status=turn.status,
         )
-    call_totals = LLMCall.objects.filter(session=session).aggregate(
-        calls=Count("id"), retried=Count("id", filter=Q(retries__gt=0)), retries=Coalesce(Sum("retries"), 0)
-    )
-    reasons = dict(
+        for turn in turns
+    ]
+
+
+def _checkpoint_reasons(session: ChatSession) -> dict[str, int]:
+    """How many checkpoints of each reason the session has."""
+    return dict(
         Checkpoint.objects.filter(session=session)
         .order_by()
         .values("reason")
         .annotate(n=Count("id"))
         .values_list("reason", "n")
     )
-    path = list(
+
+
+def _state_path(session: ChatSession) -> list[str]:
+    """The states the session went through: those its transitions, resets and resumes entered, in order."""
+    return list(
         Checkpoint.objects.filter(
             session=session,
             reason__in=[Checkpoint.Reason.TRANSITION, Checkpoint.Reason.RESET, Checkpoint.Reason.RESUME],
@@ -471,20 +470,37 @@ def session_health(*, session: ChatSession, recent_turns: int = 30) -> SessionHe
         .order_by("seq")
         .values_list("state", flat=True)
     )
+
+
+def _tokens_growth(rows: Sequence[TurnHealth]) -> float | None:
+    """Prompt tokens per turn, the last third of the turns against the first (None under three turns)."""
     tokens = [r.prompt_tokens for r in rows if r.prompt_tokens]
-    growth = None
-    if len(tokens) >= 3:
-        third = max(1, len(tokens) // 3)
-        growth = relative_change(
-            current=sum(tokens[-third:]) / third,
-            previous=sum(tokens[:third]) / third,
-        )
-    slope = least_squares_slope([(float(r.seq), float(r.prompt_tokens)) for r in rows if r.prompt_tokens])
+    if len(tokens) < 3:
+        return None
+    third = max(1, len(tokens) // 3)
+    return relative_change(current=sum(tokens[-third:]) / third, previous=sum(tokens[:third]) / third)
+
+
+def session_health(*, session: ChatSession, recent_turns: int = 30) -> SessionHealth:
+    """Per-turn tokens, retries and states of one session, and the death-spiral signals among them.
+
+    Signals: prompt tokens per turn up 30 % from the first third of the recent turns to the last
+    third and, at their slope, reaching the agent's context window within 20 turns; a fifth of calls retried; any reset or FAILED checkpoint; the FSM re-entering states
+    (two or more revisits); a step-limit hit; tool errors in a quarter of the turns.
+    """
+    rows = _recent_turn_health(session, recent_turns)
+    call_totals = LLMCall.objects.filter(session=session).aggregate(
+        calls=Count("id"), retried=Count("id", filter=Q(retries__gt=0)), retries=Coalesce(Sum("retries"), 0)
+    )
+    reasons = _checkpoint_reasons(session)
+    path = _state_path(session)
     health = SessionHealth(
         session=session,
         turns=rows,
-        tokens_growth=growth,
-        tokens_slope_per_turn=slope,
+        tokens_growth=_tokens_growth(rows),
+        tokens_slope_per_turn=least_squares_slope(
+            [(float(r.seq), float(r.prompt_tokens)) for r in rows if r.prompt_tokens]
+        ),
         retries=int(call_totals["retries"]),
         calls=int(call_totals["calls"]),
         resets=int(reasons.get(Checkpoint.Reason.RESET, 0)),

@@ -316,67 +316,90 @@ def person_import(*, user: Any, parsed: Parsed) -> ImportReport:
     sessions: dict[uuid.UUID, ChatSession | None] = {}
     with transaction.atomic():
         for number, record in parsed.sessions:
-            existing = ChatSession.objects.filter(pk=record.id).first()
-            new_id = record.id
-            if existing is not None and existing.user_id != user.pk:
-                # Someone else's session has that id (an export of theirs): this one gets an id of its own, the
-                # same on every import of the file (so a second import finds it).
-                new_id = uuid.uuid5(record.id, f"user:{user.pk}")
-                existing = ChatSession.objects.filter(pk=new_id, user=user).first()
-            if existing is not None:
-                sessions[record.id] = existing
-                report.skipped.append({"line": number, "reason": "this session is already there"})
-                continue
-            agent = agents.get(record.agent)
-            if agent is None:
-                sessions[record.id] = None
-                report.skipped.append(
-                    {"line": number, "reason": f"no agent {record.agent!r} here: session and turns left out"}
-                )
-                continue
-            state, data, status = _safe_state(record)
-            session = ChatSession.objects.create(
-                id=new_id,
-                user=user,
-                agent=agent,
-                title=record.title,
-                workflow=record.workflow,
-                state=state,
-                data=data,
-                status=status,
-                summary=record.summary,
-                summary_through_seq=record.summary_through_seq,
-            )
-            if record.created_at:
-                ChatSession.objects.filter(pk=session.pk).update(created_at=record.created_at)
-            sessions[record.id] = session
-            report.created["sessions"] += 1
+            sessions[record.id] = _session_import(user, number, record, agents, report)
         for number, turn in parsed.turns:
-            target = sessions.get(turn.session)
-            if target is None:
-                why = "its session was left out" if turn.session in sessions else "its session is not in the file"
-                report.skipped.append({"line": number, "reason": why})
-                continue
-            if Turn.objects.filter(session=target, seq=turn.seq).exists():
-                report.skipped.append({"line": number, "reason": f"turn {turn.seq} of this session is already there"})
-                continue
-            row = Turn.objects.create(
-                session=target,
-                seq=turn.seq,
-                user_message=turn.user_message,
-                assistant_message=turn.assistant_message,
-                status=turn.status,
-                state_before=turn.state_before,
-                state_after=turn.state_after,
-                completed_at=turn.completed_at,
-                # Its memories come with the file: the memory-write sweep must not write them again.
-                memories_written_at=timezone.now(),
-            )
-            if turn.created_at:
-                Turn.objects.filter(pk=row.pk).update(created_at=turn.created_at)
-            report.created["turns"] += 1
+            _turn_import(number, turn, sessions, report)
     # The memories in a transaction of their own, embedded just before it: sessions and turns are committed
     # first (an import cut short between the two is completed by running it again: it skips what is there).
+    _memories_import(user, parsed, agents, sessions, report)
+    return report
+
+
+def _session_import(
+    user: Any, number: int, record: SessionRecord, agents: dict[str, Agent], report: ImportReport
+) -> ChatSession | None:
+    """The session ``record`` names for ``user``: the one already there, or a new one; None when its agent is
+    not here (its turns are left out too)."""
+    existing = ChatSession.objects.filter(pk=record.id).first()
+    new_id = record.id
+    if existing is not None and existing.user_id != user.pk:
+        # Someone else's session has that id (an export of theirs): this one gets an id of its own, the
+        # same on every import of the file (so a second import finds it).
+        new_id = uuid.uuid5(record.id, f"user:{user.pk}")
+        existing = ChatSession.objects.filter(pk=new_id, user=user).first()
+    if existing is not None:
+        report.skipped.append({"line": number, "reason": "this session is already there"})
+        return existing
+    agent = agents.get(record.agent)
+    if agent is None:
+        report.skipped.append({"line": number, "reason": f"no agent {record.agent!r} here: session and turns left out"})
+        return None
+    state, data, status = _safe_state(record)
+    session = ChatSession.objects.create(
+        id=new_id,
+        user=user,
+        agent=agent,
+        title=record.title,
+        workflow=record.workflow,
+        state=state,
+        data=data,
+        status=status,
+        summary=record.summary,
+        summary_through_seq=record.summary_through_seq,
+    )
+    if record.created_at:
+        ChatSession.objects.filter(pk=session.pk).update(created_at=record.created_at)
+    report.created["sessions"] += 1
+    return session
+
+
+def _turn_import(
+    number: int, turn: TurnRecord, sessions: dict[uuid.UUID, ChatSession | None], report: ImportReport
+) -> None:
+    """Write ``turn`` in its session, unless the session was left out or already has a turn of that seq."""
+    target = sessions.get(turn.session)
+    if target is None:
+        why = "its session was left out" if turn.session in sessions else "its session is not in the file"
+        report.skipped.append({"line": number, "reason": why})
+        return
+    if Turn.objects.filter(session=target, seq=turn.seq).exists():
+        report.skipped.append({"line": number, "reason": f"turn {turn.seq} of this session is already there"})
+        return
+    row = Turn.objects.create(
+        session=target,
+        seq=turn.seq,
+        user_message=turn.user_message,
+        assistant_message=turn.assistant_message,
+        status=turn.status,
+        state_before=turn.state_before,
+        state_after=turn.state_after,
+        completed_at=turn.completed_at,
+        # Its memories come with the file: the memory-write sweep must not write them again.
+        memories_written_at=timezone.now(),
+    )
+    if turn.created_at:
+        Turn.objects.filter(pk=row.pk).update(created_at=turn.created_at)
+    report.created["turns"] += 1
+
+
+def _memories_import(
+    user: Any,
+    parsed: Parsed,
+    agents: dict[str, Agent],
+    sessions: dict[uuid.UUID, ChatSession | None],
+    report: ImportReport,
+) -> None:
+    """Restore the file's memories (embedded, in a transaction of their own), tied to the imported sessions."""
     records = [
         {
             **memory.model_dump(exclude={"type", "agent", "source_session"}),
@@ -389,4 +412,3 @@ def person_import(*, user: Any, parsed: Parsed) -> ImportReport:
     report.created["memories"] = len(created)
     for index in skipped:
         report.skipped.append({"line": parsed.memories[index][0], "reason": "this memory is already there"})
-    return report

@@ -1,9 +1,11 @@
-"""Reads about sessions' workflow state: checkpoint timelines, recovery candidates, retention."""
+"""Reads about sessions: one's own sessions and their turns; workflow state: checkpoint timelines, recovery
+candidates, retention."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 from django.db import connection
 from django.db.models import Count, Q, QuerySet
@@ -21,6 +23,26 @@ PRUNE_KEEP_REASONS: tuple[str, ...] = (
     Checkpoint.Reason.FAILED,
     Checkpoint.Reason.HANDOFF,
 )
+
+
+def own_sessions(user: Any) -> QuerySet[ChatSession]:
+    """The sessions ``user`` may see through the API and MCP: their own (with their agent)."""
+    return ChatSession.objects.filter(user=user).select_related("agent")
+
+
+def own_session(user: Any, session_id: UUID | str) -> ChatSession | None:
+    """One of ``user``'s sessions, or None for any other id: someone else's as much as a missing one, or a
+    string that is no UUID."""
+    try:
+        key = session_id if isinstance(session_id, UUID) else UUID(session_id)
+    except ValueError:
+        return None
+    return own_sessions(user).filter(pk=key).first()
+
+
+def session_turns(*, session: ChatSession) -> QuerySet[Turn]:
+    """The session's turns, oldest first (the API's message list, MCP's transcript)."""
+    return Turn.objects.filter(session=session).order_by("seq")
 
 
 def session_checkpoints(*, session: ChatSession) -> QuerySet[Checkpoint]:

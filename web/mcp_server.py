@@ -18,7 +18,6 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from types import SimpleNamespace
 from typing import Annotated, Any, Literal
-from uuid import UUID
 
 from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
@@ -29,16 +28,18 @@ from pydantic import Field
 from rest_framework.authtoken.models import Token
 
 from agents.models import Agent
+from agents.selectors import active_agent, active_agents
 from core.incoming import BIGINT_MAX, Unstorable, storable_str
 from core.incoming import idempotency_key as valid_idempotency_key
 from core.throttles import messages_rate_wait
 from memory.models import Memory
 from memory.retrieval import memories_for_prompt
-from memory.selectors import memories_in_force
-from memory.services import memory_get_or_create
+from memory.selectors import memories_in_force, memory_texts
+from memory.services import memory_forget, memory_get_or_create
 from orchestrator.runtime import MessageRejected, turn_run, validate_message
 from sessions.locks import SessionBusyError
 from sessions.models import ChatSession
+from sessions.selectors import own_session, session_turns
 from sessions.services import session_create
 
 # The user a stdio server acts for (set by ``manage.py mcp --user``); HTTP requests carry their token instead.
@@ -85,11 +86,7 @@ async def _user(ctx: Context) -> Any:
 def _own_session(user: Any, session_id: str, *, missing: type[Exception] = ToolError) -> ChatSession:
     """One of ``user``'s sessions; ``missing`` (a tool error, or a resource's "not found") for any other id,
     someone else's as much as one that does not exist."""
-    try:
-        key = UUID(session_id)
-    except ValueError:
-        raise missing(f"no session {session_id!r}") from None
-    session = ChatSession.objects.select_related("agent").filter(pk=key, user=user).first()
+    session = own_session(user, session_id)
     if session is None:
         raise missing(f"no session {session_id!r}")
     return session
@@ -109,30 +106,75 @@ def _session_state(session: ChatSession) -> dict[str, Any]:
     return {"workflow": session.workflow, "state": session.state, "data": session.data, "status": session.status}
 
 
-def build_server() -> MCPServer:
-    server = MCPServer(
-        name="agents-runtime",
-        instructions="The user's memories (search, add, list, forget) and their agents (list, send a message).",
-    )
+def _search_rows(user: Any, query: str, limit: int) -> list[dict[str, Any]]:
+    """The retriever's candidates for ``query``, each with its full text and why it would (not) be used."""
+    result = memories_for_prompt(user=user, query=query[:2000], budget_tokens=4000, touch=False)
+    texts = memory_texts(user=user, ids=[c.id for c in result.candidates])
+    return [
+        {"id": c.id, "kind": c.kind, "text": texts.get(c.id, c.preview), "used": c.kept, "why": c.reason}
+        for c in result.candidates[: max(1, min(limit, 50))]
+    ]
 
+
+def _memory_row(memory: Memory) -> dict[str, Any]:
+    return {
+        "id": memory.pk,
+        "kind": memory.kind,
+        "text": memory.text,
+        "pinned": memory.pinned,
+        "occurred_at": memory.occurred_at.isoformat(),
+    }
+
+
+def _agent_row(agent: Agent) -> dict[str, Any]:
+    return {"slug": agent.slug, "name": agent.name, "description": agent.description, "workflow": agent.workflow}
+
+
+def _session_for_message(user: Any, session_id: str, agent: str) -> ChatSession:
+    """The session a message goes to: one of ``user``'s by id, or a new one with the active agent ``agent``."""
+    if session_id:
+        return _own_session(user, session_id)
+    found = active_agent(agent)
+    if found is None:
+        raise ToolError("give session_id, or the slug of an active agent (list_agents)")
+    return session_create(user=user, agent=found)
+
+
+def _send(user: Any, message: str, *, session_id: str, agent: str, key: str | None) -> dict[str, Any]:
+    """One turn through the normal loop (its lock, checkpoints and idempotency), after the messages rate."""
+    wait = messages_rate_wait(SimpleNamespace(user=user, META={}))
+    if wait is not None:
+        raise ToolError(f"too many messages; try again in {wait} seconds")
+    session = _session_for_message(user, session_id, agent)
+    try:
+        result = turn_run(session=session, message=message, idempotency_key=key)
+    except (MessageRejected, SessionBusyError) as exc:
+        raise ToolError(str(getattr(exc, "message", exc))) from exc
+    turn = result.turn
+    return {
+        "session_id": str(session.pk),
+        "turn_id": turn.pk,
+        "status": turn.status,
+        "reply": result.reply,
+        "truncated": turn.truncated,
+        "replayed": result.replayed,
+    }
+
+
+def _transcript(user: Any, session_id: str) -> str:
+    session = _own_session(user, session_id, missing=ResourceNotFoundError)
+    turns = session_turns(session=session).values("seq", "user_message", "assistant_message", "status")
+    return json.dumps(list(turns))
+
+
+def _add_memory_tools(server: MCPServer) -> None:
     @server.tool(description="Search my memories with the agent's tiered retriever; each result says why.")
     async def search_memory(query: str, ctx: Context, limit: int = 10) -> list[dict[str, Any]]:
         user = await _user(ctx)
         if not query.strip():
             raise ToolError("query is empty")
         _storable_or_refuse(query=query)
-
-        def run() -> list[dict[str, Any]]:
-            result = memories_for_prompt(user=user, query=query[:2000], budget_tokens=4000, touch=False)
-            texts = dict(
-                Memory.objects.filter(user=user, pk__in=[c.id for c in result.candidates]).values_list("pk", "text")
-            )
-            return [
-                {"id": c.id, "kind": c.kind, "text": texts.get(c.id, c.preview), "used": c.kept, "why": c.reason}
-                for c in result.candidates[: max(1, min(limit, 50))]
-            ]
-
-        return await db(run)
+        return await db(lambda: _search_rows(user, query, limit))
 
     @server.tool(description="Remember something about me.")
     async def add_memory(
@@ -148,14 +190,11 @@ def build_server() -> MCPServer:
         if len(fact_key) > 80:
             raise ToolError("fact_key is at most 80 characters")
         _storable_or_refuse(text=text, fact_key=fact_key)
-
-        def run() -> dict[str, Any]:
-            memory, created = memory_get_or_create(
-                user=user, kind=kind, text=text, fact_key=fact_key if kind == "semantic" else "", pinned=pinned
-            )
-            return {"id": memory.pk, "created": created}
-
-        return await db(run)
+        key = fact_key if kind == "semantic" else ""
+        memory, created = await db(
+            lambda: memory_get_or_create(user=user, kind=kind, text=text, fact_key=key, pinned=pinned)
+        )
+        return {"id": memory.pk, "created": created}
 
     @server.tool(description="My memories in force, newest first.")
     async def list_memories(
@@ -163,42 +202,22 @@ def build_server() -> MCPServer:
     ) -> list[dict[str, Any]]:
         user = await _user(ctx)
         window = slice(offset, offset + max(1, min(limit, 200)))
-
-        def run() -> list[dict[str, Any]]:
-            # The same selector as the other doors: an expired memory, or one not valid yet, is not in force.
-            rows = memories_in_force(user=user)
-            return [
-                {
-                    "id": m.pk,
-                    "kind": m.kind,
-                    "text": m.text,
-                    "pinned": m.pinned,
-                    "occurred_at": m.occurred_at.isoformat(),
-                }
-                for m in rows[window]
-            ]
-
-        return await db(run)
+        # The same selector as the other doors: an expired memory, or one not valid yet, is not in force.
+        return await db(lambda: [_memory_row(m) for m in memories_in_force(user=user)[window]])
 
     @server.tool(description="Forget one of my memories for good.")
     async def forget_memory(memory_id: Annotated[int, Field(ge=1, le=BIGINT_MAX)], ctx: Context) -> dict[str, Any]:
         user = await _user(ctx)
-        deleted = await db(lambda: Memory.objects.filter(pk=memory_id, user=user).delete()[0])
-        if not deleted:
+        if not await db(lambda: memory_forget(user=user, memory_id=memory_id)):
             raise ToolError(f"no memory {memory_id}")
         return {"forgotten": memory_id}
 
+
+def _add_agent_tools(server: MCPServer) -> None:
     @server.tool(description="The agents I can talk to.")
     async def list_agents(ctx: Context) -> list[dict[str, Any]]:
         await _user(ctx)
-
-        def run() -> list[dict[str, Any]]:
-            agents = Agent.objects.filter(is_active=True).order_by("name")
-            return [
-                {"slug": a.slug, "name": a.name, "description": a.description, "workflow": a.workflow} for a in agents
-            ]
-
-        return await db(run)
+        return await db(lambda: [_agent_row(a) for a in active_agents()])
 
     @server.tool(
         description="Send a message to an agent and get its reply: in one of my sessions (session_id), or a new "
@@ -219,50 +238,19 @@ def build_server() -> MCPServer:
             validate_message(message)
         except (Unstorable, MessageRejected) as exc:
             raise ToolError(exc.message_for_people()) from None
+        return await db(lambda: _send(user, message, session_id=session_id, agent=agent, key=key))
 
-        def run() -> dict[str, Any]:
-            wait = messages_rate_wait(SimpleNamespace(user=user, META={}))
-            if wait is not None:
-                raise ToolError(f"too many messages; try again in {wait} seconds")
-            if session_id:
-                session = _own_session(user, session_id)
-            else:
-                found = Agent.objects.filter(slug=agent, is_active=True).first() if agent else None
-                if found is None:
-                    raise ToolError("give session_id, or the slug of an active agent (list_agents)")
-                session = session_create(user=user, agent=found)
-            try:
-                result = turn_run(session=session, message=message, idempotency_key=key)
-            except (MessageRejected, SessionBusyError) as exc:
-                raise ToolError(str(getattr(exc, "message", exc))) from exc
-            turn = result.turn
-            return {
-                "session_id": str(session.pk),
-                "turn_id": turn.pk,
-                "status": turn.status,
-                "reply": result.reply,
-                "truncated": turn.truncated,
-                "replayed": result.replayed,
-            }
 
-        return await db(run)
-
+def _add_session_tools(server: MCPServer) -> None:
     @server.tool(description="Where one of my sessions stands: workflow state, collected data, status.")
     async def session_state(session_id: str, ctx: Context) -> dict[str, Any]:
         user = await _user(ctx)
-
         return await db(lambda: _session_state(_own_session(user, session_id)))
 
     @server.resource("session://{session_id}/transcript", mime_type="application/json")
     async def transcript(session_id: str, ctx: Context) -> str:
         user = await _user(ctx)
-
-        def run() -> str:
-            session = _own_session(user, session_id, missing=ResourceNotFoundError)
-            turns = session.turns.order_by("seq").values("seq", "user_message", "assistant_message", "status")
-            return json.dumps(list(turns))
-
-        return await db(run)
+        return await db(lambda: _transcript(user, session_id))
 
     @server.resource("session://{session_id}/state", mime_type="application/json")
     async def state(session_id: str, ctx: Context) -> str:
@@ -270,6 +258,16 @@ def build_server() -> MCPServer:
         found = await db(lambda: _session_state(_own_session(user, session_id, missing=ResourceNotFoundError)))
         return json.dumps(found)
 
+
+def build_server() -> MCPServer:
+    """The tools and resources, each a thin door over the selectors and services the REST API calls."""
+    server = MCPServer(
+        name="agents-runtime",
+        instructions="The user's memories (search, add, list, forget) and their agents (list, send a message).",
+    )
+    _add_memory_tools(server)
+    _add_agent_tools(server)
+    _add_session_tools(server)
     return server
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from memory.models import Memory
+from memory.selectors import memories_in_force
 from tests.api.conftest import assert_error
 
 
@@ -61,6 +64,31 @@ def test_list_filters_by_kind_and_hides_archived(alice_client: APIClient) -> Non
     alice_client.patch(f"/api/memories/{ids['semantic']}/", {"archived": True}, format="json")
     visible = {m["id"] for m in alice_client.get("/api/memories/").json()["results"]}
     assert visible == {ids["episodic"], ids["procedural"]}
+    everything = {m["id"] for m in alice_client.get("/api/memories/", {"archived": "true"}).json()["results"]}
+    assert everything == set(ids.values())
+
+
+@pytest.mark.django_db
+def test_list_omits_expired_memories_like_every_other_door(alice: Any, alice_client: APIClient) -> None:
+    """The list shows the memories in force (``memory.selectors.memories_in_force``), as MCP's
+    ``list_memories`` and the retriever do: an expired, superseded or not-yet-valid memory is left out;
+    ``?archived=true`` still lists all of one's memories."""
+    ids = {
+        name: alice_client.post("/api/memories/", {"kind": "semantic", "text": text}, format="json").json()["id"]
+        for name, text in [
+            ("kept", "Likes window seats."),
+            ("expired", "Is in Lisbon this week."),
+            ("superseded", "Lives in Oslo."),
+            ("later", "Will live in Bergen."),
+        ]
+    }
+    now = timezone.now()
+    Memory.objects.filter(pk=ids["expired"]).update(expires_at=now - timedelta(minutes=1))
+    Memory.objects.filter(pk=ids["superseded"]).update(valid_to=now - timedelta(minutes=1))
+    Memory.objects.filter(pk=ids["later"]).update(valid_from=now + timedelta(days=1))
+    listed = [m["id"] for m in alice_client.get("/api/memories/").json()["results"]]
+    assert listed == [ids["kept"]]
+    assert [m.pk for m in memories_in_force(user=alice)] == listed
     everything = {m["id"] for m in alice_client.get("/api/memories/", {"archived": "true"}).json()["results"]}
     assert everything == set(ids.values())
 

@@ -20,6 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agents.models import Agent
+from agents.selectors import active_agents
 from core.api_errors import error_body
 from core.parsers import RawTextParser
 from people.erasure import person_erase
@@ -27,16 +28,12 @@ from people.portability import ImportRejected, mem0_records, parse_export, perso
 from web.api.agents_serializers import AgentOutputSerializer
 
 
-def _active_agents() -> QuerySet[Agent]:
-    return Agent.objects.filter(is_active=True).order_by("name", "pk")
-
-
 @extend_schema(tags=["agents"], summary="List the active agents")
 class AgentListApi(generics.ListAPIView[Agent]):
     serializer_class = AgentOutputSerializer
 
     def get_queryset(self) -> QuerySet[Agent]:
-        return _active_agents()
+        return active_agents()
 
 
 @extend_schema(tags=["agents"], summary="One active agent")
@@ -44,7 +41,7 @@ class AgentDetailApi(generics.RetrieveAPIView[Agent]):
     serializer_class = AgentOutputSerializer
 
     def get_queryset(self) -> QuerySet[Agent]:
-        return _active_agents()
+        return active_agents()
 
 
 ERASE_CONFIRMATION = "erase my data"

@@ -3,20 +3,19 @@ same tiered retriever the agent uses. Another user's memory answers 404."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from memory.models import Memory
 from memory.retrieval import memories_for_prompt
-from memory.services import memory_get_or_create, memory_update
+from memory.selectors import memories_in_force, own_memories
+from memory.services import memory_forget, memory_get_or_create, memory_update
 from web.api.memory_serializers import (
     MemoryCreateSerializer,
     MemoryOutputSerializer,
@@ -26,31 +25,36 @@ from web.api.memory_serializers import (
 )
 
 
-def own_memories(user: Any) -> QuerySet[Memory]:
-    """The memories ``user`` may see and change: their own (shared procedures are curated in the admin)."""
-    return Memory.objects.filter(user=user)
+def _wants_archived(request: Request) -> bool:
+    return request.query_params.get("archived") in ("1", "true", "yes")
 
 
 class MemoryListApi(generics.GenericAPIView[Memory]):
     serializer_class = MemoryOutputSerializer
 
     def get_queryset(self) -> QuerySet[Memory]:
-        memories = own_memories(self.request.user).order_by("-created_at", "-pk")
+        user = self.request.user
+        # The memories in force, as MCP and the retriever see them; ?archived=true: all of one's memories.
+        listed = own_memories(user) if _wants_archived(self.request) else memories_in_force(user=user)
+        memories = listed.order_by("-created_at", "-pk")
         kind = self.request.query_params.get("kind")
         if kind:
             if kind not in Memory.Kind.values:
                 raise ValidationError({"kind": [f"One of {', '.join(Memory.Kind.values)}."]})
             memories = memories.filter(kind=kind)
-        if self.request.query_params.get("archived") not in ("1", "true", "yes"):
-            memories = memories.filter(archived=False)
         return memories
 
     @extend_schema(
         tags=["memories"],
-        summary="List my memories, newest first",
+        summary="List my memories in force, newest first",
         parameters=[
             OpenApiParameter("kind", str, enum=list(Memory.Kind.values), required=False),
-            OpenApiParameter("archived", bool, required=False, description="Include archived memories."),
+            OpenApiParameter(
+                "archived",
+                bool,
+                required=False,
+                description="All my memories: archived, superseded, expired and not yet valid ones included.",
+            ),
         ],
         responses=MemoryOutputSerializer(many=True),
     )
@@ -104,7 +108,8 @@ class MemoryDetailApi(APIView):
 
     @extend_schema(tags=["memories"], summary="Forget a memory", responses={204: None})
     def delete(self, request: Request, memory_id: int) -> Response:
-        self._memory(request, memory_id).delete()
+        if not memory_forget(user=request.user, memory_id=memory_id):
+            raise NotFound()
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

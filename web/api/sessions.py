@@ -27,6 +27,7 @@ from rest_framework.views import APIView
 from llm.providers import DEMO_LABEL
 from orchestrator.runtime import turn_follow, turn_run
 from sessions.models import ChatSession, Checkpoint, Turn
+from sessions.selectors import own_sessions, session_turns
 from sessions.services import session_create, session_delete
 from web.api.sessions_serializers import (
     CheckpointOutputSerializer,
@@ -49,11 +50,6 @@ IDEMPOTENCY_HEADER = OpenApiParameter(
     description="Any unique string (e.g. a UUID). A retried request with the same key returns the first reply "
     "instead of running the turn again.",
 )
-
-
-def own_sessions(user: Any) -> QuerySet[ChatSession]:
-    """The sessions ``user`` may see through the API: their own."""
-    return ChatSession.objects.filter(user=user).select_related("agent")
 
 
 def _own_session(request: Request, session_id: UUID) -> ChatSession:
@@ -135,8 +131,7 @@ class SessionMessageApi(generics.GenericAPIView[Turn]):
         return super().get_throttles()
 
     def get_queryset(self) -> QuerySet[Turn]:
-        session = _own_session(self.request, self.kwargs["session_id"])
-        return Turn.objects.filter(session=session).order_by("seq")
+        return session_turns(session=_own_session(self.request, self.kwargs["session_id"]))
 
     @extend_schema(
         tags=["messages"], summary="A session's turns, oldest first", responses=TurnOutputSerializer(many=True)

@@ -61,6 +61,104 @@ def readiness(readyz_url: str) -> tuple[bool, str]:
     return False, "; ".join(waiting)
 
 
+def _embedding_service_children(data_dir: Path) -> tuple[dict[str, str], list[Child]]:
+    """The embedding model once for the machine (memory/embedding_service.py), and what the other processes are
+    told to find it: they ask it over a Unix socket and never load torch (~550 MB each otherwise). None when
+    the backend is not the local model, or when the operator runs a service of their own."""
+    if settings.EMBEDDING_BACKEND != "sentence-transformers" or settings.EMBEDDING_SERVICE_SOCKET:
+        return {}, []
+    socket_path = data_dir / "embedder.sock"
+    manage = str(settings.BASE_DIR / "manage.py")
+    service = Child("embedding service", [sys.executable, manage, "serve_embeddings", "--socket", str(socket_path)])
+    return {"EMBEDDING_SERVICE_SOCKET": str(socket_path)}, [service]
+
+
+def _web_child(bind: str, workers: int, shared_model: dict[str, str]) -> Child:
+    """The web server: ASGI (config/asgi.py), so an open event stream holds no thread; MCP answers at /mcp/ on the
+    same port."""
+    # Each process shares a few database connections among its threads (DATABASE_POOL_MAX_SIZE).
+    # (≤ 30 in all under make run with 2 web processes: a web process's requests are short, a turn worker's
+    # threads many.)
+    pooled = {"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "6"), **shared_model}
+    return Child(
+        "web server",
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "config.asgi:application",
+            "--config",
+            "python:config.gunicorn_conf",
+            "--bind",
+            bind,
+            "--worker-class",
+            "uvicorn_worker.UvicornWorker",
+            "--workers",
+            str(workers),
+            "--timeout",
+            "300",
+            "--graceful-timeout",
+            "10",
+        ],
+        env=pooled,
+    )
+
+
+CELERY = [sys.executable, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO"]
+
+
+def _worker_children(turn_workers: int, turn_threads: int, shared_model: dict[str, str]) -> list[Child]:
+    """The Celery worker (with beat) for the default and ops queues, then the turn workers."""
+    queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    worker = Child(
+        "Celery worker",
+        [
+            *CELERY,
+            "--beat",
+            "-Q",
+            f"{queue},{settings.CELERY_OPS_QUEUE}",
+            # Threads, not processes: a memory write waits on the embedding service and the database, and one
+            # process holds the app once (~150 MB) rather than once per pool process.
+            "--pool",
+            "threads",
+            "--concurrency",
+            str(settings.CELERY_WORKER_THREADS),
+            "--schedule",
+            settings.CELERY_BEAT_SCHEDULE_FILENAME,
+        ],
+        env={"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "4"), **shared_model},
+    )
+    return [worker, *_turn_workers(turn_workers, turn_threads, shared_model)]
+
+
+def _turn_workers(turn_workers: int, turn_threads: int, shared_model: dict[str, str]) -> list[Child]:
+    """Turns: threads that wait on models (each gives its connection back before a model call), in
+    TURN_WORKER_PROCESSES processes: each takes turns from the queue and runs them on one core."""
+    pooled_turns = {"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "8"), **shared_model}
+    processes = max(1, int(turn_workers))
+    threads = max(1, int(turn_threads) // processes)
+    return [
+        Child(
+            "turn worker" if processes == 1 else f"turn worker {number}",
+            [
+                *CELERY,
+                "-Q",
+                settings.CELERY_TURNS_QUEUE,
+                "--pool",
+                "threads",
+                "--concurrency",
+                str(threads),
+                "--hostname",
+                f"turns{number}@%h",
+                "--without-gossip",
+                "--without-mingle",
+            ],
+            env=pooled_turns,
+        )
+        for number in range(1, processes + 1)
+    ]
+
+
 class Command(BaseCommand):
     help = "Run the web server and a Celery worker (plus the embedded database when DATABASE_URL is unset)."
 
@@ -94,106 +192,19 @@ class Command(BaseCommand):
         default_agents_ensure()
 
         bind = f"{options['host']}:{options['port']}"
-        # Each process shares a few database connections among its threads (DATABASE_POOL_MAX_SIZE).
-        # (≤ 30 in all under make run with 2 web processes: a web process's requests are short, a turn worker's
-        # threads many.)
-        # The embedding model once for the machine (memory/embedding_service.py): the other processes ask it over
-        # a Unix socket and never load torch (~550 MB each otherwise).
-        shared_model: dict[str, str] = {}
-        children = []
-        if settings.EMBEDDING_BACKEND == "sentence-transformers" and not settings.EMBEDDING_SERVICE_SOCKET:
-            socket_path = data_dir / "embedder.sock"
-            shared_model = {"EMBEDDING_SERVICE_SOCKET": str(socket_path)}
-            children.append(
-                Child(
-                    "embedding service",
-                    [
-                        sys.executable,
-                        str(settings.BASE_DIR / "manage.py"),
-                        "serve_embeddings",
-                        "--socket",
-                        str(socket_path),
-                    ],
-                )
-            )
-        pooled = {"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "6"), **shared_model}
-        pooled_turns = {"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "8"), **shared_model}
-        children += [
-            # ASGI (config/asgi.py): an open event stream holds no thread; MCP answers at /mcp/ on the same port.
-            Child(
-                "web server",
-                [
-                    sys.executable,
-                    "-m",
-                    "gunicorn",
-                    "config.asgi:application",
-                    "--config",
-                    "python:config.gunicorn_conf",
-                    "--bind",
-                    bind,
-                    "--worker-class",
-                    "uvicorn_worker.UvicornWorker",
-                    "--workers",
-                    str(options["web_workers"]),
-                    "--timeout",
-                    "300",
-                    "--graceful-timeout",
-                    "10",
-                ],
-                env=pooled,
-            ),
-        ]
+        shared_model, children = _embedding_service_children(data_dir)
+        children.append(_web_child(bind, options["web_workers"], shared_model))
         if not options["no_worker"]:
-            queue = settings.CELERY_TASK_DEFAULT_QUEUE
-            celery = [sys.executable, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO"]
-            children.append(
-                Child(
-                    "Celery worker",
-                    [
-                        *celery,
-                        "--beat",
-                        "-Q",
-                        f"{queue},{settings.CELERY_OPS_QUEUE}",
-                        # Threads, not processes: a memory write waits on the embedding service and the database,
-                        # and one process holds the app once (~150 MB) rather than once per pool process.
-                        "--pool",
-                        "threads",
-                        "--concurrency",
-                        str(settings.CELERY_WORKER_THREADS),
-                        "--schedule",
-                        settings.CELERY_BEAT_SCHEDULE_FILENAME,
-                    ],
-                    env={"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "4"), **shared_model},
-                )
-            )
-            # Turns: threads that wait on models (each gives its connection back before a model call), in
-            # TURN_WORKER_PROCESSES processes: each takes turns from the queue and runs them on one core.
-            processes = max(1, int(options["turn_workers"]))
-            threads = max(1, int(options["turn_threads"]) // processes)
-            for number in range(1, processes + 1):
-                children.append(
-                    Child(
-                        "turn worker" if processes == 1 else f"turn worker {number}",
-                        [
-                            *celery,
-                            "-Q",
-                            settings.CELERY_TURNS_QUEUE,
-                            "--pool",
-                            "threads",
-                            "--concurrency",
-                            str(threads),
-                            "--hostname",
-                            f"turns{number}@%h",
-                            "--without-gossip",
-                            "--without-mingle",
-                        ],
-                        env=pooled_turns,
-                    )
-                )
+            children += _worker_children(options["turn_workers"], options["turn_threads"], shared_model)
         for child in children:
             child.start()
 
         url = f"http://{bind}/"
+        self._say_started(url, data_dir, username, password)
+        self._supervise(children, url)
+
+    def _say_started(self, url: str, data_dir: Path, username: str, password: str | None) -> None:
+        """Where the app is, what it runs on, and how to sign in."""
         db = "embedded PostgreSQL in " + str(data_dir / "pg") if not settings.DATABASE_URL else "DATABASE_URL"
         broker = str(settings.CELERY_BROKER_URL).split("://", 1)[0]
         if settings.EMBEDDED_BROKER_DIR is not None:
@@ -208,6 +219,8 @@ class Command(BaseCommand):
             self.stdout.write(f"  sign in as {username!r} (first run's password in {data_dir / CREDENTIALS_FILE})")
         self.stdout.write("Press Ctrl-C to stop everything.\n")
 
+    def _supervise(self, children: list[Child], url: str) -> None:
+        """Restart what dies, say when the app is ready, and stop everything on Ctrl-C or SIGTERM."""
         stopping = False
 
         def _stop(signum: int, frame: object) -> None:
@@ -230,18 +243,23 @@ class Command(BaseCommand):
                     broker_checked = time.monotonic()
                     self._heal_broker(settings.EMBEDDED_BROKER_DIR)
                 if not ready:
-                    # "Ready" only when the web process can answer a chat at once (/readyz): its models loaded,
-                    # the database answering, a worker heard from since the start.
-                    ready, waiting = readiness(f"{url}readyz")
-                    if ready:
-                        took = time.monotonic() - waiting_since
-                        self.stdout.write(self.style.SUCCESS(f"Ready at {url} (after {took:.0f}s)"))
-                    elif waiting and waiting != last_said and time.monotonic() - waiting_since > 2:
-                        self.stdout.write(f"  starting: {waiting}…")
-                        last_said = waiting
+                    ready, last_said = self._check_ready(url, waiting_since, last_said)
                 time.sleep(0.5)
         finally:
             self._shutdown(children)
+
+    def _check_ready(self, url: str, waiting_since: float, last_said: str) -> tuple[bool, str]:
+        """Whether the app is ready now (said once), else what it waits for (said when it changes)."""
+        # "Ready" only when the web process can answer a chat at once (/readyz): its models loaded,
+        # the database answering, a worker heard from since the start.
+        ready, waiting = readiness(f"{url}readyz")
+        if ready:
+            took = time.monotonic() - waiting_since
+            self.stdout.write(self.style.SUCCESS(f"Ready at {url} (after {took:.0f}s)"))
+        elif waiting and waiting != last_said and time.monotonic() - waiting_since > 2:
+            self.stdout.write(f"  starting: {waiting}…")
+            last_said = waiting
+        return ready, last_said
 
     def _heal_broker(self, folder: Path) -> None:
         if embedded_broker.answers(embedded_broker.socket_path(folder)):

@@ -3,7 +3,7 @@ on local simulated data.
 
 No airline is called. The timetable is generated deterministically from (origin, destination, date),
 so the same question always gets the same flights — in tests, in benchmarks and in the demo. A
-booking is an ``agents.models.Booking`` row, made at most once per (session, flight, date): a
+booking is an ``examples.booking.models.Booking`` row, made at most once per (session, flight, date): a
 retried or repeated call returns the first booking's reference instead of booking twice.
 """
 
@@ -29,9 +29,9 @@ from pydantic import (
     model_validator,
 )
 
-from agents.models import Booking
 from agents.tools import ToolContext, ToolOutput, tool
 from agents.tools.errors import ToolInputError
+from examples.booking.models import Booking
 from examples.booking.workflow import place_name
 
 _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")

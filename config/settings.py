@@ -530,6 +530,12 @@ AGENT_TOOLS = [
     "agents.tools.web.HTTP_GET",
     *env_list("AGENT_EXTRA_TOOLS", []),
 ]
+# The agents created when missing (``manage.py runstack``), besides the built-in assistant: dotted paths to a dict
+# of Agent fields with a slug, a list of them, or a callable returning either; a seed whose workflow is not
+# plugged in is skipped. Installed packages add theirs through the entry-point group ``agents_runtime.agent_seeds``.
+AGENT_SEEDS = [
+    "examples.booking.seed.flight_booking_agent",
+]
 # What packages keep about a person, erased with the rest (people.erasure.person_erase): dotted paths to callables
 # ``(user) -> dict[str, int]`` (counts by name). Installed packages add theirs through the entry-point group
 # ``agents_runtime.person_erasers``.

@@ -77,8 +77,9 @@ INSTALLED_APPS = [
     "memory",
     "sessions.apps.ChatSessionsConfig",
     "observability",
-    # The flight-booking demo: a workflow, two tools and the demo model's script for them, plugged in through
-    # AGENT_WORKFLOWS and AGENT_TOOLS below as any package of yours would be (examples/booking/).
+    # The flight-booking demo: a workflow, two tools, the demo model's script for them, its Booking model, its
+    # agent and its part of erasure, plugged in through AGENT_WORKFLOWS, AGENT_TOOLS, AGENT_SEEDS and
+    # PERSON_ERASERS below as any package of yours would be (examples/booking/).
     "examples.booking",
     # Every door (admin, API, chat pages, ops pages, MCP, Celery tasks, management commands): last, so it sees
     # every model.
@@ -536,6 +537,18 @@ AGENT_TOOLS = [
     "examples.booking.tools.BOOK_FLIGHT",
     "agents.tools.web.HTTP_GET",
     *env_list("AGENT_EXTRA_TOOLS", []),
+]
+# The agents created when missing (``manage.py runstack``), besides the built-in assistant: dotted paths to a dict
+# of Agent fields with a slug, a list of them, or a callable returning either; a seed whose workflow is not
+# plugged in is skipped. Installed packages add theirs through the entry-point group ``agents_runtime.agent_seeds``.
+AGENT_SEEDS = [
+    "examples.booking.seed.flight_booking_agent",
+]
+# What packages keep about a person, erased with the rest (people.erasure.person_erase): dotted paths to callables
+# ``(user) -> dict[str, int]`` (counts by name). Installed packages add theirs through the entry-point group
+# ``agents_runtime.person_erasers``.
+PERSON_ERASERS = [
+    "examples.booking.erasure.bookings_erase",
 ]
 # Seconds one attempt of a tool may run before it is abandoned (the model sees "TOOL_ERROR: … timed out").
 TOOLS_DEFAULT_TIMEOUT = env_float("TOOLS_DEFAULT_TIMEOUT", 10.0, minimum=0.05, maximum=600.0)

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents.tools.errors import ToolInputError
-from agents.tools.registry import Tool, ToolContext
+from agents.tools import ToolContext, ToolInputError, tool
 from memory.retrieval import memories_for_prompt
 
 # Used when there is no agent to take a memory budget from.
@@ -24,7 +23,13 @@ class SearchMemoryArgs(BaseModel):
     limit: int = Field(default=5, ge=1, le=20, description="Most memories to return, 1 to 20.")
 
 
-def _search_memory(args: SearchMemoryArgs, context: ToolContext) -> str:
+@tool(
+    description=(
+        "Search what is remembered about the user (facts, preferences, past conversations). "
+        "Use it when the answer may depend on something the user said before."
+    )
+)
+def search_memory(args: SearchMemoryArgs, context: ToolContext) -> str:
     user = context.user
     if user is None or not getattr(user, "is_authenticated", False):
         raise ToolInputError("searching memory needs a signed-in user.")
@@ -46,12 +51,5 @@ def _search_memory(args: SearchMemoryArgs, context: ToolContext) -> str:
     return "\n".join([f"Memories about the user matching {args.query!r}:", *lines])
 
 
-SEARCH_MEMORY = Tool(
-    name="search_memory",
-    description=(
-        "Search what is remembered about the user (facts, preferences, past conversations). "
-        "Use it when the answer may depend on something the user said before."
-    ),
-    args_model=SearchMemoryArgs,
-    run=_search_memory,
-)
+# The name settings.AGENT_TOOLS uses.
+SEARCH_MEMORY = search_memory

@@ -2,7 +2,8 @@
 
 ``person_erase`` deletes, in one transaction: their sessions (with turns, checkpoints and tool calls), the
 model-call records of those sessions (their error texts can quote what was said), their memories and
-review-queue items, their bookings; it forgets what the cache holds for them (their rate counters), and
+review-queue items, and what each package plugged in through ``settings.PERSON_ERASERS`` keeps about them
+(the booking example's bookings); it forgets what the cache holds for them (their rate counters), and
 leaves an ``Erasure`` row saying who erased whom and when, with counts, and nothing of the content.
 
 Work already queued for them finds nothing and writes nothing: the transaction takes the same per-user lock
@@ -13,21 +14,59 @@ background tasks write only into rows that still exist (a turn, a session), chec
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.contrib.admin.models import LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.core.cache import cache
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
-from agents.models import Booking, Erasure, LLMCall
+from agents.models import Erasure, LLMCall
+from core.plugins import load_plugins
 from memory.models import Memory, MemoryReview
 from memory.services import lock_user_memories
 from sessions.locks import SessionBusyError, session_lease_take_in_transaction
 from sessions.models import ChatSession, SessionLease
 
 logger = logging.getLogger(__name__)
+
+# A package's part of an erasure: ``eraser(user)`` deletes what the package keeps about ``user`` and returns how
+# many of each it deleted, by name (``{"bookings": 2}``).
+PersonEraser = Callable[[Any], dict[str, int]]
+# Installable packages add erasers under this entry-point group (as a PERSON_ERASERS entry does).
+PERSON_ERASERS_ENTRY_POINT_GROUP = "agents_runtime.person_erasers"
+
+
+def configured_erasers() -> list[PersonEraser]:
+    """The erasers of ``settings.PERSON_ERASERS`` (dotted paths to callables ``(user) -> dict[str, int]``), then
+    those of installed packages' entry points; ``ImproperlyConfigured`` names an entry that cannot be imported
+    or is not callable."""
+    paths = getattr(settings, "PERSON_ERASERS", [])
+    return load_plugins("PERSON_ERASERS", paths, PERSON_ERASERS_ENTRY_POINT_GROUP, _as_eraser)
+
+
+def _as_eraser(value: object, source: str) -> list[PersonEraser]:
+    if not callable(value):
+        raise ImproperlyConfigured(f"{source} is {type(value).__name__}, not a callable (user) -> dict[str, int]")
+    return [value]
+
+
+def _erasers_run(erasers: list[PersonEraser], user: Any, counts: dict[str, int]) -> None:
+    """Each eraser's counts, added to ``counts``; a result that is not counts by name stops the erasure (its
+    transaction is rolled back), naming the eraser."""
+    for eraser in erasers:
+        got = eraser(user)
+        if not isinstance(got, dict) or not all(
+            isinstance(k, str) and isinstance(n, int) and not isinstance(n, bool) for k, n in got.items()
+        ):
+            name = f"{getattr(eraser, '__module__', '?')}.{getattr(eraser, '__qualname__', repr(eraser))}"
+            raise TypeError(f"PERSON_ERASERS: {name} returned {got!r}, not a dict of counts by name")
+        for key, n in got.items():
+            counts[key] = counts.get(key, 0) + n
 
 
 @dataclass
@@ -43,6 +82,7 @@ def person_erase(*, user: Any, actor: Any = None) -> ErasureResult:
     ``SessionBusyError`` when one of their sessions has a turn running: erasing under it would let it write
     its reply into rows that are gone, or recreate them; try again when it has finished."""
     result = ErasureResult(subject_id=user.pk)
+    erasers = configured_erasers()  # a bad PERSON_ERASERS entry stops it before anything is deleted
     with transaction.atomic():
         lock_user_memories(user.pk)
         session_ids = list(ChatSession.objects.filter(user=user).values_list("pk", flat=True))
@@ -67,8 +107,9 @@ def person_erase(*, user: Any, actor: Any = None) -> ErasureResult:
             "model_calls": LLMCall.objects.filter(session_id__in=session_ids).delete()[0],
             "reviews": MemoryReview.objects.filter(user=user).delete()[0],
             "memories": Memory.objects.filter(user=user).delete()[0],
-            "bookings": Booking.objects.filter(user=user).delete()[0],
         }
+        # What packages keep about them (the booking example: "bookings"), while their sessions still exist.
+        _erasers_run(erasers, user, counts)
         deleted, by_model = ChatSession.objects.filter(pk__in=session_ids).delete()
         SessionLease.objects.filter(session_id__in=session_ids).delete()
         counts["sessions"] = by_model.get("chat_sessions.ChatSession", 0)

@@ -21,8 +21,9 @@ import httpx
 from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agents.tools.decorator import tool
 from agents.tools.errors import ToolConnectionError, ToolHttpError, ToolInputError
-from agents.tools.registry import Tool, ToolContext
+from agents.tools.registry import ToolContext
 
 MAX_REDIRECTS = 3
 _TEXT_TYPES = ("text/", "application/json", "application/xml", "application/xhtml", "+json", "+xml")
@@ -108,7 +109,13 @@ def _decode(body: bytes, response: httpx.Response) -> str:
         return body.decode("utf-8", errors="replace")
 
 
-def _http_get(args: HttpGetArgs, context: ToolContext) -> str:
+@tool(
+    description=(
+        "Fetch a web page or API response by URL (GET) and return its status and text, cut to a size limit. "
+        "Only allow-listed hosts can be fetched."
+    )
+)
+def http_get(args: HttpGetArgs, context: ToolContext) -> str:
     limit = args.max_bytes or int(settings.TOOLS_HTTP_MAX_BYTES)
     url = httpx.URL(args.url)
     # trust_env=False: proxy variables must not route requests around the allow-list.
@@ -148,12 +155,5 @@ def _http_get(args: HttpGetArgs, context: ToolContext) -> str:
     raise ToolInputError(f"more than {MAX_REDIRECTS} redirects")  # pragma: no cover - the loop always returns
 
 
-HTTP_GET = Tool(
-    name="http_get",
-    description=(
-        "Fetch a web page or API response by URL (GET) and return its status and text, cut to a size limit. "
-        "Only allow-listed hosts can be fetched."
-    ),
-    args_model=HttpGetArgs,
-    run=_http_get,
-)
+# The name settings.AGENT_TOOLS uses.
+HTTP_GET = http_get

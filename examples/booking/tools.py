@@ -1,8 +1,9 @@
-"""``search_flights`` and ``book_flight``: the booking workflow's tools, on local simulated data.
+"""``search_flights`` and ``book_flight``: the booking workflow's tools (plain functions made tools by ``@tool``),
+on local simulated data.
 
 No airline is called. The timetable is generated deterministically from (origin, destination, date),
 so the same question always gets the same flights — in tests, in benchmarks and in the demo. A
-booking is an ``agents.models.Booking`` row, made at most once per (session, flight, date): a
+booking is an ``examples.booking.models.Booking`` row, made at most once per (session, flight, date): a
 retried or repeated call returns the first booking's reference instead of booking twice.
 """
 
@@ -28,9 +29,9 @@ from pydantic import (
     model_validator,
 )
 
-from agents.models import Booking
+from agents.tools import ToolContext, ToolOutput, tool
 from agents.tools.errors import ToolInputError
-from agents.tools.registry import Tool, ToolContext, ToolOutput
+from examples.booking.models import Booking
 from examples.booking.workflow import place_name
 
 _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
@@ -170,7 +171,13 @@ def timetable(*, origin: str, destination: str, on: date) -> list[Flight]:
     return flights
 
 
-def _search_flights(args: SearchFlightsArgs, context: ToolContext) -> str:
+@tool(
+    description=(
+        "List the flights between two cities on one day: flight number, departure and arrival times, "
+        "duration, price per passenger and seats left."
+    )
+)
+def search_flights(args: SearchFlightsArgs, context: ToolContext) -> str:
     flights = timetable(origin=args.origin, destination=args.destination, on=args.date)
     header = (
         f"Flights from {city_label(args.origin)} to {city_label(args.destination)} on {args.date.isoformat()} "
@@ -204,7 +211,13 @@ def _describe(booking: Any, flight: Flight | None) -> str:
     return text + "."
 
 
-def _book_flight(args: BookFlightArgs, context: ToolContext) -> ToolOutput:
+@tool(
+    description=(
+        "Book a flight for the user and return the booking reference. Call it once the user has confirmed "
+        "the trip; repeating the same call returns the same booking rather than booking twice."
+    )
+)
+def book_flight(args: BookFlightArgs, context: ToolContext) -> ToolOutput:
     user = context.user
     if user is None or not getattr(user, "is_authenticated", False):
         raise ToolInputError("booking needs a signed-in user.")
@@ -277,22 +290,6 @@ def _booking_data(booking: Any) -> dict[str, Any]:
     return {"reference": booking.reference, "flight_number": booking.flight_number, "booking_id": booking.pk}
 
 
-SEARCH_FLIGHTS = Tool(
-    name="search_flights",
-    description=(
-        "List the flights between two cities on one day: flight number, departure and arrival times, "
-        "duration, price per passenger and seats left."
-    ),
-    args_model=SearchFlightsArgs,
-    run=_search_flights,
-)
-
-BOOK_FLIGHT = Tool(
-    name="book_flight",
-    description=(
-        "Book a flight for the user and return the booking reference. Call it once the user has confirmed "
-        "the trip; repeating the same call returns the same booking rather than booking twice."
-    ),
-    args_model=BookFlightArgs,
-    run=_book_flight,
-)
+# The names settings.AGENT_TOOLS (and older code) use for the two tools.
+SEARCH_FLIGHTS = search_flights
+BOOK_FLIGHT = book_flight

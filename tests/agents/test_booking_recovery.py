@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agents.models import Booking
+from examples.booking.models import Booking
 from examples.booking.tools import Flight, timetable
 from orchestrator.runtime import turn_run
 from sessions.models import ChatSession

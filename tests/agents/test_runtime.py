@@ -14,11 +14,12 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from agents.models import Agent, Booking, LLMCall, ToolInvocation
+from agents.models import Agent, LLMCall, ToolInvocation
 from agents.routing import RouteDecision, route_message
 from agents.services import default_agents_ensure
 from agents.tools.faults import ALWAYS, inject_fault
 from conftest import wait_for
+from examples.booking.models import Booking
 from llm.base import LLMServerError, ToolCallRequest
 from llm.scripted import ScriptedProvider, ScriptedReply
 from orchestrator.runtime import MessageRejected, turn_run, turn_stream

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import AnonymousUser
 
-from agents.models import Booking, ToolInvocation
+from agents.models import ToolInvocation
 from agents.tools import ToolContext, run_tool_call
 from agents.tools.faults import faults, inject_fault
+from examples.booking.models import Booking
 from examples.booking.tools import city_label, timetable
 from llm.base import ToolCallRequest
 from sessions.models import ChatSession

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from agents.models import Agent, Booking
+from agents.models import Agent
+from examples.booking.models import Booking
 from orchestrator.runtime import turn_begin
 from sessions.models import ChatSession, Checkpoint, Turn
 

@@ -12,7 +12,8 @@ import pytest
 from django.db import DatabaseError
 
 import orchestrator.reply as reply_module
-from agents.models import Booking, ToolInvocation
+from agents.models import ToolInvocation
+from examples.booking.models import Booking
 from orchestrator.runtime import turn_run
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import session_create

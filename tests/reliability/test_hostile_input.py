@@ -13,7 +13,8 @@ from django.core.cache import cache
 from django.test import Client
 from rest_framework.test import APIClient
 
-from agents.models import Agent, Booking
+from agents.models import Agent
+from examples.booking.models import Booking
 from memory.models import Memory
 from memory.services import memory_create
 from orchestrator.runtime import turn_run

@@ -321,18 +321,40 @@ def _key_terms(sentence: str) -> tuple[list[str], list[str]]:
     return exact, stems
 
 
+def _carries(text: str, term: str) -> bool:
+    """Does lower-cased ``text`` carry ``term`` (a number, code or name) as a word of its own: "2" is not carried by
+    "2027", nor "Sam" by "same"?"""
+    return re.search(rf"(?<![\w-]){re.escape(term)}(?![\w-])", text) is not None
+
+
 def _kept(sentence: str, summary: str) -> bool:
     """Does ``summary`` carry ``sentence``: every number and name in it, and at least half its longer words?"""
     text = summary.lower()
     exact, stems = _key_terms(sentence)
-    if any(term not in text for term in exact):
+    if not all(_carries(text, term) for term in exact):
         return False
     return not stems or sum(stem in text for stem in stems) >= 0.5 * len(stems)
 
 
+def _brings_new(sentence: str, text: str) -> bool:
+    """Does ``sentence`` name something (a number, code or name) that lower-cased ``text`` does not carry yet?"""
+    return any(not _carries(text, term) for term in _key_terms(sentence)[0])
+
+
+# Text the user quotes at length (a pasted email, a letter: at least this many characters between quotation
+# marks) is someone else's words, not what the user states.
+QUOTED_CHARS = 80
+_QUOTED = re.compile(
+    rf"(?<!\w)'(?=\S).{{{QUOTED_CHARS},}}?(?<=\S)'(?!\w)"
+    rf'|"[^"]{{{QUOTED_CHARS},}}"|“[^”]{{{QUOTED_CHARS},}}”|‘[^’]{{{QUOTED_CHARS},}}’|«[^»]{{{QUOTED_CHARS},}}»',
+    re.DOTALL,
+)
+
+
 def stated_facts(*, previous: str, turns: Sequence[TurnText]) -> list[tuple[float, int, str]]:
     """The user's own sentences that state a fact, as (score, turn, sentence): those the previous summary kept as
-    such (``- t12 user: …`` lines), then those of ``turns``. Questions are not facts."""
+    such (``- t12 user: …`` lines), then those of ``turns``. Questions are not facts, nor what the user quotes
+    at length (``QUOTED_CHARS``)."""
     facts: list[tuple[float, int, str]] = []
     seen: set[str] = set()
 
@@ -350,7 +372,7 @@ def stated_facts(*, previous: str, turns: Sequence[TurnText]) -> list[tuple[floa
         if match:
             add(int(match.group(1)), match.group(2).strip())
     for turn in turns:
-        for sentence in _SENTENCE.split(turn.user or ""):
+        for sentence in _SENTENCE.split(_QUOTED.sub(" ", turn.user or "")):
             add(turn.seq, sentence.strip(" -*\t"))
     return facts
 
@@ -365,32 +387,44 @@ def with_stated_facts(
     every summary, as it does the extractive one: each sentence of the user that states a fact (a number or
     code, a name, a personal or decision word) and whose numbers, names and half its words the summary does not
     carry is added as a line of its own (``- t3 user: I have a peanut allergy.``), and carried into the next
-    summary the same way. They take at most ``STATED_FACTS_SHARE`` of the budget (the highest-scoring, then
-    the newest, first); the model's summary is shortened to make room."""
-    missing = [
-        (score, f"- t{seq} user: {sentence}")
-        for score, seq, sentence in stated_facts(previous=previous, turns=turns)
-        if not _kept(sentence, summary)
-    ]
-    lines: list[str] = []
-    if missing:
-        room = int(limit * STATED_FACTS_SHARE)
-        ranked = sorted(range(len(missing)), key=lambda i: (missing[i][0], i), reverse=True)
-        chosen: set[int] = set()
-        used = 0
-        for i in ranked:
-            line = counter.truncate(missing[i][1], EXTRACT_LINE_TOKENS)
-            cost = counter.count(line) + 1
-            if used + cost <= room:
-                chosen.add(i)
-                used += cost
-        lines = [counter.truncate(missing[i][1], EXTRACT_LINE_TOKENS) for i in sorted(chosen)]
-    facts = "\n".join(lines)
+    summary the same way. They take at most ``STATED_FACTS_SHARE`` of the budget: ``_chosen_facts``; the
+    model's summary is shortened to make room."""
+    missing = [fact for fact in stated_facts(previous=previous, turns=turns) if not _kept(fact[2], summary)]
+    facts = "\n".join(_chosen_facts(missing, summary=summary, room=int(limit * STATED_FACTS_SHARE), counter=counter))
     left = limit - (counter.count(facts) + 1 if facts else 0)
     if counter.count(summary) > left:
         # The model ignored the bound, or the facts need the room: keep its highest-value lines.
         summary = extractive_summary(previous=summary, turns=[], limit=max(0, left), counter=counter)
     return "\n".join(part for part in (summary, facts) if part)
+
+
+def _chosen_facts(
+    facts: Sequence[tuple[float, int, str]], *, summary: str, room: int, counter: TokenCounter
+) -> list[str]:
+    """The lines of ``facts`` (score, turn, sentence) that go into ``room`` tokens, in turn order.
+
+    Picked one at a time: the highest-scoring first; at equal score, one that names something (a number, code
+    or name) that neither ``summary`` nor the lines picked so far carry, then the newest turn. A fact that does
+    not fit is passed over for the smaller ones after it. So each companion, place or count the user named is
+    kept once before a sentence that names none (a complaint, a story) or repeats one, and the choice is the
+    same whether a line comes from the previous summary or from the turns."""
+    lines = {
+        i: counter.truncate(f"- t{seq} user: {sentence}", EXTRACT_LINE_TOKENS)
+        for i, (_, seq, sentence) in enumerate(facts)
+    }
+    carried = summary.lower()
+    left = set(range(len(facts)))
+    chosen: list[int] = []
+    used = 0
+    while left:
+        best = max(left, key=lambda i: (facts[i][0], _brings_new(facts[i][2], carried), facts[i][1], -i))
+        left.discard(best)
+        cost = counter.count(lines[best]) + 1
+        if used + cost <= room:
+            chosen.append(best)
+            used += cost
+            carried += "\n" + facts[best][2].lower()
+    return [lines[i] for i in sorted(chosen, key=lambda i: (facts[i][1], i))]
 
 
 # --- Extractive fallback ------------------------------------------------------------------------
@@ -399,6 +433,8 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 _PERSONAL = re.compile(
     r"\b(my name|i am|i'm|i live|i work|i prefer|my \w+ (number|is|are)|allerg\w*|always|never)\b", re.IGNORECASE
 )
+# Someone of the user's, named: "my partner Sam Ortega", "my son Leo", "my manager, Ana" (a fact about the user).
+_NAMED_RELATION = re.compile(r"\b[Mm]y [a-z]+,? [A-Z][a-z]+")
 _FACT_WORDS = re.compile(
     r"\b(decid\w*|agree\w*|confirm\w*|book\w*|chose|choose|cancel\w*|paid|pay|price|budget|deadline|date|"
     r"address|email|phone|number|reference|account|order|passport|seat|flight|ticket)\b",
@@ -416,7 +452,7 @@ _FILLER = re.compile(
 def _score(sentence: str) -> float:
     sentence = re.sub(r"^- t\d+ \w+: ", "", sentence)
     score = 0.0
-    score += 2 * min(3, len(_PERSONAL.findall(sentence)))
+    score += 2 * min(3, len(_PERSONAL.findall(sentence)) + len(_NAMED_RELATION.findall(sentence)))
     if re.search(r"\d", sentence):
         score += 3
     score += min(2, len(_FACT_WORDS.findall(sentence)))

@@ -21,6 +21,7 @@ PARTS: dict[str, str] = {
     "soak": "bench.soak",
     "concurrency": "bench.concurrency",
     "broker": "bench.broker",
+    "footprint": "bench.footprint",
     "memory_eval": "bench.memory_eval",
     "query_embedding": "bench.query_embedding",
     "memory_locomo": "bench.memory_locomo",

@@ -8,11 +8,20 @@ the child keeps dying, and starts again from ``min_backoff`` once it has stayed 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core import embedded_broker, embedded_db
 
 
 def _describe(code: int) -> str:
@@ -88,3 +97,120 @@ class Child:
             pass
         self.signal(signal.SIGKILL)
         self.proc.wait()
+
+
+# --- make run's supervising process ------------------------------------------------------------------------------
+# ``manage.py runstack`` prepares (migrations, the first staff user, the agents), says where the app is, then
+# replaces itself (``os.execv``, the same process id) with ``python -m core.supervisor PLAN``: a process that
+# imports no Django and holds ~20 MB instead of ~150 while it watches the children for as long as the app runs.
+
+
+@dataclass
+class Plan:
+    """What the supervising process starts and watches, and what it stops at the end."""
+
+    children: list[dict[str, Any]]  # name, argv, env
+    url: str  # the web server's root: "Ready at" once its /readyz answers 200
+    broker_folder: str | None = None  # the embedded Valkey to restart when it stops answering
+    stop_broker: bool = False  # started by runstack: stopped with the rest
+    pg_folder: str | None = None  # the embedded PostgreSQL started by runstack: stopped with the rest
+    pg_left_running: bool = False  # it ran before runstack: left running, and said so
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        return cls(**json.loads(text))
+
+
+def readiness(readyz_url: str) -> tuple[bool, str]:
+    """(ready, what is still awaited) from the web server's /readyz ("the web server" while it does not answer)."""
+    try:
+        with urllib.request.urlopen(readyz_url, timeout=2) as response:
+            return response.status == 200, ""
+    except urllib.error.HTTPError as error:
+        try:
+            body = json.loads(error.read() or b"{}")
+        except ValueError:
+            return False, "the web server"
+        waiting = [
+            str(check.get("error", name))
+            for name, check in body.items()
+            if isinstance(check, dict) and not check.get("ok")
+        ]
+        return False, "; ".join(waiting)
+    except (OSError, ValueError):
+        return False, "the web server"
+
+
+def _say(text: str, *, err: bool = False) -> None:
+    print(text, file=sys.stderr if err else sys.stdout, flush=True)
+
+
+def _heal_broker(folder: Path) -> None:
+    if embedded_broker.answers(embedded_broker.socket_path(folder)):
+        return
+    _say("The embedded broker does not answer; starting it again.", err=True)
+    try:
+        embedded_broker.ensure_embedded_valkey(folder)
+    except Exception as exc:  # noqa: BLE001 - said, and tried again at the next check
+        _say(f"The embedded broker could not be started: {exc}", err=True)
+
+
+def _shutdown(plan: Plan, children: list[Child]) -> None:
+    _say("\nStopping…")
+    for child in children:
+        child.signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    for child in children:
+        child.wait_or_kill(max(0.1, deadline - time.monotonic()))
+    if plan.broker_folder and plan.stop_broker:
+        embedded_broker.stop_embedded_valkey(Path(plan.broker_folder))
+    if plan.pg_folder:
+        embedded_db.stop_embedded_postgres(Path(plan.pg_folder))
+    elif plan.pg_left_running:
+        _say("The embedded PostgreSQL was already running before; left running.")
+    _say("Stopped.")
+
+
+def supervise(plan: Plan) -> None:
+    """Start the children, restart what dies, say when the app is ready, stop everything on Ctrl-C or SIGTERM."""
+    stopping = False
+
+    def _stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    children = [Child(c["name"], list(c["argv"]), env=c.get("env") or None) for c in plan.children]
+    for child in children:
+        child.start()
+    ready, last_said = False, ""
+    waiting_since = broker_checked = time.monotonic()
+    try:
+        while not stopping:
+            for child in children:
+                said = child.heal()
+                if said:
+                    _say(said, err=True)
+            if plan.broker_folder and time.monotonic() - broker_checked > 2:
+                broker_checked = time.monotonic()
+                _heal_broker(Path(plan.broker_folder))
+            if not ready:
+                # "Ready" only when the web process can answer a chat at once (/readyz): its models loaded,
+                # the database answering, a worker heard from since the start.
+                ready, waiting = readiness(f"{plan.url}readyz")
+                if ready:
+                    _say(f"Ready at {plan.url} (after {time.monotonic() - waiting_since:.0f}s)")
+                elif waiting and waiting != last_said and time.monotonic() - waiting_since > 2:
+                    _say(f"  starting: {waiting}…")
+                    last_said = waiting
+            time.sleep(0.5)
+    finally:
+        _shutdown(plan, children)
+
+
+if __name__ == "__main__":
+    supervise(Plan.from_json(sys.argv[1]))

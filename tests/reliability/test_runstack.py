@@ -118,6 +118,9 @@ def test_a_killed_worker_comes_back_and_ctrl_c_stops_everything(
         "a task through the broker",
         within=60,
     )
+    # Once it has prepared, runstack becomes the small supervisor (the same pid): no Django, no database driver.
+    assert "from core.supervisor import" in " ".join(psutil.Process(proc.pid).cmdline())
+    assert "psycopg" not in Path(f"/proc/{proc.pid}/maps").read_text()
     children = {" ".join(c.cmdline()): c.pid for c in psutil.Process(proc.pid).children()}
     worker = next(pid for line, pid in children.items() if "celery" in line and "worker" in line)
     web = next(pid for line, pid in children.items() if "gunicorn" in line)

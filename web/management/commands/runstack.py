@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
@@ -26,7 +23,7 @@ from django.db import connections
 from agents.services import default_agents_ensure
 from core import embedded_broker, embedded_db
 from core.env import env_int
-from core.supervisor import Child
+from core.supervisor import Child, Plan
 
 CREDENTIALS_FILE = "first-staff-user.txt"
 
@@ -44,21 +41,6 @@ def ensure_first_staff_user(data_dir: Path) -> tuple[str, str | None]:
     path.write_text(f"username: {username}\npassword: {password}\n")
     path.chmod(0o600)
     return username, password
-
-
-def readiness(readyz_url: str) -> tuple[bool, str]:
-    """(ready, what is still awaited) from the web server's /readyz ("" while it does not answer yet)."""
-    try:
-        response = httpx.get(readyz_url, timeout=2)
-        body = response.json()
-    except (httpx.HTTPError, ValueError):
-        return False, "the web server"
-    if response.status_code == 200:
-        return True, ""
-    waiting = [
-        str(check.get("error", name)) for name, check in body.items() if isinstance(check, dict) and not check.get("ok")
-    ]
-    return False, "; ".join(waiting)
 
 
 def _embedding_service_children(data_dir: Path) -> tuple[dict[str, str], list[Child]]:
@@ -196,12 +178,28 @@ class Command(BaseCommand):
         children.append(_web_child(bind, options["web_workers"], shared_model))
         if not options["no_worker"]:
             children += _worker_children(options["turn_workers"], options["turn_threads"], shared_model)
-        for child in children:
-            child.start()
-
         url = f"http://{bind}/"
         self._say_started(url, data_dir, username, password)
-        self._supervise(children, url)
+        plan = Plan(
+            children=[{"name": c.name, "argv": c.argv, "env": c.env or {}} for c in children],
+            url=url,
+            broker_folder=str(settings.EMBEDDED_BROKER_DIR) if settings.EMBEDDED_BROKER_DIR is not None else None,
+            stop_broker=settings.EMBEDDED_BROKER_DIR is not None and embedded_broker.started_by_this_process,
+            pg_folder=str(data_dir / "pg")
+            if not settings.DATABASE_URL and embedded_db.started_by_this_process
+            else None,
+            pg_left_running=not settings.DATABASE_URL and not embedded_db.started_by_this_process,
+        )
+        # The rest of the app's life needs no Django: this process becomes a small supervisor (the same process
+        # id; core/supervisor.py), holding ~20 MB instead of ~150 MB while it watches the children.
+        connections.close_all()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        start = (
+            f"import sys; sys.path.insert(0, {str(settings.BASE_DIR)!r}); "
+            "from core.supervisor import Plan, supervise; supervise(Plan.from_json(sys.argv[1]))"
+        )
+        os.execv(sys.executable, [sys.executable, "-c", start, plan.to_json()])
 
     def _say_started(self, url: str, data_dir: Path, username: str, password: str | None) -> None:
         """Where the app is, what it runs on, and how to sign in."""
@@ -218,71 +216,3 @@ class Command(BaseCommand):
         else:
             self.stdout.write(f"  sign in as {username!r} (first run's password in {data_dir / CREDENTIALS_FILE})")
         self.stdout.write("Press Ctrl-C to stop everything.\n")
-
-    def _supervise(self, children: list[Child], url: str) -> None:
-        """Restart what dies, say when the app is ready, and stop everything on Ctrl-C or SIGTERM."""
-        stopping = False
-
-        def _stop(signum: int, frame: object) -> None:
-            nonlocal stopping
-            stopping = True
-
-        signal.signal(signal.SIGINT, _stop)
-        signal.signal(signal.SIGTERM, _stop)
-        ready = False
-        waiting_since = time.monotonic()
-        last_said = ""
-        broker_checked = time.monotonic()
-        try:
-            while not stopping:
-                for child in children:
-                    said = child.heal()
-                    if said:
-                        self.stderr.write(said)
-                if settings.EMBEDDED_BROKER_DIR is not None and time.monotonic() - broker_checked > 2:
-                    broker_checked = time.monotonic()
-                    self._heal_broker(settings.EMBEDDED_BROKER_DIR)
-                if not ready:
-                    ready, last_said = self._check_ready(url, waiting_since, last_said)
-                time.sleep(0.5)
-        finally:
-            self._shutdown(children)
-
-    def _check_ready(self, url: str, waiting_since: float, last_said: str) -> tuple[bool, str]:
-        """Whether the app is ready now (said once), else what it waits for (said when it changes)."""
-        # "Ready" only when the web process can answer a chat at once (/readyz): its models loaded,
-        # the database answering, a worker heard from since the start.
-        ready, waiting = readiness(f"{url}readyz")
-        if ready:
-            took = time.monotonic() - waiting_since
-            self.stdout.write(self.style.SUCCESS(f"Ready at {url} (after {took:.0f}s)"))
-        elif waiting and waiting != last_said and time.monotonic() - waiting_since > 2:
-            self.stdout.write(f"  starting: {waiting}…")
-            last_said = waiting
-        return ready, last_said
-
-    def _heal_broker(self, folder: Path) -> None:
-        if embedded_broker.answers(embedded_broker.socket_path(folder)):
-            return
-        self.stderr.write("The embedded broker does not answer; starting it again.")
-        try:
-            embedded_broker.ensure_embedded_valkey(folder)
-        except Exception as exc:  # noqa: BLE001 - said, and tried again at the next check
-            self.stderr.write(f"The embedded broker could not be started: {exc}")
-
-    def _shutdown(self, children: list[Child]) -> None:
-        self.stdout.write("\nStopping…")
-        for child in children:
-            child.signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for child in children:
-            child.wait_or_kill(max(0.1, deadline - time.monotonic()))
-        if settings.EMBEDDED_BROKER_DIR is not None and embedded_broker.started_by_this_process:
-            embedded_broker.stop_embedded_valkey(settings.EMBEDDED_BROKER_DIR)
-        if not settings.DATABASE_URL:
-            connections.close_all()
-            if embedded_db.started_by_this_process:
-                embedded_db.stop_embedded_postgres(settings.DATA_DIR / "pg")
-            else:
-                self.stdout.write("The embedded PostgreSQL was already running before; left running.")
-        self.stdout.write("Stopped.")

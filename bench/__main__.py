@@ -49,6 +49,12 @@ def main(argv: list[str]) -> int:
     import django
 
     django.setup()
+    # The parts that run turns publish their events and queue their tasks on the broker: the embedded one
+    # (the default) is started here when no process has, as every other process of the app does at start.
+    # Without it each turn waited ~30 s on a broker that was not there (the gallery took half an hour).
+    from core.embedded_broker import ensure_configured
+
+    ensure_configured()
     status = 0
     for name in names or list(PARTS):
         print(f"== bench {name} ==", flush=True)

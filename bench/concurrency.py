@@ -342,34 +342,12 @@ def _wait_ready(stack: subprocess.Popen[bytes], log: Path, *, timeout: float) ->
 
 
 def _stack_memory_mb(root: int) -> dict[str, int]:
-    """The memory of the stack: ``root`` and every process under it (web, workers, the embedding service), in
-    MB: ``rss``, the sum of each process's resident set (pages shared between processes counted in each), and
-    ``pss``, the proportional set (a shared page split between its sharers: what the stack holds in all)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            status = (entry / "status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        parents[int(entry.name)] = int(fields.get("PPid", "0").strip() or 0)
-    totals = {"rss": 0, "pss": 0}
-    for pid in parents:
-        ancestor = pid
-        while ancestor and ancestor != root:
-            ancestor = parents.get(ancestor, 0)
-        if ancestor != root:
-            continue
-        try:
-            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in rollup.splitlines()[1:] if ":" in line)
-        totals["rss"] += int(fields.get("Rss", "0 kB").split()[0])
-        totals["pss"] += int(fields.get("Pss", "0 kB").split()[0])
-    return {name: round(kb / 1024) for name, kb in totals.items()}
+    """The memory of the stack (``bench.footprint.stack_processes``), in MB: ``rss``, the sum of each process's
+    resident set (shared pages counted in each), and ``pss`` (a shared page split between its sharers)."""
+    from bench.footprint import stack_processes
+
+    processes = stack_processes(root)
+    return {"rss": sum(p["rss_mb"] for p in processes), "pss": sum(p["pss_mb"] for p in processes)}
 
 
 def _stop_stack(stack: subprocess.Popen[bytes]) -> None:

@@ -26,7 +26,7 @@ from bench.stand_in_model import StandInModel
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def _processes(root: int) -> list[dict[str, Any]]:
+def stack_processes(root: int) -> list[dict[str, Any]]:
     """Every process under ``root`` (and ``root``): pid, command, RSS and PSS in MB."""
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
@@ -72,7 +72,7 @@ def run(*, argv: list[str], settle: float) -> dict[str, Any]:
             ready_s = _wait_ready(stack, log, timeout=300)
             chat = phase(base=f"http://127.0.0.1:{port}", people=1, log=log, timeout=120)
             time.sleep(settle)
-            processes = _processes(stack.pid)
+            processes = stack_processes(stack.pid)
         finally:
             _stop_stack(stack)
     return {

@@ -42,12 +42,21 @@ DATABASE = os.environ.get("BENCH_EVAL_DATABASE", "bench_memory_eval")
 KS = (5, 10, 25)
 TUNING_EVERY = 4
 BUDGET_TOKENS = 2000  # the API's default budget_tokens
-RETRIEVERS = ("dense", "ranking", "defaults")
+RETRIEVERS: tuple[str, ...] = ("dense", "ranking", "defaults")
+# With --judge-url: a fourth retriever, "reranked", the defaults with the listwise reranker of that model
+# (memory.retrieval.relevance, MEMORY_MODEL_JUDGE "rerank"), with its own time budget (--judge-timeout).
+JUDGED: dict[str, Any] = {}
 # The app's retrievers search what the chat would: a conversational query with the person's earlier
 # messages (memory.retrieval.retrieval_query; no model here, so no rewrite). Dense searches the turn alone.
 USE_CONTEXT = os.environ.get("BENCH_QUERY_CONTEXT", "1") != "0"
+# Each query's first 25 of every retriever, a JSON line a query, when set (to read where two retrievers part).
+DUMP = Path(os.environ["BENCH_EVAL_DUMP"]) if os.environ.get("BENCH_EVAL_DUMP") else None
 DRAGON_OBSERVATIONS = {"recall@5": 0.562, "recall@10": 0.613, "recall@25": 0.675}  # LoCoMo paper, Table 3
 DRAGON_TURNS = {"recall@5": 0.567, "recall@10": 0.662, "recall@25": 0.767}
+
+
+def retrievers() -> tuple[str, ...]:
+    return RETRIEVERS + (("reranked",) if JUDGED else ())
 
 
 def split_of(index: int) -> str:
@@ -158,28 +167,34 @@ def _evaluate(corpus: Corpus, ingested: Any, *, split: str, limit: int | None, q
     ]
     app_vectors = cached_embed(get_embedder(), queries, progress=False)
     per: dict[str, dict[str, dict[str, list[float]]]] = {
-        s: {r: {f"recall@{k}": [] for k in KS} for r in RETRIEVERS} for s in ("tuning", "held_out")
+        s: {r: {f"recall@{k}": [] for k in KS} for r in retrievers()} for s in ("tuning", "held_out")
     }
-    stats: dict[str, dict[str, list[float]]] = {s: {"tokens": [], "kept": [], "ms": [], "empty": []} for s in per}
+    stats: dict[str, dict[str, list[float]]] = {
+        s: {"tokens": [], "kept": [], "ms": [], "empty": [], "judge_ms": [], "judged": []} for s in per
+    }
     for n, (i, q) in enumerate(tqdm(chosen, desc=corpus.name, mininterval=2, disable=quiet)):
         s = split_of(i)
         matrix, dense_labels = dense[q.user]
         order = np.argsort(-(matrix @ qvectors[n]), kind="stable")
         rankings = {"dense": [dense_labels[j] for j in order if dense_labels[j] not in q.hidden]}
-        for name, threshold in (("ranking", 0.0), ("defaults", None)):
+        runs = [("ranking", 0.0), ("defaults", None)] + ([("reranked", None)] if JUDGED else [])
+        for name, threshold in runs:
             started = time.perf_counter()
             found = memories_for_prompt(
                 user=users[q.user],
                 query=queries[n],
-                query_vector=app_vectors[n].tolist() if quiet or name == "ranking" else None,
+                query_vector=app_vectors[n].tolist() if quiet or name != "defaults" else None,
                 budget_tokens=BUDGET_TOKENS,
-                use_model_filter=False,
+                use_model_filter=name == "reranked",
                 now=q.now,
                 touch=False,
                 relevance_threshold=threshold,  # None: the default, as the API passes it
             )
             elapsed = (time.perf_counter() - started) * 1000
             rankings[name] = [labels[it.memory.id] for it in found.items if labels.get(it.memory.id) not in q.hidden]
+            if name == "reranked":
+                stats[s]["judge_ms"].append(elapsed)
+                stats[s]["judged"].append(float(found.filter_mode == "rerank"))
             if name == "defaults":
                 stats[s]["ms"].append(elapsed)
                 stats[s]["tokens"].append(found.total_tokens)
@@ -188,6 +203,11 @@ def _evaluate(corpus: Corpus, ingested: Any, *, split: str, limit: int | None, q
         for name, ranked in rankings.items():
             for k in KS:
                 per[s][name][f"recall@{k}"].append(recall_at(ranked, q.relevant, k))
+        if DUMP:
+            with DUMP.open("a") as out_file:
+                top = {name: ranked[: max(KS)] for name, ranked in rankings.items()}
+                row = {"corpus": corpus.name, "query": i, "split": s, "relevant": sorted(q.relevant), "top": top}
+                out_file.write(json.dumps(row) + "\n")
     out: dict[str, Any] = {"about": corpus.about, "memories": len(labels), "queries": len(chosen)}
     for s, by_retriever in per.items():
         if not stats[s]["ms"]:
@@ -205,10 +225,27 @@ def _evaluate(corpus: Corpus, ingested: Any, *, split: str, limit: int | None, q
             "p95": round(statistics.quantiles(ms, n=20)[18], 2) if len(ms) >= 20 else round(max(ms), 2),
         }
         block["margin"] = margins(block)
+        if stats[s]["judge_ms"]:
+            judge_ms = stats[s]["judge_ms"]
+            block["reranked_latency_ms"] = {
+                "p50": round(statistics.median(judge_ms), 1),
+                "p95": round(statistics.quantiles(judge_ms, n=20)[18], 1)
+                if len(judge_ms) >= 20
+                else round(max(judge_ms), 1),
+            }
+            block["reranked_share"] = round(statistics.fmean(stats[s]["judged"]), 3)  # the rest fell back
         out[s] = block
     # The figures of record: the held-out split (the tuning split when only that one ran).
     main_split = out.get("held_out") or out.get("tuning") or {}
-    for key in ("dense", "ranking", "defaults", "margin", "tokens_per_query", "kept_per_query", "latency_ms"):
+    for key in (
+        *retrievers(),
+        "margin",
+        "tokens_per_query",
+        "kept_per_query",
+        "latency_ms",
+        "reranked_latency_ms",
+        "reranked_share",
+    ):
         if key in main_split:
             out[key] = main_split[key]
     return out
@@ -255,7 +292,7 @@ def table(report: dict[str, Any]) -> str:
     )
     lines = [head]
     for name, c in report["corpora"].items():
-        for r in RETRIEVERS:
+        for r in retrievers():
             if r not in c:
                 continue
             rec = c[r]
@@ -264,6 +301,11 @@ def table(report: dict[str, Any]) -> str:
                 f"{c['tokens_per_query']:.0f} | {c['kept_per_query']:.1f} | "
                 f"{c['latency_ms']['p50']:.1f} / {c['latency_ms']['p95']:.1f}"
                 if r == "defaults"
+                else (
+                    f" | | | {c['reranked_latency_ms']['p50']:.0f} / {c['reranked_latency_ms']['p95']:.0f}"
+                    f" ({c['reranked_share']:.0%} reranked)"
+                )
+                if r == "reranked"
                 else " | | | "
             )
             lines.append(
@@ -292,6 +334,9 @@ def main(argv: list[str]) -> int:
         metavar="NAME=V1,V2",
         help="try every combination of these memory.retrieval.tuning constants (after one ingest a corpus); prints only",
     )
+    parser.add_argument("--judge-url", help="an OpenAI-compatible endpoint: adds the 'reranked' retriever")
+    parser.add_argument("--judge-model", default="", help="its model name")
+    parser.add_argument("--judge-timeout", type=float, default=4.0, help="the reranker's budget (s)")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--write-anyway", action="store_true", help="write results even with --set or --limit")
     args, _ = parser.parse_known_args(argv)
@@ -311,6 +356,12 @@ def main(argv: list[str]) -> int:
         names = [n for n in names if n not in NEEDS_LOCOMO]
     settings.EMBEDDING_BACKEND = os.environ.get("BENCH_EMBEDDING_BACKEND", "sentence-transformers")
     overrides = _apply_overrides(args.set)
+    if args.judge_url:
+        profile = {"base_url": args.judge_url, "model": args.judge_model, "cheap_model": args.judge_model}
+        settings.LLM_PROFILES = {"default": {**profile, "api_key_env": "", "max_retries": 0, "read_timeout": 600.0}}
+        settings.MEMORY_RELEVANCE_TIMEOUT = args.judge_timeout
+        settings.MEMORY_MODEL_JUDGE = "rerank"
+        JUDGED.update(url=args.judge_url, model=args.judge_model, timeout=args.judge_timeout)
     use_database(DATABASE)
     report: dict[str, Any] = {
         "benchmark": "memory retrieval on corpora of several shapes vs plain dense (bench/memory_eval.py)",
@@ -318,6 +369,7 @@ def main(argv: list[str]) -> int:
         "budget_tokens": BUDGET_TOKENS,
         "split": args.split,
         "overrides": overrides,
+        "reranker": JUDGED or None,
         "corpora": {},
     }
     if args.sweep:
@@ -356,10 +408,12 @@ def main(argv: list[str]) -> int:
     print(table(report))
     print(json.dumps({k: v for k, v in report.items() if k != "corpora"}, indent=1))
     writes = not args.no_write and (args.write_anyway or (not overrides and not args.limit and args.split == "all"))
-    if writes and set(names) == set(BUILDERS):
+    # A run with a reranker model is slow (a model call a query) and runs on a few corpora: its own file.
+    target = RESULTS / ("memory_eval_reranked.json" if JUDGED else "memory_eval.json")
+    if (writes and set(names) == set(BUILDERS)) or (JUDGED and not args.no_write):
         RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "memory_eval.json").write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {RESULTS / 'memory_eval.json'}")
+        target.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {target}")
     return 0
 
 

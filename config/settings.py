@@ -513,6 +513,11 @@ MEMORY_EXACT_SEARCH_MAX = env_int("MEMORY_EXACT_SEARCH_MAX", 10_000, minimum=0, 
 MEMORY_RECENT_ACTIONS = env_int("MEMORY_RECENT_ACTIONS", 3, minimum=0, maximum=50)
 MEMORY_MAX_KEPT = env_int("MEMORY_MAX_KEPT", 25, minimum=1, maximum=1000)
 MEMORY_RELEVANCE_TIMEOUT = env_float("MEMORY_RELEVANCE_TIMEOUT", 4.0, minimum=0.1)
+# How a configured cheap model judges the best candidates in one call: "rerank" orders the ones that help
+# (listwise; what it leaves out is judged by the calibrated filter, below its picks), "scores" scores each.
+MEMORY_MODEL_JUDGE = env_str("MEMORY_MODEL_JUDGE", "rerank")
+if MEMORY_MODEL_JUDGE not in ("rerank", "scores"):
+    raise ImproperlyConfigured(f"MEMORY_MODEL_JUDGE must be 'rerank' or 'scores', not {MEMORY_MODEL_JUDGE!r}")
 # A new fact that contradicts a current one is applied at or above this confidence, else queued for review.
 MEMORY_CONTRADICTION_CONFIDENCE = env_float("MEMORY_CONTRADICTION_CONFIDENCE", 0.75, minimum=0.0, maximum=1.0)
 

@@ -26,5 +26,15 @@ class RelevanceScores(BaseModel):
     scores: list[RelevanceScore] = Field(default_factory=list)
 
 
+class RankedMemories(BaseModel):
+    """The listwise reranker's answer: the numbers of the memories that help, most helpful first."""
+
+    order: list[int] = Field(
+        default_factory=list,
+        max_length=100,
+        description="numbers of the memories that help answer, most helpful first; leave out the rest",
+    )
+
+
 class SearchQuery(BaseModel):
     query: str = Field(max_length=500, description="the standalone search query")

@@ -12,7 +12,7 @@ from llm.base import CallContext
 from llm.providers import agent_profile, get_provider
 from memory.models import Memory
 from memory.retrieval import tuning
-from memory.schemas import RelevanceScores
+from memory.schemas import RankedMemories, RelevanceScores
 
 if TYPE_CHECKING:
     from agents.models import Agent
@@ -22,6 +22,12 @@ RELEVANCE_SYSTEM_PROMPT = (
     "You judge which stored memories help answer the user's message. Score every memory id from 0.0 "
     "(unrelated) to 1.0 (needed to answer). Facts about the user that the reply should respect count as "
     "relevant. Return one score per id and nothing else."
+)
+
+RERANK_SYSTEM_PROMPT = (
+    "You order stored memories by how much each one helps answer the user's message. Answer with the numbers "
+    "of the memories that help, most helpful first, and leave out the ones that do not help. Facts about the "
+    "user that the reply should respect help."
 )
 
 
@@ -85,6 +91,36 @@ def model_scores(*, agent: Agent | None, query: str, memories: list[Memory], tim
     return {s.id: s.score for s in result.scores if s.id in wanted}
 
 
+def rerank_prompt(query: str, memories: list[Memory]) -> list[dict[str, Any]]:
+    """The listwise reranker's messages: the query and the memories numbered from 1 (small numbers, not
+    database ids: a small model copies them back more reliably)."""
+    listing = "\n".join(f"[{n}] {m.text[: tuning.MODEL_FILTER_CHARS]}" for n, m in enumerate(memories, start=1))
+    return [
+        {"role": "system", "content": RERANK_SYSTEM_PROMPT},
+        {"role": "user", "content": f"User message:\n{query}\n\nMemories:\n{listing}"},
+    ]
+
+
+def model_order(
+    *, agent: Agent | None, messages: list[dict[str, Any]], memories: list[Memory], timeout: float
+) -> list[int]:
+    """One listwise cheap-model call: the ids of the memories it says help, most helpful first (numbers out of
+    range and repeats are dropped); raises on error or when over the time budget."""
+    result = cheap_structured(
+        agent=agent,
+        messages=messages,
+        schema=RankedMemories,
+        purpose="relevance",
+        max_tokens=16 + 4 * len(memories),
+        timeout=timeout,
+    )
+    order: list[int] = []
+    for number in result.order:
+        if 1 <= number <= len(memories) and memories[number - 1].id not in order:
+            order.append(memories[number - 1].id)
+    return order
+
+
 def cheap_model_configured(agent: Agent | None) -> bool:
     """A cheap model is named for the agent's endpoint (``LLM_CHEAP_MODEL`` or the profile's ``cheap_model``):
     the query rewrite is one more call before the reply, worth it only on a fast, cheap model."""
@@ -97,3 +133,10 @@ def cheap_model_configured(agent: Agent | None) -> bool:
 
 def model_filter_available(agent: Agent | None) -> bool:
     return not get_provider(agent=agent, cheap=True).is_demo
+
+
+def cheap_model_key(agent: Agent | None) -> str:
+    """Which endpoint and model the cheap calls of ``agent`` go to (to keep their pace apart)."""
+    provider = get_provider(agent=agent, cheap=True)
+    profile = getattr(provider, "profile", None)
+    return f"{getattr(profile, 'base_url', '')} {getattr(provider, 'model', '')}"

@@ -1,20 +1,27 @@
-"""Tier 3: the relevance filter. The cheap model's batched scores when one is configured; else the
-calibrated filter (the fused score, on the query's own scale, as a part of the query's best, kept from
-RELATIVE_KEEP) or an operator's absolute cut-off on the stronger of cosine and word share. The model's
-call failing, or answering later than its time budget, falls back to the calibrated or absolute filter."""
+"""Tier 3: the relevance filter. When a cheap model is configured, one call judges the best candidates:
+listwise by default (``MEMORY_MODEL_JUDGE = "rerank"``: it orders the memories that help, and the order is
+the rank), or pointwise (``"scores"``: a score for each). Else the calibrated filter (the fused score, on the
+query's own scale, as a part of the query's best, kept from RELATIVE_KEEP) or an operator's absolute
+cut-off on the stronger of cosine and word share. The model's call failing, answering later than its time
+budget, or expected to (``RerankPace``), falls back to the calibrated or absolute filter.
+
+Under "rerank" the model promotes and orders; it does not drop: a candidate it leaves out is judged as the
+fallback filter would, below every memory it listed. A weak model can so reorder the top, never empty it."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from django.conf import settings
 
 from memory.models import Memory
 from memory.retrieval import tuning
-from memory.retrieval.cheap import model_filter_available, model_scores
+from memory.retrieval.cheap import cheap_model_key, model_filter_available, model_order, model_scores, rerank_prompt
 from memory.retrieval.result import HybridCandidate
 
 if TYPE_CHECKING:
@@ -37,15 +44,17 @@ def relevance_scores(
     scores: dict[int, float] = {}
     fallback = "calibrated" if relevance_threshold is None else "threshold"
     mode = fallback
+    timeout = float(settings.MEMORY_RELEVANCE_TIMEOUT)
     if use_model_filter and fresh:
         try:
-            if model_filter_available(agent):
-                scores = model_scores(
-                    agent=agent,
-                    query=query,
-                    memories=[loaded[c.memory_id] for c in fresh],
-                    timeout=float(settings.MEMORY_RELEVANCE_TIMEOUT),
+            if model_filter_available(agent) and settings.MEMORY_MODEL_JUDGE == "rerank":
+                memories = [loaded[c.memory_id] for c in fresh[: tuning.RERANK_CANDIDATES]]
+                scores, mode = _reranked(
+                    agent=agent, query=query, memories=memories, timeout=timeout, fallback=fallback
                 )
+            elif model_filter_available(agent):
+                memories = [loaded[c.memory_id] for c in fresh]
+                scores = model_scores(agent=agent, query=query, memories=memories, timeout=timeout)
                 mode = "model"
         except concurrent.futures.TimeoutError:
             mode = f"{fallback} (model failed: no answer within {settings.MEMORY_RELEVANCE_TIMEOUT:g}s)"
@@ -54,6 +63,63 @@ def relevance_scores(
             mode = f"{fallback} (model failed: {type(exc).__name__})"
             logger.warning("relevance filter fell back to the %s filter: %s", fallback, exc)
     return scores, mode
+
+
+@dataclass
+class RerankPace:
+    """How long the reranker's calls take on one endpoint, to skip a call that would not answer within its
+    budget: an average of the seconds per prompt character of the last calls (RERANK_PACE_WEIGHT on the
+    newest). A call expected to run past the budget is not made, except one every RERANK_RETRY_SECONDS, so
+    a model that got faster (or a first slow call on a cold server) is found again."""
+
+    seconds_per_char: float | None = None
+    last_try: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def expected(self, chars: int) -> float | None:
+        return None if self.seconds_per_char is None else self.seconds_per_char * chars
+
+    def should_try(self, chars: int, budget: float, now: float) -> bool:
+        expected = self.expected(chars)
+        return expected is None or expected <= budget or now - self.last_try >= tuning.RERANK_RETRY_SECONDS
+
+    def record(self, chars: int, seconds: float) -> None:
+        rate = seconds / max(chars, 1)
+        with self.lock:
+            weight = tuning.RERANK_PACE_WEIGHT
+            old = self.seconds_per_char
+            self.seconds_per_char = rate if old is None else (1 - weight) * old + weight * rate
+
+
+_PACES: dict[str, RerankPace] = {}
+_PACES_LOCK = threading.Lock()
+
+
+def rerank_pace(key: str) -> RerankPace:
+    with _PACES_LOCK:
+        return _PACES.setdefault(key, RerankPace())
+
+
+def _reranked(
+    *, agent: Agent | None, query: str, memories: list[Memory], timeout: float, fallback: str
+) -> tuple[dict[int, float], str]:
+    """The listwise reranker's scores (1.0 for its first pick down to just over 0.5 for its last) and the
+    mode, or no scores and the fallback's mode when the call is expected to run past its budget."""
+    messages = rerank_prompt(query, memories)
+    chars = sum(len(str(m["content"])) for m in messages)
+    pace = rerank_pace(cheap_model_key(agent))
+    now = time.monotonic()
+    if not pace.should_try(chars, timeout, now):
+        expected = pace.expected(chars) or 0.0
+        return {}, f"{fallback} (reranker off: about {expected:.1f}s expected, budget {timeout:g}s)"
+    pace.last_try = now
+    try:
+        order = model_order(agent=agent, messages=messages, memories=memories, timeout=timeout)
+    except concurrent.futures.TimeoutError:
+        pace.record(chars, max(timeout, time.monotonic() - now))
+        raise
+    pace.record(chars, time.monotonic() - now)
+    return {memory_id: 1.0 - 0.5 * place / len(order) for place, memory_id in enumerate(order)}, "rerank"
 
 
 @dataclass(frozen=True)
@@ -65,15 +131,18 @@ class Judge:
     threshold: float | None
     best_fused: float  # the best fused score among the candidates tier 1 did not find (1.0 when none)
     cut_off: float
-    source: str  # "model", "calibrated" or "threshold": named in the report's reasons
+    source: str  # "model", "rerank", "calibrated" or "threshold": named in the report's reasons
 
 
 def judge_for(*, mode: str, scores: dict[int, float], threshold: float | None, fresh: list[HybridCandidate]) -> Judge:
     """The cut-off of this mode: 0.5 (or the threshold) on the model's scores; RELATIVE_KEEP on the
-    calibrated relevance; the operator's threshold on the stronger of cosine and word share."""
+    calibrated relevance; the operator's threshold on the stronger of cosine and word share. Under "rerank"
+    the fallback's cut-off, halved: a memory the reranker left out scores half its fallback relevance."""
     best_fused = max((c.fused for c in fresh), default=1.0) or 1.0
     if mode == "model":
         cut_off, source = (0.5 if threshold is None else threshold), "model"
+    elif mode == "rerank":
+        cut_off, source = 0.5 * (tuning.RELATIVE_KEEP if threshold is None else threshold), "rerank"
     elif threshold is None:
         cut_off, source = tuning.RELATIVE_KEEP, "calibrated"
     else:
@@ -86,6 +155,16 @@ def judged(judge: Judge, cand: HybridCandidate) -> tuple[float, float]:
     if judge.mode == "model":
         relevance = judge.scores.get(cand.memory_id, 0.0)
         return relevance, relevance
+    if judge.mode == "rerank":
+        picked = judge.scores.get(cand.memory_id)
+        if picked is not None:
+            return picked, picked
+        relevance, base = _fallback_judged(judge, cand)
+        return 0.5 * relevance, 0.5 * base
+    return _fallback_judged(judge, cand)
+
+
+def _fallback_judged(judge: Judge, cand: HybridCandidate) -> tuple[float, float]:
     if judge.threshold is None:
         # Calibrated: the fused score, already on this query's own scale, as a part of its best's.
         return cand.fused / judge.best_fused, cand.fused / judge.best_fused

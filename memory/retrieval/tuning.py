@@ -19,6 +19,11 @@ VECTOR_SHARE = 0.6  # "cc": the cosine's share of the fused score when the word 
 # (a question whose informative words, a name, a code, a place, one memory has); linear in between.
 WORD_TRUST_FLOOR = 0.2
 WORD_TRUST_FULL = 0.3
+# The word arm's idf is weighted by a word's general-English prior (words.term_prior): from WORD_PRIOR_FLOOR
+# for a word ranked at or before WORD_COMMON_RANK in the tokenizer's vocabulary to 1 at WORD_RARE_RANK.
+WORD_COMMON_RANK = 1000
+WORD_RARE_RANK = 30000
+WORD_PRIOR_FLOOR = 1.0  # 1.0: off
 RRF_K = 10  # reciprocal-rank-fusion constant: lower than the usual 60, so top ranks dominate
 VECTOR_WEIGHT, TEXT_WEIGHT = 1.0, 1.5  # the arms' shares in the fusion
 # Hubness: some memories sit close to everything (generic, long or chatty ones) and so come near the top
@@ -38,6 +43,12 @@ WEIGHT_RELEVANCE, WEIGHT_IMPORTANCE, WEIGHT_RECENCY = 0.8, 0.1, 0.1
 # scale already (cosine and word share each between this query's worst and best): one absolute cut-off over
 # cosine and word share (0.5) starved whole queries on data it was not tuned on.
 RELATIVE_KEEP = 0.3
+# The listwise reranker (relevance._reranked; MEMORY_MODEL_JUDGE "rerank"): the best RERANK_CANDIDATES fused
+# candidates go to the cheap model in one call; its pace is an average with RERANK_PACE_WEIGHT on the newest
+# call, and a call expected past its budget is still tried once every RERANK_RETRY_SECONDS.
+RERANK_CANDIDATES = 20
+RERANK_PACE_WEIGHT = 0.3
+RERANK_RETRY_SECONDS = 60.0
 PREVIEW_CHARS = 160
 MODEL_FILTER_CHARS = 400  # per memory in the relevance prompt
 PROFILE_LIMIT = 20

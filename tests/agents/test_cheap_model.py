@@ -23,15 +23,15 @@ def test_the_reply_uses_the_model_and_the_helpers_the_cheap_model(alice: Any, se
     settings.LLM_PROFILES = {"default": fake_openai.profile(model="big", cheap_model="small", max_retries=0)}
     agent = make_agent("chat")
     session = session_create(user=alice, agent=agent)
-    memory = memory_create(user=alice, kind="semantic", text="The user likes sailing on the lake.")
+    memory_create(user=alice, kind="semantic", text="The user likes sailing on the lake.")
 
-    fake_openai.enqueue(fake.json_reply({"scores": [{"id": memory.pk, "score": 0.9}]}), fake.stream("Ahoy."))
+    fake_openai.enqueue(fake.json_reply({"order": [1]}), fake.stream("Ahoy."))
     turn = turn_run(session=session, message="Where do I like sailing?").turn
     fake_openai.enqueue(fake.json_reply({"facts": []}))
     turn_memories_write(turn_id=turn.pk)
     fake_openai.enqueue(fake.reply("The user asked where they like sailing."))
     summarize_session_through(session_id=session.pk, through_seq=turn.seq)
-    fake_openai.enqueue(fake.json_reply({"scores": [{"id": memory.pk, "score": 0.9}]}))
+    fake_openai.enqueue(fake.json_reply({"order": [1]}))
     memories_for_prompt(user=alice, query="sailing lake", budget_tokens=500, touch=False)
 
     sent = [(r.body["model"], r.body["messages"][0]["content"][:40]) for r in fake_openai.chat_requests()]

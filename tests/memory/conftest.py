@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -42,3 +43,13 @@ def scripted(use_provider: Any) -> Any:
     provider = ScriptedProvider()
     use_provider(provider)
     return provider
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rerank_paces() -> Iterator[None]:
+    """Each test starts with no reranker pace (it is kept per process, per endpoint)."""
+    from memory.retrieval import relevance
+
+    relevance._PACES.clear()
+    yield
+    relevance._PACES.clear()

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -10,8 +11,10 @@ from django.utils import timezone
 from agents.models import Agent
 from llm.base import LLMTimeout
 from memory.models import Memory
-from memory.retrieval import memories_for_prompt, memory_search, trigger_matches
-from memory.schemas import RelevanceScores
+from memory.retrieval import memories_for_prompt, memory_search, trigger_matches, tuning
+from memory.retrieval.cheap import cheap_model_key
+from memory.retrieval.relevance import rerank_pace
+from memory.schemas import RankedMemories, RelevanceScores
 from memory.services import memory_create, memory_update
 from sessions.models import ChatSession
 
@@ -118,6 +121,7 @@ def test_access_count_updated_for_returned_items(alice: Any) -> None:
 
 def test_model_filter_one_batched_call(alice: Any, scripted: Any, settings: Any) -> None:
     settings.MEMORY_RECENT_ACTIONS = 0
+    settings.MEMORY_MODEL_JUDGE = "scores"
     a = memory_create(user=alice, kind="episodic", text="User: I am allergic to peanuts")
     b = memory_create(user=alice, kind="episodic", text="User: peanuts butter sandwiches are for kids")
     scripted.add(RelevanceScores(scores=[{"id": a.id, "score": 0.9}, {"id": b.id, "score": 0.1}]))
@@ -133,8 +137,10 @@ def test_model_filter_one_batched_call(alice: Any, scripted: Any, settings: Any)
     assert report[b.id].relevance == pytest.approx(0.1) and not report[b.id].kept
 
 
-def test_model_failure_falls_back_to_threshold(alice: Any, scripted: Any, settings: Any) -> None:
+@pytest.mark.parametrize("judge", ["scores", "rerank"])
+def test_model_failure_falls_back_to_threshold(alice: Any, scripted: Any, settings: Any, judge: str) -> None:
     settings.MEMORY_RECENT_ACTIONS = 0
+    settings.MEMORY_MODEL_JUDGE = judge
     a = memory_create(user=alice, kind="episodic", text="User: I am allergic to peanuts")
     scripted.add(LLMTimeout("read timed out"), LLMTimeout("read timed out"))
 
@@ -143,6 +149,69 @@ def test_model_failure_falls_back_to_threshold(alice: Any, scripted: Any, settin
     assert result.filter_mode.startswith("threshold (model failed: LLMTimeout")
     assert a.id in [i.memory.id for i in result.items]
     assert json.loads(json.dumps(result.as_report()))["filter_mode"] == result.filter_mode
+
+
+def _numbered(request: Any) -> dict[int, str]:
+    """The reranker prompt's memories by their number."""
+    lines = request.messages[-1]["content"].split("Memories:\n", 1)[1].splitlines()
+    return {int(line[1 : line.index("]")]): line[line.index("]") + 2 :] for line in lines}
+
+
+def test_the_reranker_orders_the_best_candidates_in_one_call(alice: Any, scripted: Any, settings: Any) -> None:
+    """Listwise: one call with the candidates numbered from 1; its order is the rank; a number it leaves out
+    is kept where the calibrated filter keeps it, below its picks; numbers out of range or repeated are
+    ignored."""
+    settings.MEMORY_RECENT_ACTIONS = 0
+    texts = [
+        "User: I am allergic to peanuts",
+        "User: peanut butter sandwiches are for kids",
+        "User: my doctor said the peanut allergy is severe",
+    ]
+    made = {t: memory_create(user=alice, kind="episodic", text=t) for t in texts}
+    scripted.add(RankedMemories(order=[]))  # no pick: the calibrated filter's judgement, halved
+
+    first = memories_for_prompt(user=alice, query="peanut allergy", budget_tokens=500, touch=False)
+    numbers = {text: n for n, text in _numbered(scripted.requests[0]).items()}
+    assert len(scripted.requests) == 1 and scripted.requests[0].purpose == "relevance"
+    assert sorted(numbers.values()) == [1, 2, 3] and first.filter_mode == "rerank"
+    assert first.items and all(c.relevance is not None and c.relevance <= 0.5 for c in first.candidates)
+
+    doctor, allergic = numbers[texts[2]], numbers[texts[0]]
+    scripted.add(RankedMemories(order=[doctor, 99, allergic, doctor]))
+    result = memories_for_prompt(user=alice, query="peanut allergy", budget_tokens=500, touch=False)
+
+    assert result.filter_mode == "rerank"
+    order = [i.memory.id for i in result.items]
+    assert order[:2] == [made[texts[2]].id, made[texts[0]].id]
+    report = {c.id: c for c in result.candidates}
+    assert report[made[texts[2]].id].relevance == pytest.approx(1.0)
+    assert report[made[texts[0]].id].relevance == pytest.approx(0.75)
+    left_out = report[made[texts[1]].id]
+    assert left_out.relevance is not None and left_out.relevance < 0.5
+    assert left_out.kept == (made[texts[1]].id in order[2:])
+
+
+def test_a_reranker_expected_past_its_budget_is_not_called(alice: Any, scripted: Any, settings: Any) -> None:
+    """A call whose pace says it would answer after MEMORY_RELEVANCE_TIMEOUT is skipped (the calibrated filter
+    judges alone, and the report says why), and tried again once RERANK_RETRY_SECONDS have passed."""
+    settings.MEMORY_RECENT_ACTIONS = 0
+    settings.MEMORY_RELEVANCE_TIMEOUT = 2.0
+    a = memory_create(user=alice, kind="episodic", text="User: I am allergic to peanuts")
+    pace = rerank_pace(cheap_model_key(None))
+    pace.record(chars=100, seconds=10.0)  # 0.1 s a character: any prompt here takes well over 2 s
+    pace.last_try = time.monotonic()  # that call was just now
+
+    result = memories_for_prompt(user=alice, query="peanuts allergy", budget_tokens=500, touch=False)
+
+    assert scripted.requests == []
+    assert result.filter_mode.startswith("calibrated (reranker off: about ") and "budget 2s" in result.filter_mode
+    assert [i.memory.id for i in result.items] == [a.id]
+
+    pace.last_try -= tuning.RERANK_RETRY_SECONDS
+    scripted.add(RankedMemories(order=[1]))
+    again = memories_for_prompt(user=alice, query="peanuts allergy", budget_tokens=500, touch=False)
+    assert len(scripted.requests) == 1 and again.filter_mode == "rerank"
+    assert pace.expected(100) is not None and pace.expected(100) < 10.0  # the fast answer brought it down
 
 
 def test_procedural_included_when_trigger_matches(alice: Any, bob: Any, agent: Any) -> None:

@@ -131,16 +131,5 @@ def counter_for(model: str = "") -> TokenCounter:
     return TokenCounter(model)
 
 
-@lru_cache(maxsize=4096)
-def word_rank(word: str) -> int | None:
-    """The BPE rank of `` word`` (with its leading space) in cl100k_base when it is a single token, else None.
-
-    A byte-pair vocabulary merges the commonest strings first, so a word's rank orders words by how common
-    they are in general text: " the" is 279, " night" 3,814, " therapist" 42,863; a name, a code or a rare
-    word takes several tokens (None). It needs no word list beyond the tokenizer loaded already."""
-    tokens = _load(OFFLINE_FALLBACK).encode(" " + word, disallowed_special=())
-    return tokens[0] if len(tokens) == 1 else None
-
-
 def count_tokens(text: str, model: str = "") -> int:
     return counter_for(model).count(text)

@@ -19,11 +19,6 @@ VECTOR_SHARE = 0.6  # "cc": the cosine's share of the fused score when the word 
 # (a question whose informative words, a name, a code, a place, one memory has); linear in between.
 WORD_TRUST_FLOOR = 0.2
 WORD_TRUST_FULL = 0.3
-# The word arm's idf is weighted by a word's general-English prior (words.term_prior): from WORD_PRIOR_FLOOR
-# for a word ranked at or before WORD_COMMON_RANK in the tokenizer's vocabulary to 1 at WORD_RARE_RANK.
-WORD_COMMON_RANK = 1000
-WORD_RARE_RANK = 30000
-WORD_PRIOR_FLOOR = 1.0  # 1.0: off
 RRF_K = 10  # reciprocal-rank-fusion constant: lower than the usual 60, so top ranks dominate
 VECTOR_WEIGHT, TEXT_WEIGHT = 1.0, 1.5  # the arms' shares in the fusion
 # Hubness: some memories sit close to everything (generic, long or chatty ones) and so come near the top

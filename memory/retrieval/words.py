@@ -3,7 +3,6 @@ contain. Needs no query vector, so it runs while the query is being embedded."""
 
 from __future__ import annotations
 
-import math
 import re
 from datetime import datetime
 from typing import Any
@@ -11,43 +10,19 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
-from llm.tokens import word_rank
 from memory.retrieval import tuning
 from memory.retrieval.sql import CURRENT_SQL, NOT_IN_WINDOW_SQL, RecentWindow, window_params
 
 WORD = re.compile(r"[A-Za-z0-9]+")
 
 
-MAX_TERMS = 32  # a tsquery of more terms costs more than the words add
-
-
 def query_terms(query: str) -> list[str]:
-    """Distinct words of the query, lower-cased (safe to put into a tsquery): the MAX_TERMS most informative
-    of them (``term_prior``, the first said on a tie), in the order said."""
+    """Distinct words of the query, lower-cased, in order (safe to put into a tsquery)."""
     seen: dict[str, None] = {}
     for word in WORD.findall(query.lower()):
         if len(word) > 1 or word.isdigit():
             seen.setdefault(word, None)
-    words = list(seen)
-    if len(words) <= MAX_TERMS:
-        return words
-    chosen = set(sorted(words, key=lambda w: -term_prior(w))[:MAX_TERMS])  # a stable sort: first said on a tie
-    return [w for w in words if w in chosen]
-
-
-def term_prior(word: str) -> float:
-    """How informative a word is in general English, 0 to 1, from its place in the tokenizer's vocabulary
-    (``llm.tokens.word_rank``): 1 for a word of several tokens (a name, a code, a rare word) or one ranked
-    at or past WORD_RARE_RANK; WORD_PRIOR_FLOOR at or before WORD_COMMON_RANK ("get", "work"); log-linear in
-    between. A user's own memories are too few to tell "night" from "Saramago" (each may be in one of them),
-    so the word arm's idf, estimated on them, is weighted by this."""
-    rank = word_rank(word)
-    common, rare, floor = tuning.WORD_COMMON_RANK, tuning.WORD_RARE_RANK, tuning.WORD_PRIOR_FLOOR
-    if rank is None or rank >= rare or word.isdigit():
-        return 1.0
-    if rank <= common:
-        return floor
-    return floor + (1.0 - floor) * (math.log(rank) - math.log(common)) / (math.log(rare) - math.log(common))
+    return list(seen)[:32]
 
 
 def word_candidates(
@@ -63,8 +38,7 @@ def word_candidates(
 
     Postgres' ts_rank has no inverse document frequency, so a word in every memory (a speaker's name,
     "user") would count as much as a rare one. The idf is estimated on this user's matching memories: the
-    newest ``TEXT_POOL`` of them (streamed from the user index, so a huge history costs no more than that),
-    and weighted by how informative the word is in general English (``term_prior``).
+    newest ``TEXT_POOL`` of them (streamed from the user index, so a huge history costs no more than that).
     """
     terms = query_terms(query)
     if not terms:
@@ -75,7 +49,7 @@ def word_candidates(
     # word in the 'english' config never matches); a row's share is its hits' idf over the total. Scored in
     # the database, so only the best rows travel, not the whole pool.
     idf = ", ".join(
-        f"CASE WHEN sum(h{i}) > 0 THEN %(p{i})s * ln(1 + (count(*) - sum(h{i}) + 0.5)::float8 / (sum(h{i}) + 0.5)) "
+        f"CASE WHEN sum(h{i}) > 0 THEN ln(1 + (count(*) - sum(h{i}) + 0.5)::float8 / (sum(h{i}) + 0.5)) "
         f"ELSE 0 END AS w{i}"
         for i in range(len(terms))
     )
@@ -104,7 +78,6 @@ def word_candidates(
         "limit": limit,
         **window_params(window),
         **{f"t{i}": term for i, term in enumerate(terms)},
-        **{f"p{i}": term_prior(term) for i, term in enumerate(terms)},
     }
     with connection.cursor() as cursor:
         cursor.execute(sql, params)

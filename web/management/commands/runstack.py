@@ -96,7 +96,7 @@ def _worker_children(turn_workers: int, turn_threads: int, shared_model: dict[st
         "Celery worker",
         [
             *CELERY,
-            "--beat",
+            "--beat-thread",  # beat on a thread of this worker (config.celery.ThreadedBeat), not a second process
             "-Q",
             f"{queue},{settings.CELERY_OPS_QUEUE}",
             # Threads, not processes: a memory write waits on the embedding service and the database, and one

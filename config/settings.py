@@ -316,6 +316,9 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # The background worker's threads under make run (memory writes, the outbox sweep, beat's tasks): each task waits
 # on the embedding service and the database, so threads of one process carry them (bench/broker.py).
 CELERY_WORKER_THREADS = env_int("CELERY_WORKER_THREADS", 8, minimum=1)
+# make run starts that background worker this much nicer than the rest (0: as the rest): its work can wait a
+# moment, the replies people wait on cannot (bench/concurrency.py).
+BACKGROUND_NICE = env_int("BACKGROUND_NICE", 10, minimum=0, maximum=19)
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 120, minimum=1)
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 180, minimum=1)
 CELERY_TASK_IGNORE_RESULT = True

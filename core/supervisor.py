@@ -48,13 +48,17 @@ class Child:
     restart_at: float | None = None
     backoff: float = field(default=0.0)
     env: dict[str, str] | None = None  # set in the environment it starts with (on top of this process's)
+    nice: int = 0  # added to its scheduling niceness: a child whose work can wait yields the CPU to the rest
 
     def __post_init__(self) -> None:
         self.backoff = self.backoff or self.min_backoff
 
     def start(self) -> None:
         env = {**os.environ, **self.env} if self.env else None
-        self.proc = subprocess.Popen(self.argv, start_new_session=True, env=env)
+        nice = self.nice
+        # The supervisor runs no threads, so a function run in the child before its exec is safe here.
+        preexec = (lambda: os.nice(nice)) if nice else None
+        self.proc = subprocess.Popen(self.argv, start_new_session=True, env=env, preexec_fn=preexec)
         self.started_at = time.monotonic()
 
     def heal(self) -> str:
@@ -109,7 +113,7 @@ class Child:
 class Plan:
     """What the supervising process starts and watches, and what it stops at the end."""
 
-    children: list[dict[str, Any]]  # name, argv, env
+    children: list[dict[str, Any]]  # name, argv, env, nice
     url: str  # the web server's root: "Ready at" once its /readyz answers 200
     broker_folder: str | None = None  # the embedded Valkey to restart when it stops answering
     stop_broker: bool = False  # started by runstack: stopped with the rest
@@ -184,7 +188,9 @@ def supervise(plan: Plan) -> None:
 
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
-    children = [Child(c["name"], list(c["argv"]), env=c.get("env") or None) for c in plan.children]
+    children = [
+        Child(c["name"], list(c["argv"]), env=c.get("env") or None, nice=int(c.get("nice") or 0)) for c in plan.children
+    ]
     for child in children:
         child.start()
     ready, last_said = False, ""

@@ -122,8 +122,10 @@ def test_a_killed_worker_comes_back_and_ctrl_c_stops_everything(
     assert "from core.supervisor import" in " ".join(psutil.Process(proc.pid).cmdline())
     assert "psycopg" not in Path(f"/proc/{proc.pid}/maps").read_text()
     children = {" ".join(c.cmdline()): c.pid for c in psutil.Process(proc.pid).children()}
-    worker = next(pid for line, pid in children.items() if "celery" in line and "worker" in line)
+    worker = next(pid for line, pid in children.items() if "celery" in line and "--beat-thread" in line)
     web = next(pid for line, pid in children.items() if "gunicorn" in line)
+    # The background worker yields the CPU to the web processes and the turn worker (BACKGROUND_NICE).
+    assert psutil.Process(worker).nice() == psutil.Process(web).nice() + 10
     # Beat runs on a thread of the worker (config.celery.ThreadedBeat): no process of its own.
     assert "beat: Starting..." in log.read_text(errors="replace")
     assert not [c for c in psutil.Process(worker).children() if "celery" in " ".join(c.cmdline())]
@@ -146,7 +148,7 @@ def test_a_killed_worker_comes_back_and_ctrl_c_stops_everything(
     )
     assert proc.poll() is None and psutil.pid_exists(web)
     assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
-    new_worker = next(c.pid for c in psutil.Process(proc.pid).children() if "celery" in " ".join(c.cmdline()))
+    new_worker = next(c.pid for c in psutil.Process(proc.pid).children() if "--beat-thread" in " ".join(c.cmdline()))
     groups = [new_worker, web] + [pid for pid in children.values() if pid not in (worker, web)]
     assert all(group_of(pid) for pid in groups)
 

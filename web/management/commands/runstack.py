@@ -109,6 +109,9 @@ def _worker_children(turn_workers: int, turn_threads: int, shared_model: dict[st
             settings.CELERY_BEAT_SCHEDULE_FILENAME,
         ],
         env={"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "4"), **shared_model},
+        # Memory writes, summaries and sweeps can wait a moment; people waiting on a reply cannot. Niced, the
+        # background worker takes the CPU the web processes and the turn worker leave (BACKGROUND_NICE).
+        nice=settings.BACKGROUND_NICE,
     )
     return [worker, *_turn_workers(turn_workers, turn_threads, shared_model)]
 
@@ -181,7 +184,7 @@ class Command(BaseCommand):
         url = f"http://{bind}/"
         self._say_started(url, data_dir, username, password)
         plan = Plan(
-            children=[{"name": c.name, "argv": c.argv, "env": c.env or {}} for c in children],
+            children=[{"name": c.name, "argv": c.argv, "env": c.env or {}, "nice": c.nice} for c in children],
             url=url,
             broker_folder=str(settings.EMBEDDED_BROKER_DIR) if settings.EMBEDDED_BROKER_DIR is not None else None,
             stop_broker=settings.EMBEDDED_BROKER_DIR is not None and embedded_broker.started_by_this_process,

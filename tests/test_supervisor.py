@@ -84,3 +84,28 @@ def test_an_exit_code_is_reported_and_a_stable_child_starts_its_backoff_again() 
         assert heal_until(child, "exited") == "mcp exited (exit code 3); restarting it in 0.1 s."
     finally:
         child.wait_or_kill(5)
+
+
+def test_a_niced_child_and_what_it_starts_run_that_much_nicer_after_a_restart_too() -> None:
+    """``Child.nice`` (make run's background worker: ``BACKGROUND_NICE``) holds for the child, for what it
+    starts, and for the child started again after it died; a Plan carries it through its JSON."""
+    from core.supervisor import Plan
+
+    plan = Plan(children=[{"name": "nicer", "argv": [sys.executable, "-c", PARENT], "env": {}, "nice": 7}], url="")
+    spec = Plan.from_json(plan.to_json()).children[0]
+    child = Child(spec["name"], spec["argv"], nice=spec["nice"], min_backoff=0.1)
+    mine = os.nice(0)
+    child.start()
+    try:
+        for _ in range(2):
+            assert child.proc is not None
+            pid = child.proc.pid
+            deadline = time.monotonic() + 10
+            while not psutil.Process(pid).children() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert psutil.Process(pid).nice() == mine + 7
+            assert [p.nice() for p in psutil.Process(pid).children()] == [mine + 7]
+            os.kill(pid, signal.SIGKILL)
+            heal_until(child, "restarted")
+    finally:
+        child.signal(signal.SIGKILL)

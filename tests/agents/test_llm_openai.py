@@ -15,6 +15,7 @@ from agents.models import LLMCall
 from llm.base import (
     CallContext,
     LLMClientError,
+    LLMError,
     LLMRateLimited,
     LLMServerError,
     LLMTimeout,
@@ -22,7 +23,7 @@ from llm.base import (
     ToolSpec,
     TruncatedOutputError,
 )
-from llm.openai_compat import OpenAICompatibleProvider, backoff_delay, parse_retry_after
+from llm.openai_compat import OpenAICompatibleProvider, backoff_delay, parse_retry_after, sse_data, stream_chunk
 from llm.profiles import EndpointProfile
 from tests.fakes import openai_server as fake
 from tests.fakes.openai_server import FakeOpenAIServer
@@ -522,3 +523,45 @@ def test_a_tool_name_repeated_in_every_streamed_delta_is_taken_once(fake_openai:
     assert [(c.id, c.name, json.loads(c.arguments)) for c in stream.completion.tool_calls] == [
         ("call_x", "lookup", {"code": "LH100"})
     ]
+
+
+def test_an_error_event_mid_stream_raises_after_the_words_before_it(fake_openai: FakeOpenAIServer) -> None:
+    """The stream is read as plain server-sent events (``llm.openai_compat.sse_data``): an ``error`` payload
+    after some words raises an LLMError with the server's message, as the SDK's typed stream did."""
+    base = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "fake-model"}
+    words = [{**base, "choices": [{"index": 0, "delta": {"content": w}}]} for w in ("one ", "two ")]
+    fake_openai.enqueue(fake.FakeResponse(stream=[*words, {"error": {"message": "the model is overloaded"}}]))
+    stream = make_provider(fake_openai).stream(MESSAGES, ctx=CTX)
+    got: list[str] = []
+    with pytest.raises(LLMError, match="the model is overloaded"):
+        for piece in stream:
+            got.append(piece)
+    assert got == ["one ", "two "]
+
+
+def test_server_sent_events_are_read_as_the_standard_says() -> None:
+    lines = [": a comment", "event: chunk", 'data: {"a":', "data:1}", "", "", "data: [DONE]", ""]
+    assert list(sse_data(iter(lines))) == ['{"a":\n1}', "[DONE]"]
+    assert list(sse_data(iter(["data: last, with no blank line after it"]))) == ["last, with no blank line after it"]
+
+
+def test_a_chunk_with_fields_of_the_wrong_type_keeps_what_it_can() -> None:
+    chunk = stream_chunk(
+        {
+            "model": None,
+            "usage": "n/a",
+            "choices": [
+                "not a choice",
+                {"delta": {"content": None, "tool_calls": "nope"}},
+                {
+                    "delta": {
+                        "content": "ok",
+                        "tool_calls": [{"index": "x", "function": {"name": 3, "arguments": "{}"}}],
+                    }
+                },
+                {"delta": None, "finish_reason": "length"},
+            ],
+        }
+    )
+    assert (chunk.text, chunk.model, chunk.prompt_tokens, chunk.finish_reason) == ("ok", None, None, "length")
+    assert [(d.index, d.id, d.name, d.arguments) for d in chunk.tool_call_deltas] == [(0, None, None, "{}")]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -91,6 +92,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--settle", type=float, default=5.0, help="seconds idle after the chat before measuring")
     parser.add_argument("--output", type=Path, default=RESULTS / "footprint.json")
     args, _ = parser.parse_known_args(argv)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # its polling of /readyz would bury the figures
 
     from django.db import connections
     from django.test.utils import setup_databases

@@ -111,7 +111,7 @@ def model_order(
         messages=messages,
         schema=RankedMemories,
         purpose="relevance",
-        max_tokens=16 + 4 * len(memories),
+        max_tokens=24 + 6 * len(memories),  # "[12, 3, ..." with the spaces and line breaks small models add
         timeout=timeout,
     )
     order: list[int] = []

@@ -30,7 +30,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from agents.models import Agent, ToolInvocation
-from agents.selectors import agent_model_label
+from agents.selectors import active_agents, agent_model_label
 from agents.workflows import get_workflow, state_label
 from core import events as run_channel
 from core.api_errors import error_body, error_response, refusal_headers, runtime_error_status
@@ -39,13 +39,14 @@ from core.text import state_words
 from core.throttles import messages_rate_wait
 from sessions.locks import SessionBusyError
 from sessions.models import ChatSession, Turn
+from sessions.selectors import own_sessions
 from sessions.services import session_create, session_delete
 from web.chat.streaming import idempotency_key_from, is_asgi, turn_event_response
 from web.selectors import memory_panel_lists
 
 
 def _own_session(request: HttpRequest, session_id: UUID) -> ChatSession:
-    return get_object_or_404(ChatSession.objects.select_related("agent"), pk=session_id, user_id=request.user.pk or 0)
+    return get_object_or_404(own_sessions(request.user), pk=session_id)
 
 
 def _model_label(agent: Agent) -> dict[str, Any]:
@@ -161,7 +162,7 @@ def home(request: HttpRequest) -> HttpResponse:
         .order_by("-updated_at", "pk")
     )
     page = Paginator(sessions, HOME_PAGE_SESSIONS).get_page(request.GET.get("page"))
-    agents = list(Agent.objects.filter(is_active=True).order_by("name"))
+    agents = list(active_agents())
     # Which agents the demo model answers (no LLM configured): said on the page, as on every chat page.
     demo: dict[int, bool] = {}
     for agent in [*agents, *(s.agent for s in page.object_list)]:
@@ -180,7 +181,7 @@ def home(request: HttpRequest) -> HttpResponse:
 class NewChatForm(forms.Form):
     """An active agent (an unknown or malformed id is "no agent") and an optional title (trimmed; NUL refused)."""
 
-    agent = forms.ModelChoiceField(queryset=Agent.objects.filter(is_active=True))
+    agent = forms.ModelChoiceField(queryset=active_agents())
     title = forms.CharField(max_length=200, required=False)
 
 

@@ -297,6 +297,7 @@ def _start_langgraph(
         }
     )
     command = [sys.executable, "-m", "uvicorn", "bench.langgraph_server:app", "--host", LOOPBACK, "--port", str(port)]
+    command += ["--lifespan", "on"]  # a process whose startup fails exits, instead of serving half set up
     command += ["--workers", str(workers), "--loop", "uvloop", "--http", "httptools", "--no-access-log"]
     with log.open("wb") as out:
         return subprocess.Popen(

@@ -14,6 +14,7 @@ Routes: ``POST /api/sessions/<id>/messages/stream/`` (JSON ``{"message": ...}``)
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Awaitable, Callable
@@ -56,7 +57,19 @@ class _App:
         )
         await self.pool.open()
         saver = AsyncPostgresSaver(self.pool)
-        await saver.setup()
+        # Both uvicorn processes start at once: one creates the checkpoint tables while the other waits (without
+        # the lock the second's CREATE raced the first's, its startup failed, and half the requests did too).
+        # The waiter polls (pg_try_advisory_lock, then a sleep with no statement open): a blocked
+        # pg_advisory_lock would be a running statement that the setup's CREATE INDEX CONCURRENTLY waits out.
+        async with self.pool.connection() as conn:
+            while not (await (await conn.execute("SELECT pg_try_advisory_lock(4242) AS got")).fetchone() or {}).get(
+                "got"
+            ):
+                await asyncio.sleep(0.2)
+            try:
+                await saver.setup()
+            finally:
+                await conn.execute("SELECT pg_advisory_unlock(4242)")
         limits = httpx.Limits(max_connections=4096, max_keepalive_connections=1024)
         self.model = model = httpx.AsyncClient(base_url=os.environ["LANGGRAPH_MODEL_URL"], timeout=600, limits=limits)
 

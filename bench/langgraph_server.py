@@ -34,6 +34,12 @@ class TurnState(TypedDict, total=False):
     route: str
 
 
+async def _locked(conn: Any, key: int) -> bool:
+    """Whether this connection took the advisory lock ``key`` (without waiting for it)."""
+    row = await (await conn.execute("SELECT pg_try_advisory_lock(%s) AS got", (key,))).fetchone()
+    return bool(row and row["got"])
+
+
 class _App:
     def __init__(self) -> None:
         self.graph: Any = None
@@ -62,9 +68,7 @@ class _App:
         # The waiter polls (pg_try_advisory_lock, then a sleep with no statement open): a blocked
         # pg_advisory_lock would be a running statement that the setup's CREATE INDEX CONCURRENTLY waits out.
         async with self.pool.connection() as conn:
-            while not (await (await conn.execute("SELECT pg_try_advisory_lock(4242) AS got")).fetchone() or {}).get(
-                "got"
-            ):
+            while not await _locked(conn, 4242):
                 await asyncio.sleep(0.2)
             try:
                 await saver.setup()

@@ -422,6 +422,19 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _tool_call_delta(call: Any) -> ToolCallDelta:
+    """A streamed piece of a tool call (an ill-typed piece adds nothing to index 0)."""
+    call = call if isinstance(call, dict) else {}
+    function = call.get("function") if isinstance(call.get("function"), dict) else {}
+    index, call_id, name = call.get("index"), call.get("id"), function.get("name")
+    return ToolCallDelta(
+        index=index if isinstance(index, int) else 0,
+        id=call_id if isinstance(call_id, str) else None,
+        name=name if isinstance(name, str) else None,
+        arguments=_text(function.get("arguments")),
+    )
+
+
 def stream_chunk(event: dict[str, Any]) -> StreamChunk:
     """One ``chat.completion.chunk`` event as a StreamChunk (fields of the wrong type are left out)."""
     usage = event.get("usage") if isinstance(event.get("usage"), dict) else None
@@ -439,19 +452,7 @@ def stream_chunk(event: dict[str, Any]) -> StreamChunk:
         if isinstance(delta, dict):
             chunk.text += _text(delta.get("content"))
             calls = delta.get("tool_calls")
-            for call in calls if isinstance(calls, list) else []:
-                if not isinstance(call, dict):
-                    continue
-                function = call.get("function") if isinstance(call.get("function"), dict) else None
-                index = call.get("index")
-                chunk.tool_call_deltas.append(
-                    ToolCallDelta(
-                        index=index if isinstance(index, int) else 0,
-                        id=call.get("id") if isinstance(call.get("id"), str) else None,
-                        name=function.get("name") if function and isinstance(function.get("name"), str) else None,
-                        arguments=_text(function.get("arguments")) if function else "",
-                    )
-                )
+            chunk.tool_call_deltas += [_tool_call_delta(c) for c in (calls if isinstance(calls, list) else [])]
         finish = choice.get("finish_reason")
         if isinstance(finish, str) and finish:
             chunk.finish_reason = finish

@@ -74,11 +74,7 @@ def cheap_structured(
 
 def model_scores(*, agent: Agent | None, query: str, memories: list[Memory], timeout: float) -> dict[int, float]:
     """One batched cheap-model call scoring all candidates; raises on error or when over the time budget."""
-    listing = "\n".join(f"[{m.id}] {m.text[: tuning.MODEL_FILTER_CHARS]}" for m in memories)
-    messages = [
-        {"role": "system", "content": RELEVANCE_SYSTEM_PROMPT},
-        {"role": "user", "content": f"User message:\n{query}\n\nMemories:\n{listing}"},
-    ]
+    messages = _judge_prompt(RELEVANCE_SYSTEM_PROMPT, query, [(m.id, m) for m in memories])
     result = cheap_structured(
         agent=agent,
         messages=messages,
@@ -91,14 +87,19 @@ def model_scores(*, agent: Agent | None, query: str, memories: list[Memory], tim
     return {s.id: s.score for s in result.scores if s.id in wanted}
 
 
-def rerank_prompt(query: str, memories: list[Memory]) -> list[dict[str, Any]]:
-    """The listwise reranker's messages: the query and the memories numbered from 1 (small numbers, not
-    database ids: a small model copies them back more reliably)."""
-    listing = "\n".join(f"[{n}] {m.text[: tuning.MODEL_FILTER_CHARS]}" for n, m in enumerate(memories, start=1))
+def _judge_prompt(system: str, query: str, labelled: list[tuple[int, Memory]]) -> list[dict[str, Any]]:
+    """A judge's messages: the query, then each memory after its label in brackets."""
+    listing = "\n".join(f"[{label}] {m.text[: tuning.MODEL_FILTER_CHARS]}" for label, m in labelled)
     return [
-        {"role": "system", "content": RERANK_SYSTEM_PROMPT},
+        {"role": "system", "content": system},
         {"role": "user", "content": f"User message:\n{query}\n\nMemories:\n{listing}"},
     ]
+
+
+def rerank_prompt(query: str, memories: list[Memory]) -> list[dict[str, Any]]:
+    """The listwise reranker's messages: the memories numbered from 1 (small numbers, not database ids: a small
+    model copies them back more reliably)."""
+    return _judge_prompt(RERANK_SYSTEM_PROMPT, query, list(enumerate(memories, start=1)))
 
 
 def model_order(

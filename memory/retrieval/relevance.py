@@ -52,7 +52,7 @@ def relevance_scores(
                 scores, mode = _reranked(
                     agent=agent, query=query, memories=memories, timeout=timeout, fallback=fallback
                 )
-            elif model_filter_available(agent):
+            elif settings.MEMORY_MODEL_JUDGE == "scores" and model_filter_available(agent):
                 memories = [loaded[c.memory_id] for c in fresh]
                 scores = model_scores(agent=agent, query=query, memories=memories, timeout=timeout)
                 mode = "model"

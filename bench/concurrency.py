@@ -10,7 +10,7 @@ page does. Measured per N:
 - wall: from the send to the last ``done`` event, and its ratio to one chat alone (the first N);
 - first token (the first ``delta`` event) and reply done, p50 and p95, per person;
 - failures: a status other than 200, an ``error`` event, a stream with no ``done``;
-- ``GET /healthz`` every 0.2 s meanwhile: its slowest answer;
+- ``GET /healthz`` every 0.2 s meanwhile, from a process of its own (``bench/health_probe.py``): its slowest answer;
 - PostgreSQL connections to the database (``pg_stat_activity``, sampled every 0.25 s): the most at once;
 - the stack's log: every ERROR record and traceback while the N chats ran (the cold-start race of a fresh
   process shows here), and the background tasks that could not be sent (``TaskSendFailure``).
@@ -121,20 +121,23 @@ def _chat(base: str, token: str, session_id: str, start: threading.Barrier, t0: 
     return chat
 
 
-def _probe_health(base: str, probe: Probe) -> None:
-    import httpx
+def _start_health_probe(base: str) -> subprocess.Popen[str]:
+    """``bench.health_probe`` on ``/healthz``: a process of its own, as a load balancer probes from elsewhere."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.health_probe", f"{base}/healthz", "0.2"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
-    with httpx.Client(base_url=base, timeout=30) as client:
-        while not probe.stop.is_set():
-            began = time.monotonic()
-            try:
-                client.get("/healthz")
-            except httpx.HTTPError:
-                with probe.lock:
-                    probe.failures += 1
-            with probe.lock:
-                probe.samples.append(time.monotonic() - began)
-            probe.stop.wait(0.2)
+
+def _stop_health_probe(prober: subprocess.Popen[str], probe: Probe) -> None:
+    prober.terminate()
+    out, _ = prober.communicate(timeout=60)
+    for line in out.splitlines():
+        seconds, status = line.split()
+        probe.samples.append(float(seconds))
+        probe.failures += status == "0"
 
 
 def _probe_connections(url: str, probe: Probe) -> None:
@@ -176,9 +179,9 @@ def phase(*, base: str, people: int, log: Path, timeout: float, langgraph_db: st
     sends_failed_before = sum(TaskSendFailure.objects.values_list("count", flat=True))
     log_from = log.stat().st_size
     health, connections = Probe(), Probe()
+    prober = _start_health_probe(base)
     samplers = [
-        threading.Thread(target=_probe_health, args=(base, health), daemon=True),
-        threading.Thread(target=_probe_connections, args=(langgraph_db or database_url(), connections), daemon=True),
+        threading.Thread(target=_probe_connections, args=(langgraph_db or database_url(), connections), daemon=True)
     ]
     for sampler in samplers:
         sampler.start()
@@ -186,7 +189,7 @@ def phase(*, base: str, people: int, log: Path, timeout: float, langgraph_db: st
     start = threading.Barrier(people, action=lambda: t0.__setitem__(0, time.monotonic()))
     chats: list[Chat] = _in_parallel(seeded, lambda job: _chat(base, job[0], job[1], start, t0, timeout))
     time.sleep(2.0)  # what the turns' after-commit work logs lands in the next two seconds
-    health.stop.set()
+    _stop_health_probe(prober, health)
     connections.stop.set()
     for sampler in samplers:
         sampler.join(timeout=10)

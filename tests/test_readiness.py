@@ -3,6 +3,9 @@ from before this process started (the previous run's) is not taken for a live wo
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -18,6 +21,18 @@ from web import warmup
 
 # The checks read the database on threads of their own (web/health.py): what a test writes must be committed.
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def monitors_forgotten() -> Any:
+    """Each test's probes start from no reading, and the monitors' threads stop after it."""
+    from web import health
+
+    for monitor in health.MONITORS.values():
+        monitor.forget()
+    yield
+    for monitor in health.MONITORS.values():
+        monitor.forget()
 
 
 @pytest.fixture
@@ -114,6 +129,78 @@ def test_probes_under_asgi_answer_in_the_event_loop_with_the_views_bodies(
         raise RuntimeError("secret host db.internal")
 
     monkeypatch.setitem(health.HEALTH_CHECKS, "broker", broken)
+    # The probe reads the process's monitor: the next reading (within 3 x HEALTH_REFRESH_SECONDS) has it.
     failed = asyncio.run(ask("GET", "/healthz/"))
+    deadline = time.monotonic() + 10
+    while failed.status_code == 200 and time.monotonic() < deadline:
+        failed = asyncio.run(ask("GET", "/healthz/"))
     assert failed.status_code == 503
     assert failed.json()["broker"] == {"ok": False, "error": "broker failed (RuntimeError; details in the server log)"}
+
+
+def test_the_monitor_answers_a_fresh_reading_at_once_and_never_a_stale_one(settings: Any) -> None:
+    """A probe under ASGI is answered from the monitor's newest reading while it is at most 3 x
+    HEALTH_REFRESH_SECONDS old, without running a check; past that it waits for the run under way and answers
+    that run's results; with no probe for IDLE_STOP_SECONDS the monitor's thread stops."""
+    from web.health import HealthMonitor
+
+    settings.HEALTH_REFRESH_SECONDS = 0.2
+    settings.HEALTH_CHECK_TIMEOUT = 10
+    runs: list[float] = []
+    gate = threading.Event()
+
+    def check() -> dict[str, Any]:
+        runs.append(time.monotonic())
+        if len(runs) > 1:
+            gate.wait(10)  # every run after the first waits until the test lets it end
+        return {"ok": True, "run": len(runs)}
+
+    monitor = HealthMonitor({"counted": check})
+    monitor.IDLE_STOP_SECONDS = 1.0  # type: ignore[misc]
+    try:
+        assert asyncio.run(monitor.reading()) == {"counted": {"ok": True, "run": 1}}  # waited for the first run
+        # The second run starts 0.2 s after the first and hangs; meanwhile the first reading is fresh.
+        assert asyncio.run(monitor.reading())["counted"]["run"] == 1
+        while len(runs) < 2:
+            time.sleep(0.01)
+        time.sleep(0.7)  # the first reading is now older than 3 x 0.2 s
+        threading.Timer(0.3, gate.set).start()
+        asked = time.monotonic()
+        stale_past = asyncio.run(monitor.reading())
+        assert stale_past == {"counted": {"ok": True, "run": 2}}, "a reading older than allowed was answered"
+        assert time.monotonic() - asked >= 0.25  # it waited for the run under way
+        # No probe for a second: the thread stops by itself (and the next probe starts it again).
+        deadline = time.monotonic() + 10
+        while monitor._thread is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert monitor._thread is None
+        stopped_at = len(runs)
+        time.sleep(0.5)
+        assert len(runs) == stopped_at  # no run without a probe
+    finally:
+        gate.set()
+        monitor.forget()
+
+
+def test_a_run_that_outlives_its_deadline_is_answered_as_failed(settings: Any) -> None:
+    """A check stuck past HEALTH_CHECK_TIMEOUT (a database that accepts and never answers) is reported as not
+    answering, by the monitor's run as by the views."""
+    from web.health import HealthMonitor
+
+    settings.HEALTH_REFRESH_SECONDS = 0.1
+    settings.HEALTH_CHECK_TIMEOUT = 0.3
+    release = threading.Event()
+
+    def stuck() -> dict[str, Any]:
+        release.wait(5)
+        return {"ok": True}
+
+    monitor = HealthMonitor({"database": stuck})
+    try:
+        asked = time.monotonic()
+        result = asyncio.run(monitor.reading())
+        assert result == {"database": {"ok": False, "error": "database did not answer within 0.3 s"}}
+        assert time.monotonic() - asked < 3
+    finally:
+        release.set()
+        monitor.forget()

@@ -180,7 +180,7 @@ def server_env(tmp_path: Path, *, llm_profile: dict[str, Any] | None = None) -> 
 
 @pytest.fixture
 def web_server(tmp_path: Path) -> Iterator[Any]:
-    """A factory: ``web_server(llm_profile=..., workers=..., threads=..., as_make_run=..., env=...)`` returns a
+    """A factory: ``web_server(llm_profile=..., workers=..., threads=..., as_make_run=..., asgi=..., env=...)`` returns a
     started ServerProcess (``env`` adds to or overrides ``server_env``; its broker folder is ``<log_dir>/broker``)."""
     servers: list[ServerProcess] = []
 
@@ -190,6 +190,7 @@ def web_server(tmp_path: Path) -> Iterator[Any]:
         workers: int = 1,
         threads: int = 4,
         as_make_run: bool = False,
+        asgi: bool = False,
         env: dict[str, str] | None = None,
     ) -> ServerProcess:
         folder = tmp_path / f"web-{len(servers)}"
@@ -200,6 +201,7 @@ def web_server(tmp_path: Path) -> Iterator[Any]:
             workers=workers,
             threads=threads,
             as_make_run=as_make_run,
+            asgi=asgi,
         )
         servers.append(server)
         return server.start()

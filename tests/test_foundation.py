@@ -268,6 +268,31 @@ def test_health_names_a_failure_without_its_details(monkeypatch: pytest.MonkeyPa
     assert "BrokerPw" not in str(result) and "127.0.0.1" not in str(result)
 
 
+def test_the_broker_check_keeps_its_connection_and_opens_a_new_one_for_another_broker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The health monitor checks the broker four times a second: a Redis-protocol broker is asked PING on one
+    kept connection, not connected to afresh each time; another broker URL (or a failure) gets a new one."""
+    from config.celery import app
+    from core.db import redis_reachable
+    from web import health
+
+    if not redis_reachable():
+        if os.environ.get("CI"):
+            pytest.fail("needs Redis: .ci/run starts one when none answers at 127.0.0.1:6379")
+        pytest.skip("needs a Redis-protocol broker at 127.0.0.1:6379")
+    redis = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+    monkeypatch.setattr(app.conf, "broker_url", redis)
+    assert health.check_broker()["ok"] is True
+    kept = health._broker_conn
+    assert kept is not None and health.check_broker()["ok"] is True and health._broker_conn is kept
+
+    monkeypatch.setattr(app.conf, "broker_url", "redis://127.0.0.1:1/0")  # nothing listens
+    assert health.check_broker()["ok"] is False and health._broker_conn is None
+    monkeypatch.setattr(app.conf, "broker_url", redis)
+    assert health.check_broker()["ok"] is True and health._broker_conn is not kept
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize("login_url", ["/accounts/login/", "/admin/login/"])
 def test_password_guessing_is_stopped(settings: Any, alice: Any, staff: Any, login_url: str) -> None:

@@ -28,11 +28,9 @@ def monitors_forgotten() -> Any:
     """Each test's probes start from no reading, and the monitors' threads stop after it."""
     from web import health
 
-    for monitor in health.MONITORS.values():
-        monitor.forget()
+    health.MONITOR.forget()
     yield
-    for monitor in health.MONITORS.values():
-        monitor.forget()
+    health.MONITOR.forget()
 
 
 @pytest.fixture
@@ -155,7 +153,7 @@ def test_the_monitor_answers_a_fresh_reading_at_once_and_never_a_stale_one(setti
             gate.wait(10)  # every run after the first waits until the test lets it end
         return {"ok": True, "run": len(runs)}
 
-    monitor = HealthMonitor({"counted": check})
+    monitor = HealthMonitor(lambda: {"counted": check})
     monitor.IDLE_STOP_SECONDS = 1.0  # type: ignore[misc]
     try:
         assert asyncio.run(monitor.reading()) == {"counted": {"ok": True, "run": 1}}  # waited for the first run
@@ -195,7 +193,7 @@ def test_a_run_that_outlives_its_deadline_is_answered_as_failed(settings: Any) -
         release.wait(5)
         return {"ok": True}
 
-    monitor = HealthMonitor({"database": stuck})
+    monitor = HealthMonitor(lambda: {"database": stuck})
     try:
         asked = time.monotonic()
         result = asyncio.run(monitor.reading())

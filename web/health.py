@@ -138,23 +138,52 @@ def _health_alias() -> str:
 def check_database() -> dict[str, Any]:
     try:
         with connections[_health_alias()].cursor() as cursor:
-            cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
-            row = cursor.fetchone()
-            cursor.execute("SHOW server_version")
-            version_row = cursor.fetchone()
+            cursor.execute(
+                "SELECT (SELECT extversion FROM pg_extension WHERE extname = 'vector'), current_setting('server_version')"
+            )
+            pgvector, version = cursor.fetchone() or (None, None)
     except Exception as exc:  # noqa: BLE001 - health reports every failure as data
         return {"ok": False, "error": _failed("the database is unreachable", exc)}
-    if row is None:
+    if pgvector is None:
         return {"ok": False, "error": "the pgvector extension is not installed (run migrations)"}
-    return {"ok": True, "postgres": version_row[0] if version_row else None, "pgvector": row[0]}
+    return {"ok": True, "postgres": version, "pgvector": pgvector}
+
+
+# The broker check's connection, kept between checks (one per process): a Redis-protocol broker is asked PING on
+# it, one round trip; another transport gets a new connection each time, as the check is then a connect.
+_broker_lock = threading.Lock()
+_broker_conn: Any = None
+_broker_for: tuple[int, str] = (0, "")  # the process and broker URL it was opened in and for
+
+
+def _broker_ping() -> None:
+    global _broker_conn, _broker_for
+    with _broker_lock:
+        if _broker_conn is None or _broker_for != (os.getpid(), str(app.conf.broker_url)):
+            _broker_conn, _broker_for = app.connection_for_write(), (os.getpid(), str(app.conf.broker_url))
+        conn = _broker_conn
+        try:
+            conn.ensure_connection(max_retries=1, timeout=2)
+            client = getattr(conn.default_channel, "client", None)
+            if client is not None and callable(getattr(client, "ping", None)):
+                client.ping()
+            else:
+                _broker_conn = None
+                conn.release()
+        except BaseException:
+            _broker_conn = None  # the next check connects afresh
+            try:
+                conn.release()
+            except Exception:  # noqa: BLE001 - it is being dropped for failing already
+                pass
+            raise
 
 
 def check_broker() -> dict[str, Any]:
     url = str(app.conf.broker_url)
     transport = url.split("://", 1)[0]
     try:
-        with app.connection_for_write() as conn:
-            conn.ensure_connection(max_retries=1, timeout=2)
+        _broker_ping()
     except Exception as exc:  # noqa: BLE001
         return {"ok": False, "transport": transport, "error": _failed("the broker is unreachable", exc)}
     return {"ok": True, "transport": transport}
@@ -243,14 +272,14 @@ def readyz(request: HttpRequest) -> JsonResponse:
 
 
 class HealthMonitor:
-    """One set of checks, run again every ``HEALTH_REFRESH_SECONDS`` on a thread of this process while probes
+    """A set of checks, run again every ``HEALTH_REFRESH_SECONDS`` on a thread of this process while probes
     ask for it (it stops after ``IDLE_STOP_SECONDS`` without one, and starts again with the next). ``reading``
     answers the newest results when they are fresh enough, else the next ones, when the run under way ends."""
 
     IDLE_STOP_SECONDS = 60.0
 
-    def __init__(self, checks: dict[str, Callable[[], dict[str, Any]]]) -> None:
-        self.checks = checks
+    def __init__(self, checks: Callable[[], dict[str, Callable[[], dict[str, Any]]]]) -> None:
+        self.checks = checks  # read at each run: what is checked can change (tests replace a check)
         self._lock = threading.Lock()
         self._latest: tuple[float, dict[str, dict[str, Any]]] | None = None  # (monotonic end, results)
         self._next: concurrent.futures.Future[dict[str, dict[str, Any]]] = self._new_future()
@@ -293,7 +322,7 @@ class HealthMonitor:
             began = time.monotonic()
             with self._lock:
                 generation = self._generation
-            results = bounded(self.checks, deadline=began + float(settings.HEALTH_CHECK_TIMEOUT))
+            results = bounded(self.checks(), deadline=began + float(settings.HEALTH_CHECK_TIMEOUT))
             with self._lock:
                 done = None
                 if generation == self._generation:
@@ -318,18 +347,20 @@ class HealthMonitor:
         try:
             return await asyncio.wait_for(asyncio.wrap_future(got), timeout=limit)
         except TimeoutError:
-            return {name: {"ok": False, "error": f"{name} did not answer within {limit:g} s"} for name in self.checks}
+            return {name: {"ok": False, "error": f"{name} did not answer within {limit:g} s"} for name in self.checks()}
 
 
 async def _probe_results(path: str) -> dict[str, dict[str, Any]]:
     checks = PROBES[path][0]
     if float(settings.HEALTH_REFRESH_SECONDS) <= 0:
         return await bounded_async(checks, deadline=_deadline())
-    return await MONITORS[path].reading()
+    reading = await MONITOR.reading()
+    return {name: reading[name] for name in checks}
 
 
 PROBES = {"/healthz": (HEALTH_CHECKS, health_report), "/readyz": (READY_CHECKS, ready_report)}
-MONITORS = {path: HealthMonitor(checks) for path, (checks, _) in PROBES.items()}
+# One monitor for both probes: every check of either, once a run.
+MONITOR = HealthMonitor(lambda: {**READY_CHECKS, **HEALTH_CHECKS})
 _PROBE_HEADERS = [
     (b"content-type", b"application/json"),
     (b"cache-control", b"max-age=0, no-cache, no-store, must-revalidate, private"),

@@ -4,7 +4,7 @@ processes ask at once, answering on its socket, and keeping queued tasks across 
 from __future__ import annotations
 
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import psutil
@@ -48,3 +48,36 @@ def test_queued_tasks_survive_a_restart_of_the_server(folder: Path) -> None:
     client = redis.Redis(unix_socket_path=str(embedded_broker.socket_path(folder)))
     assert client.llen("agents") == 5
     assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+
+
+def test_the_health_check_of_a_stopped_broker_fails_by_its_deadline_and_lets_its_thread_go(
+    folder: Path, settings: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker check PINGs on a kept connection: a broker that stops answering (SIGSTOP) fails the check
+    within HEALTH_CHECK_TIMEOUT, rather than holding the check's thread until the server runs again, and the
+    next check after it resumes connects afresh and passes."""
+    import time
+
+    from config.celery import app
+    from web import health
+
+    url = embedded_broker.ensure_embedded_valkey(folder)
+    monkeypatch.setattr(app.conf, "broker_url", url)
+    settings.HEALTH_CHECK_TIMEOUT = 0.5  # type: ignore[attr-defined]
+    assert health.check_broker()["ok"] is True
+    (server,) = servers_in(folder)
+    server.suspend()
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            began = time.monotonic()
+            pending = pool.submit(health.check_broker)
+            done = wait([pending], timeout=5).done
+            took = time.monotonic() - began
+        finally:
+            server.resume()  # a check still stuck returns now
+        result = pending.result(timeout=10)
+    assert done, "the PING to a stopped broker held its thread until the broker ran again"
+    assert result["ok"] is False and result["error"].startswith("the broker is unreachable ("), result
+    assert took < 5
+    assert health._broker_conn is None
+    assert health.check_broker()["ok"] is True

@@ -160,7 +160,11 @@ def _broker_ping() -> None:
     global _broker_conn, _broker_for
     with _broker_lock:
         if _broker_conn is None or _broker_for != (os.getpid(), str(app.conf.broker_url)):
-            _broker_conn, _broker_for = app.connection_for_write(), (os.getpid(), str(app.conf.broker_url))
+            # A reply that does not come within the checks' deadline fails the PING: the thread is not held by a
+            # stopped broker until it runs again (the worker's own connections keep their settings).
+            timeouts = {"socket_timeout": float(settings.HEALTH_CHECK_TIMEOUT), "socket_connect_timeout": 2.0}
+            _broker_conn = app.connection_for_write(transport_options=timeouts)
+            _broker_for = (os.getpid(), str(app.conf.broker_url))
         conn = _broker_conn
         try:
             conn.ensure_connection(max_retries=1, timeout=2)

@@ -56,6 +56,7 @@ from llm.provider_base import (
     RawCompletion,
     StreamChunk,
     ToolCallDelta,
+    json_schema_of,
     schema_instruction,
 )
 from llm.redaction import redact
@@ -241,7 +242,7 @@ class OpenAICompatibleProvider(BaseProvider):
             # The schema is in the prompt whatever the format: plain JSON mode has nothing else to go by.
             params["messages"] = _with_instruction(messages, schema_instruction(schema))
             params["response_format"] = response_format(
-                mode or "json_schema", name=schema.__name__, schema=schema.model_json_schema()
+                mode or "json_schema", name=schema.__name__, schema=json_schema_of(schema)
             )
         return params
 

@@ -43,6 +43,7 @@ from agents.tools.faults import apply_fault
 from core.plugins import load_plugins
 from core.text import storable_json, storable_text
 from llm.base import Message, ToolCallRequest, ToolSpec
+from llm.provider_base import json_schema_of
 
 if TYPE_CHECKING:
     from agents.models import Agent
@@ -523,7 +524,7 @@ def parameters_schema(model: type[BaseModel]) -> dict[str, Any]:
     Inlines ``$ref``s, drops ``title``s, turns ``Optional[X] = None`` into plain ``X`` (the field is
     simply not required) and forbids extra properties.
     """
-    schema = model.model_json_schema()
+    schema = json_schema_of(model)  # built once per class; this copy is ours to change
     defs = schema.pop("$defs", {})
     cleaned = _clean_schema(schema, defs)
     cleaned["type"] = "object"

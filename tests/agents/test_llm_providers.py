@@ -153,3 +153,42 @@ def test_the_admin_shows_calls_read_only_and_agents_with_fieldsets(staff: Any, s
     page = client.get(f"/admin/agents/agent/{agent.pk}/change/").content.decode()
     assert "Context budget" in page and "Configured profiles: default" in page
     assert "SECRET_KEY_VAR" not in page
+
+
+def test_a_models_json_schema_is_built_once_and_handed_out_as_a_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every structured call needs its schema twice (the instruction and ``response_format``), and pydantic builds
+    it afresh on each ``model_json_schema()``: the provider builds it once per class, hands out copies (a caller
+    that cleans one for tool calling changes no one else's), and forgets a class made at run time with it."""
+    import gc
+    import weakref
+
+    from pydantic import BaseModel, create_model
+
+    from llm import provider_base
+    from llm.provider_base import json_schema_of, schema_instruction
+
+    class Answer(BaseModel):
+        verdict: str
+        confidence: float = 0.5
+
+    built = []
+    original = Answer.model_json_schema
+
+    def counted(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        built.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(Answer, "model_json_schema", counted)
+    first = json_schema_of(Answer)
+    assert first == original()
+    first["properties"].clear()  # the caller's own copy
+    assert json_schema_of(Answer)["properties"].keys() == {"verdict", "confidence"}
+    assert '"verdict"' in schema_instruction(Answer)
+    assert len(built) == 1
+
+    made = create_model("MadeAtRunTime", answer=(str, ...))
+    json_schema_of(made)
+    gone = weakref.ref(made)
+    del made
+    gc.collect()
+    assert gone() is None and all(cls.__name__ != "MadeAtRunTime" for cls in list(provider_base._schemas.keys()))

@@ -128,9 +128,18 @@ def _schema_of(schema: type[BaseModel]) -> tuple[dict[str, Any], str]:
     if known is None:
         built = schema.model_json_schema()
         known = (built, json.dumps(built, separators=(",", ":")))
-        with _schemas_lock:
-            _schemas[schema] = known
+        if not _built_each_time(schema):
+            with _schemas_lock:
+                _schemas[schema] = known
     return known
+
+
+def _built_each_time(schema: type[BaseModel]) -> bool:
+    """Does ``schema`` compute a part of its JSON schema when it is built (a ``json_schema_extra`` function, of the
+    model or of a field: a limit read from the settings)? Such a schema is not kept."""
+    extras = [schema.model_config.get("json_schema_extra")]
+    extras += [field.json_schema_extra for field in schema.model_fields.values()]
+    return any(callable(extra) for extra in extras)
 
 
 def json_schema_of(schema: type[BaseModel]) -> dict[str, Any]:

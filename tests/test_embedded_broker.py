@@ -78,6 +78,6 @@ def test_the_health_check_of_a_stopped_broker_fails_by_its_deadline_and_lets_its
         result = pending.result(timeout=10)
     assert done, "the PING to a stopped broker held its thread until the broker ran again"
     assert result["ok"] is False and result["error"].startswith("the broker is unreachable ("), result
-    assert took < 5
+    assert took < 0.5 + 1.0, f"the check took {took:.1f} s, past its deadline of 0.5 s"
     assert health._broker_conn is None
     assert health.check_broker()["ok"] is True

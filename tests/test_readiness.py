@@ -202,3 +202,40 @@ def test_a_run_that_outlives_its_deadline_is_answered_as_failed(settings: Any) -
     finally:
         release.set()
         monitor.forget()
+
+
+def test_a_check_that_has_not_returned_is_not_sent_again_and_the_others_go_on(settings: Any) -> None:
+    """A server that never answers holds the thread of its check: the monitor reports that check as not
+    answering on each run without sending it again, so stuck checks cannot fill the checks' small pool and
+    fail the checks of everything else (a broker outage would otherwise turn /readyz 503)."""
+    from web.health import HealthMonitor
+
+    settings.HEALTH_REFRESH_SECONDS = 0.05
+    settings.HEALTH_CHECK_TIMEOUT = 0.2
+    release = threading.Event()
+    calls = {"stuck": 0, "quick": 0}
+
+    def stuck() -> dict[str, Any]:
+        calls["stuck"] += 1
+        release.wait(10)
+        return {"ok": True}
+
+    def quick() -> dict[str, Any]:
+        calls["quick"] += 1
+        return {"ok": True}
+
+    monitor = HealthMonitor(lambda: {"broker": stuck, "database": quick})
+    try:
+        readings = []
+        deadline = time.monotonic() + 10
+        while calls["quick"] < 12 and time.monotonic() < deadline:
+            readings.append(asyncio.run(monitor.reading()))
+            time.sleep(0.05)
+        assert calls["quick"] >= 12, calls
+        assert calls["stuck"] == 1  # sent once, never again while it hangs
+        last = readings[-1]
+        assert last["broker"] == {"ok": False, "error": "broker did not answer within 0.2 s"}
+        assert last["database"] == {"ok": True}  # the pool was not filled by the stuck check
+    finally:
+        release.set()
+        monitor.forget()

@@ -14,8 +14,10 @@ Under ASGI (``make run``) a probe is answered from a reading at most ``3 × HEAL
 a thread of the process (``HealthMonitor``) takes every ``HEALTH_REFRESH_SECONDS`` while probes keep coming:
 a busy process answers in the time its event loop takes to notice the request, not in the time its checks take
 to get the interpreter lock (0.5 s and more under 256 chats on 2 cores). An older reading is never answered: the
-probe waits for the run under way, which ends within ``HEALTH_CHECK_TIMEOUT`` of its start, so a database that
-stops answering turns the probes 503 within ``HEALTH_REFRESH_SECONDS + HEALTH_CHECK_TIMEOUT`` (1.75 s).
+probe waits for the run under way, which ends within ``HEALTH_CHECK_TIMEOUT`` of its start (a reading counts as
+old as its run's start), so a database that stops answering turns the probes 503 within
+``HEALTH_REFRESH_SECONDS + HEALTH_CHECK_TIMEOUT`` (1.75 s) while the runs answer promptly, and within twice the
+timeout when the run before was itself slow to end.
 """
 
 from __future__ import annotations
@@ -158,16 +160,24 @@ _broker_for: tuple[int, str] = (0, "")  # the process and broker URL it was open
 
 def _broker_ping() -> None:
     global _broker_conn, _broker_for
-    with _broker_lock:
-        if _broker_conn is None or _broker_for != (os.getpid(), str(app.conf.broker_url)):
+    # One check at a time on the kept connection; another that finds it taken fails at once, rather than hold a
+    # second thread of the checks' pool behind a broker that does not answer.
+    if not _broker_lock.acquire(blocking=False):
+        raise TimeoutError("the previous broker check has not answered yet")
+    try:
+        here = (os.getpid(), str(app.conf.broker_url))
+        if _broker_conn is None or _broker_for != here:
+            if _broker_conn is not None and _broker_for[0] == os.getpid():
+                _drop(_broker_conn)  # opened for another broker URL (tests)
             # A reply that does not come within the checks' deadline fails the PING: the thread is not held by a
             # stopped broker until it runs again (the worker's own connections keep their settings).
-            timeouts = {"socket_timeout": float(settings.HEALTH_CHECK_TIMEOUT), "socket_connect_timeout": 2.0}
-            _broker_conn = app.connection_for_write(transport_options=timeouts)
-            _broker_for = (os.getpid(), str(app.conf.broker_url))
+            timeout = float(settings.HEALTH_CHECK_TIMEOUT)
+            options = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+            _broker_conn, _broker_for = app.connection_for_write(transport_options=options), here
         conn = _broker_conn
         try:
-            conn.ensure_connection(max_retries=1, timeout=2)
+            # No retry: kombu sleeps 2 s before one, past the checks' deadline.
+            conn.ensure_connection(max_retries=0, timeout=float(settings.HEALTH_CHECK_TIMEOUT))
             client = getattr(conn.default_channel, "client", None)
             if client is not None and callable(getattr(client, "ping", None)):
                 client.ping()
@@ -176,11 +186,17 @@ def _broker_ping() -> None:
                 conn.release()
         except BaseException:
             _broker_conn = None  # the next check connects afresh
-            try:
-                conn.release()
-            except Exception:  # noqa: BLE001 - it is being dropped for failing already
-                pass
+            _drop(conn)
             raise
+    finally:
+        _broker_lock.release()
+
+
+def _drop(conn: Any) -> None:
+    try:
+        conn.release()
+    except Exception:  # noqa: BLE001 - it is being dropped, failing or not
+        pass
 
 
 def check_broker() -> dict[str, Any]:
@@ -285,12 +301,13 @@ class HealthMonitor:
     def __init__(self, checks: Callable[[], dict[str, Callable[[], dict[str, Any]]]]) -> None:
         self.checks = checks  # read at each run: what is checked can change (tests replace a check)
         self._lock = threading.Lock()
-        self._latest: tuple[float, dict[str, dict[str, Any]]] | None = None  # (monotonic end, results)
+        self._latest: tuple[float, dict[str, dict[str, Any]]] | None = None  # (monotonic start, results)
         self._next: concurrent.futures.Future[dict[str, dict[str, Any]]] = self._new_future()
         self._thread: threading.Thread | None = None
         self._pid = 0
         self._asked = 0.0
         self._generation = 0  # forget() starts a new one: a run begun before it keeps its results to itself
+        self._pending: dict[str, concurrent.futures.Future[dict[str, Any]]] = {}  # each check's last run (thread only)
 
     @staticmethod
     def _new_future() -> concurrent.futures.Future[dict[str, dict[str, Any]]]:
@@ -321,16 +338,34 @@ class HealthMonitor:
             self._asked = float("-inf")
             self._generation += 1
 
+    def _checked(self, deadline: float) -> dict[str, dict[str, Any]]:
+        """One run: each check on the checks' threads, except one whose previous run has not returned yet (a
+        server that does not answer), which is reported as not answering again rather than sent again: stuck
+        checks of one kind must not fill the pool and fail the others."""
+        timeout = float(settings.HEALTH_CHECK_TIMEOUT)
+        checks = self.checks()
+        stuck = {name for name, future in self._pending.items() if not future.done()}
+        futures = _submit({name: check for name, check in checks.items() if name not in stuck})
+        self._pending.update({name: f for name, f in futures.items() if f is not None})
+        live = [f for f in futures.values() if f is not None]
+        concurrent.futures.wait(live, timeout=max(0.0, deadline - time.monotonic()))
+        results = _outcomes(futures)
+        for name in stuck & checks.keys():
+            results[name] = {"ok": False, "error": f"{name} did not answer within {timeout:g} s"}
+        return {name: results[name] for name in checks}
+
     def _run(self) -> None:
         while True:
             began = time.monotonic()
             with self._lock:
                 generation = self._generation
-            results = bounded(self.checks(), deadline=began + float(settings.HEALTH_CHECK_TIMEOUT))
+            results = self._checked(began + float(settings.HEALTH_CHECK_TIMEOUT))
             with self._lock:
                 done = None
                 if generation == self._generation:
-                    self._latest = (time.monotonic(), results)
+                    # Stamped with the run's start: a check may have answered at any moment of the run, so the
+                    # reading is as old as its start, not its end.
+                    self._latest = (began, results)
                     done, self._next = self._next, self._new_future()
                 idle = time.monotonic() - self._asked > self.IDLE_STOP_SECONDS
                 if idle:

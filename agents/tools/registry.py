@@ -43,7 +43,6 @@ from agents.tools.faults import apply_fault
 from core.plugins import load_plugins
 from core.text import storable_json, storable_text
 from llm.base import Message, ToolCallRequest, ToolSpec
-from llm.provider_base import json_schema_of
 
 if TYPE_CHECKING:
     from agents.models import Agent
@@ -524,7 +523,7 @@ def parameters_schema(model: type[BaseModel]) -> dict[str, Any]:
     Inlines ``$ref``s, drops ``title``s, turns ``Optional[X] = None`` into plain ``X`` (the field is
     simply not required) and forbids extra properties.
     """
-    schema = json_schema_of(model)  # built once per class; this copy is ours to change
+    schema = model.model_json_schema()  # afresh: a tool's schema may show a limit read from the settings
     defs = schema.pop("$defs", {})
     cleaned = _clean_schema(schema, defs)
     cleaned["type"] = "object"

@@ -192,3 +192,24 @@ def test_a_models_json_schema_is_built_once_and_handed_out_as_a_copy(monkeypatch
     del made
     gc.collect()
     assert gone() is None and all(cls.__name__ != "MadeAtRunTime" for cls in list(provider_base._schemas.keys()))
+
+
+def test_a_schema_that_computes_a_part_of_itself_is_built_each_time() -> None:
+    """A model whose JSON schema reads a setting when built (``json_schema_extra`` a function: the http tool's size
+    limit) is not kept: a changed setting shows in the next call's schema."""
+    from pydantic import BaseModel, ConfigDict
+
+    from llm.provider_base import json_schema_of
+
+    limit = {"now": 10}
+
+    def current(schema: dict[str, Any]) -> None:
+        schema["maxBytes"] = limit["now"]
+
+    class Fetch(BaseModel):
+        model_config = ConfigDict(json_schema_extra=current)
+        url: str
+
+    assert json_schema_of(Fetch)["maxBytes"] == 10
+    limit["now"] = 20
+    assert json_schema_of(Fetch)["maxBytes"] == 20

@@ -328,7 +328,7 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 # /healthz and /readyz answer within this many seconds, whatever the database and the broker do (web/health.py).
 HEALTH_CHECK_TIMEOUT = env_float("HEALTH_CHECK_TIMEOUT", 1.5, minimum=0.1, maximum=30)
 # Under ASGI a thread of each web process runs those checks this often while probes come, and a probe is answered
-# from a reading at most three times this old (0: the checks run for each probe). web/health.py HealthMonitor.
+# from a reading at most this plus HEALTH_CHECK_TIMEOUT old (0: the checks run for each probe). web/health.py HealthMonitor.
 HEALTH_REFRESH_SECONDS = env_float("HEALTH_REFRESH_SECONDS", 0.25, minimum=0, maximum=10)
 WORKER_HEARTBEAT_SECONDS = env_int("WORKER_HEARTBEAT_SECONDS", 15, minimum=1, maximum=30)
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {

@@ -10,14 +10,15 @@ Both answer within ``HEALTH_CHECK_TIMEOUT`` seconds whatever the database and th
 a small pool of threads of their own, and one that has not answered by then is reported as failed (a stopped
 database server accepts a connection and then never answers; no statement timeout can fire there).
 
-Under ASGI (``make run``) a probe is answered from a reading at most ``3 × HEALTH_REFRESH_SECONDS`` old, which
-a thread of the process (``HealthMonitor``) takes every ``HEALTH_REFRESH_SECONDS`` while probes keep coming:
+Under ASGI (``make run``) a probe is answered from a reading at most ``HEALTH_REFRESH_SECONDS +
+HEALTH_CHECK_TIMEOUT`` old (counted from its run's start), which a thread of the process (``HealthMonitor``)
+takes every ``HEALTH_REFRESH_SECONDS`` while probes keep coming:
 a busy process answers in the time its event loop takes to notice the request, not in the time its checks take
 to get the interpreter lock (0.5 s and more under 256 chats on 2 cores). An older reading is never answered: the
-probe waits for the run under way, which ends within ``HEALTH_CHECK_TIMEOUT`` of its start (a reading counts as
-old as its run's start), so a database that stops answering turns the probes 503 within
-``HEALTH_REFRESH_SECONDS + HEALTH_CHECK_TIMEOUT`` (1.75 s) while the runs answer promptly, and within twice the
-timeout when the run before was itself slow to end.
+probe waits for the run under way, which ends within ``HEALTH_CHECK_TIMEOUT`` of its start. A database that stops
+answering fails the first run that starts after it, which starts within ``HEALTH_REFRESH_SECONDS`` of the last
+good run's start while runs answer promptly: the probes turn 503 within ``HEALTH_REFRESH_SECONDS +
+HEALTH_CHECK_TIMEOUT`` (1.75 s), as soon as that run ends, and never later than the oldest reading allowed.
 """
 
 from __future__ import annotations
@@ -327,7 +328,7 @@ class HealthMonitor:
                 self._pid = os.getpid()
                 self._thread = threading.Thread(target=self._run, name="health-monitor", daemon=True)
                 self._thread.start()
-            if self._latest is not None and now - self._latest[0] <= 3 * refresh:
+            if self._latest is not None and now - self._latest[0] <= refresh + float(settings.HEALTH_CHECK_TIMEOUT):
                 return self._latest[1]
             return self._next
 

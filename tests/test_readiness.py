@@ -138,34 +138,42 @@ def test_probes_under_asgi_answer_in_the_event_loop_with_the_views_bodies(
 
 def test_the_monitor_answers_a_fresh_reading_at_once_and_never_a_stale_one(settings: Any) -> None:
     """A probe under ASGI is answered from the monitor's newest reading while it is at most HEALTH_REFRESH_SECONDS +
-    HEALTH_CHECK_TIMEOUT old (from its run's start), without running a check; past that it gets a later run's
-    results; with no probe for IDLE_STOP_SECONDS the monitor's thread stops."""
+    HEALTH_CHECK_TIMEOUT old (from its run's start), without running a check; past that (a monitor thread that
+    stalled) it is never answered again: the probe waits for the next run, and says so when that does not come.
+    With no probe for IDLE_STOP_SECONDS the monitor's thread stops."""
     from web.health import HealthMonitor
 
     settings.HEALTH_REFRESH_SECONDS = 0.2
     settings.HEALTH_CHECK_TIMEOUT = 0.3  # a reading is answered until 0.5 s after its run started
     runs: list[float] = []
     gate = threading.Event()
+    asked_for_checks = []
 
     def check() -> dict[str, Any]:
         runs.append(time.monotonic())
-        if len(runs) > 1:
-            gate.wait(10)  # every run after the first hangs until the test lets it end
         return {"ok": True, "run": len(runs)}
 
-    monitor = HealthMonitor(lambda: {"counted": check})
+    def checks() -> dict[str, Any]:
+        asked_for_checks.append(1)
+        if len(asked_for_checks) == 2:
+            gate.wait(10)  # the second run's thread stalls before it checks anything
+        return {"counted": check}
+
+    monitor = HealthMonitor(checks)
     monitor.IDLE_STOP_SECONDS = 1.0  # type: ignore[misc]
     try:
         assert asyncio.run(monitor.reading()) == {"counted": {"ok": True, "run": 1}}  # waited for the first run
-        # The second run starts 0.2 s after the first and hangs; meanwhile the first reading is fresh.
-        assert asyncio.run(monitor.reading())["counted"]["run"] == 1
-        first_run = runs[0]
-        while time.monotonic() - first_run < 0.6:
+        assert asyncio.run(monitor.reading())["counted"]["run"] == 1  # fresh: no check run for it
+        assert len(runs) == 1
+        while time.monotonic() - runs[0] < 0.6:
             time.sleep(0.02)
-        later = asyncio.run(monitor.reading())  # the first reading is past 0.5 s: never answered again
-        assert later == {"counted": {"ok": False, "error": "counted did not answer within 0.3 s"}}
-        assert len(runs) == 2  # and the hanging check was not sent again
-        gate.set()
+        stale = asyncio.run(monitor.reading())  # the first reading is past 0.5 s and no run has ended since
+        assert stale == {"counted": {"ok": False, "error": "counted did not answer within 0.8 s"}}, stale
+        gate.set()  # the stalled run ends (past its deadline: reported as not answering), and the next ones pass
+        deadline = time.monotonic() + 5
+        while not asyncio.run(monitor.reading())["counted"]["ok"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert asyncio.run(monitor.reading())["counted"]["ok"] is True
         # No probe for a second: the thread stops by itself (and the next probe starts it again).
         deadline = time.monotonic() + 10
         while monitor._thread is not None and time.monotonic() < deadline:

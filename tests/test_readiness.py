@@ -212,9 +212,10 @@ def test_a_run_that_outlives_its_deadline_is_answered_as_failed(settings: Any) -
 
 
 def test_a_check_that_has_not_returned_is_not_sent_again_and_the_others_go_on(settings: Any) -> None:
-    """A server that never answers holds the thread of its check: the monitor reports that check as not
-    answering on each run without sending it again, so stuck checks cannot fill the checks' small pool and
-    fail the checks of everything else (a broker outage would otherwise turn /readyz 503)."""
+    """A server that never answers holds the thread of its check: each run of the monitor waits on that same
+    run (the checks' threads run one of each check at a time) and reports it as not answering, without sending
+    it again, so stuck checks cannot fill the checks' small pool and fail the checks of everything else (a
+    broker outage would otherwise turn /readyz 503)."""
     from web.health import HealthMonitor
 
     settings.HEALTH_REFRESH_SECONDS = 0.05

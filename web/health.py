@@ -58,51 +58,42 @@ def _failed(what: str, exc: BaseException) -> str:
 
 
 # The checks' own threads: a check stuck on a server that does not answer holds one of them, never a request.
-_POOL_SIZE = 2
-_MAX_WAITING = 8  # checks stuck or queued beyond this: answer at once that the last ones did not return
+# One run of a check at a time: a caller that finds it still running (another probe's, or a stuck one) waits on
+# that run instead of sending it again, so checks stuck on one server never fill the pool and fail the others.
+_POOL_SIZE = 4  # one for each check: with one run of each at a time, a stuck check never delays another
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _pool_pid = 0
 _pool_lock = threading.Lock()
-_waiting = 0
+_running: dict[Callable[[], dict[str, Any]], concurrent.futures.Future[dict[str, Any]]] = {}
 
 
-def _checks_pool() -> concurrent.futures.ThreadPoolExecutor:
+def _in_own_thread(check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    close_old_connections()  # a connection that broke or aged out is replaced, as between requests
+    return check()
+
+
+def _submit(checks: dict[str, Callable[[], dict[str, Any]]]) -> dict[str, concurrent.futures.Future[Any]]:
     global _pool, _pool_pid
+    futures: dict[str, concurrent.futures.Future[dict[str, Any]]] = {}
     with _pool_lock:
         if _pool is None or _pool_pid != os.getpid():  # a forked child has none of its parent's threads
             _pool = concurrent.futures.ThreadPoolExecutor(_POOL_SIZE, thread_name_prefix="health")
             _pool_pid = os.getpid()
-        return _pool
-
-
-def _in_own_thread(check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    global _waiting
-    try:
-        close_old_connections()  # a connection that broke or aged out is replaced, as between requests
-        return check()
-    finally:
-        with _pool_lock:
-            _waiting -= 1
-
-
-def _submit(checks: dict[str, Callable[[], dict[str, Any]]]) -> dict[str, concurrent.futures.Future[Any] | None]:
-    global _waiting
-    futures: dict[str, concurrent.futures.Future[dict[str, Any]] | None] = {}
-    for name, check in checks.items():
-        with _pool_lock:
-            full = _waiting >= _MAX_WAITING
-            if not full:
-                _waiting += 1
-        futures[name] = None if full else _checks_pool().submit(_in_own_thread, check)
+            _running.clear()
+        for name, check in checks.items():
+            future = _running.get(check)
+            if future is None or future.done():
+                future = _running[check] = _pool.submit(_in_own_thread, check)
+            futures[name] = future
     return futures
 
 
-def _outcomes(futures: dict[str, concurrent.futures.Future[Any] | None]) -> dict[str, dict[str, Any]]:
+def _outcomes(futures: dict[str, concurrent.futures.Future[Any]]) -> dict[str, dict[str, Any]]:
     """Each check's result, or its failure to answer in time (a future that is not done)."""
     timeout = float(settings.HEALTH_CHECK_TIMEOUT)
     results: dict[str, dict[str, Any]] = {}
     for name, future in futures.items():
-        if future is not None and future.done():
+        if future.done():
             error = future.exception()
             results[name] = (
                 future.result() if error is None else {"ok": False, "error": _failed(f"{name} failed", error)}
@@ -117,8 +108,7 @@ def bounded(checks: dict[str, Callable[[], dict[str, Any]]], *, deadline: float)
     """Run ``checks`` at once on the checks' threads; a check not done by ``deadline`` (``time.monotonic``)
     is reported as failed ("did not answer within ...")."""
     futures = _submit(checks)
-    live = [f for f in futures.values() if f is not None]
-    concurrent.futures.wait(live, timeout=max(0.0, deadline - time.monotonic()))
+    concurrent.futures.wait(futures.values(), timeout=max(0.0, deadline - time.monotonic()))
     return _outcomes(futures)
 
 
@@ -127,7 +117,8 @@ async def bounded_async(
 ) -> dict[str, dict[str, Any]]:
     """``bounded`` for the event loop: it awaits the checks' threads, and holds no thread of its own."""
     futures = _submit(checks)
-    live = [asyncio.wrap_future(f) for f in futures.values() if f is not None]
+    # Shielded: a probe cancelled while it waits (its client gone) must not cancel a run other callers share.
+    live = [asyncio.shield(asyncio.wrap_future(f)) for f in futures.values()]
     if live:
         await asyncio.wait(live, timeout=max(0.0, deadline - time.monotonic()))
     return _outcomes(futures)
@@ -161,11 +152,7 @@ _broker_for: tuple[int, str] = (0, "")  # the process and broker URL it was open
 
 def _broker_ping() -> None:
     global _broker_conn, _broker_for
-    # One check at a time on the kept connection; another that finds it taken fails at once, rather than hold a
-    # second thread of the checks' pool behind a broker that does not answer.
-    if not _broker_lock.acquire(blocking=False):
-        raise TimeoutError("the previous broker check has not answered yet")
-    try:
+    with _broker_lock:  # the kept connection is one check's at a time (the checks' threads run one of each)
         here = (os.getpid(), str(app.conf.broker_url))
         if _broker_conn is None or _broker_for != here:
             if _broker_conn is not None and _broker_for[0] == os.getpid():
@@ -180,17 +167,15 @@ def _broker_ping() -> None:
             # No retry: kombu sleeps 2 s before one, past the checks' deadline.
             conn.ensure_connection(max_retries=0, timeout=float(settings.HEALTH_CHECK_TIMEOUT))
             client = getattr(conn.default_channel, "client", None)
-            if client is not None and callable(getattr(client, "ping", None)):
-                client.ping()
-            else:
-                _broker_conn = None
+            if client is None or not callable(getattr(client, "ping", None)):
+                _broker_conn = None  # not Redis-protocol: the connect was the check
                 conn.release()
+            else:
+                client.ping()
         except BaseException:
             _broker_conn = None  # the next check connects afresh
             _drop(conn)
             raise
-    finally:
-        _broker_lock.release()
 
 
 def _drop(conn: Any) -> None:
@@ -308,7 +293,6 @@ class HealthMonitor:
         self._pid = 0
         self._asked = 0.0
         self._generation = 0  # forget() starts a new one: a run begun before it keeps its results to itself
-        self._pending: dict[str, concurrent.futures.Future[dict[str, Any]]] = {}  # each check's last run (thread only)
 
     @staticmethod
     def _new_future() -> concurrent.futures.Future[dict[str, dict[str, Any]]]:
@@ -339,28 +323,12 @@ class HealthMonitor:
             self._asked = float("-inf")
             self._generation += 1
 
-    def _checked(self, deadline: float) -> dict[str, dict[str, Any]]:
-        """One run: each check on the checks' threads, except one whose previous run has not returned yet (a
-        server that does not answer), which is reported as not answering again rather than sent again: stuck
-        checks of one kind must not fill the pool and fail the others."""
-        timeout = float(settings.HEALTH_CHECK_TIMEOUT)
-        checks = self.checks()
-        stuck = {name for name, future in self._pending.items() if not future.done()}
-        futures = _submit({name: check for name, check in checks.items() if name not in stuck})
-        self._pending.update({name: f for name, f in futures.items() if f is not None})
-        live = [f for f in futures.values() if f is not None]
-        concurrent.futures.wait(live, timeout=max(0.0, deadline - time.monotonic()))
-        results = _outcomes(futures)
-        for name in stuck & checks.keys():
-            results[name] = {"ok": False, "error": f"{name} did not answer within {timeout:g} s"}
-        return {name: results[name] for name in checks}
-
     def _run(self) -> None:
         while True:
             began = time.monotonic()
             with self._lock:
                 generation = self._generation
-            results = self._checked(began + float(settings.HEALTH_CHECK_TIMEOUT))
+            results = bounded(self.checks(), deadline=began + float(settings.HEALTH_CHECK_TIMEOUT))
             with self._lock:
                 done = None
                 if generation == self._generation:

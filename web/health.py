@@ -60,7 +60,7 @@ def _failed(what: str, exc: BaseException) -> str:
 # The checks' own threads: a check stuck on a server that does not answer holds one of them, never a request.
 # One run of a check at a time: a caller that finds it still running (another probe's, or a stuck one) waits on
 # that run instead of sending it again, so checks stuck on one server never fill the pool and fail the others.
-_POOL_SIZE = 4  # one for each check: with one run of each at a time, a stuck check never delays another
+_POOL_SIZE = 2  # each thread holds a database connection of its own: more would count against the connections
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _pool_pid = 0
 _pool_lock = threading.Lock()

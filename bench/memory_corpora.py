@@ -1,7 +1,7 @@
 """The corpora of ``bench.memory_eval``: memory stores of different shapes, each with queries and labels.
 
 A corpus is a set of users' memories (each with a label) and queries (each with the labels of the
-memories that answer it). Four shapes, so that no single trick of one shape is what scores:
+memories that answer it). Several shapes, so that no single trick of one shape is what scores:
 
 - ``locomo_turns``: every LoCoMo turn as an episodic memory of its conversation's user, in a chat
   session of its own LoCoMo session (neighbours are real), dated by that session; the questions with
@@ -28,6 +28,14 @@ memories that answer it). Four shapes, so that no single trick of one shape is w
   have nothing to do with: a word match on the whole query finds those. Labelled with the event called
   back to.
 
+- ``people``: ``bench/corpora/people_amara.json`` and ``people_tomasz.json``, written for this project by
+  two of its agents (no data copied, no retrieval system consulted): two invented people's 120 independent
+  memories each (a teacher in Leeds, a lorry driver near Gdańsk) and 96 short turns each that they might say
+  to an assistant, labelled with the memories a good reply needs. About 40 % of the turns share no content
+  word with their memories while an unrelated memory shares an incidental word ("night", "again", "last
+  time"); about 30 % name a rare word their memory has (a name, a place, a code); the rest overlap
+  ordinarily. ``persona``'s shape at a size where a tuning split can see it (its 32 queries leave 8).
+
 The LoCoMo data is read from ``../shared/eval/locomo10.json`` (CC BY-NC 4.0, evaluation only) and never
 copied into the repository.
 """
@@ -48,6 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LOCOMO = ROOT.parent / "shared" / "eval" / "locomo10.json"
 PERSONA = Path(__file__).resolve().parent / "corpora" / "persona.json"
 LIFE_DIALOGUES = Path(__file__).resolve().parent / "corpora" / "life_dialogues.json"
+PEOPLE = [Path(__file__).resolve().parent / "corpora" / f"people_{who}.json" for who in ("amara", "tomasz")]
 DIALOGUE_TOKENS = (80, 170)  # a life_dialogues query's length, cl100k tokens
 EVIDENCE_ID = re.compile(r"D:?(\d+):0*(\d+)")
 
@@ -265,6 +274,21 @@ def persona() -> Corpus:
     return corpus
 
 
+def people() -> Corpus:
+    """Two people's stores, one user each; the first person's queries, then the second's."""
+    files = [json.loads(path.read_text()) for path in PEOPLE]
+    corpus = Corpus(name="people", about=" ".join(data["about"] for data in files))
+    for path, data in zip(PEOPLE, files, strict=True):
+        key = path.stem.removeprefix("people_")
+        corpus.memories[key] = [
+            MemorySpec(m["id"], m["text"], datetime.fromisoformat(m["occurred_at"]), kind=m.get("kind", "episodic"))
+            for m in data["memories"]
+        ]
+        now = datetime.fromisoformat(data["now"])
+        corpus.queries.extend(QuerySpec(key, q["text"], frozenset(q["relevant"]), now) for q in data["queries"])
+    return corpus
+
+
 def _dialogue(opening: list[str], asides: list[str], talk: str, closing: list[str], before_last: bool) -> str:
     """One side of a conversation: the opening, the asides with the call-back after them (or before the last
     of them), the closing; an utterance a line."""
@@ -306,6 +330,7 @@ BUILDERS = {
     "locomo_callbacks": locomo_callbacks,
     "persona": persona,
     "life_dialogues": life_dialogues,
+    "people": people,
 }
 NEEDS_LOCOMO = {"locomo_turns", "locomo_observations", "locomo_callbacks"}
 

@@ -13,7 +13,8 @@ from django.db import connection
 from memory.retrieval import tuning
 from memory.retrieval.sql import CURRENT_SQL, NOT_IN_WINDOW_SQL, RecentWindow, window_params
 
-WORD = re.compile(r"[A-Za-z0-9]+")
+# Letters and digits of any script, as the tsvector has them: "Kiełbasa" is one word, not "kie" and "basa".
+WORD = re.compile(r"[^\W_]+")
 
 
 def query_terms(query: str) -> list[str]:

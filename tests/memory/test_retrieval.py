@@ -435,6 +435,21 @@ def test_word_arm_weights_rare_words_breaks_ties_by_recency_and_stays_per_user(a
     assert word_candidates(user_id=alice.pk, query="the of", now=timezone.now()) == []  # stop words only
 
 
+def test_word_arm_matches_words_outside_ascii(alice: Any) -> None:
+    from memory.retrieval import word_candidates
+    from memory.retrieval.words import query_terms
+
+    dog = memory_create(user=alice, kind="episodic", text="User: Kiełbasa needs his Bravecto tablet in June")
+    trip = memory_create(user=alice, kind="episodic", text="User: we fished off Władysławowo for cod")
+    memory_create(user=alice, kind="episodic", text="User: a kie basa is not a word")
+
+    assert query_terms("When's Kiełbasa due, São João?") == ["when", "kiełbasa", "due", "são", "joão"]
+    found = word_candidates(user_id=alice.pk, query="When's Kiełbasa due?", now=timezone.now(), limit=10)
+    assert [i for i, _ in found] == [dog.id]
+    found = word_candidates(user_id=alice.pk, query="what did we catch off Władysławowo", now=timezone.now())
+    assert found and found[0][0] == trip.id
+
+
 def test_word_ties_at_the_cut_go_to_the_memories_nearer_the_query(alice: Any, settings: Any) -> None:
     from memory.embedding import get_embedder
     from memory.retrieval import hybrid_candidates, word_candidates

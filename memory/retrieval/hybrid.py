@@ -8,6 +8,7 @@ rank)``), kept for comparison in bench/memory_eval.py.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -180,4 +181,20 @@ def convex_fusion(candidates: list[HybridCandidate]) -> float:
             meaning = (sim - low) / (high - low) if high > low else 1.0
         wording = c.text_share / share_high if share_high > 0 else 0.0
         c.fused = (1.0 - word_weight) * meaning + word_weight * wording
+    dilation_floor(candidates)
     return word_weight
+
+
+def dilation_floor(candidates: list[HybridCandidate]) -> None:
+    """Lift each candidate to at least the fused score of the place DENSE_DILATION times its rank by plain cosine
+    (the fused order before any lift; ties go to the nearer memory when ``hybrid_candidates`` sorts)."""
+    dilation = tuning.DENSE_DILATION
+    if dilation <= 0:
+        return
+    order = sorted((c.fused for c in candidates), reverse=True)
+    nearest = sorted((c for c in candidates if c.has_vector), key=lambda c: -c.similarity)
+    for rank, cand in enumerate(nearest, start=1):
+        place = math.ceil(dilation * rank)
+        if place > min(len(order), tuning.DENSE_DILATION_UPTO):
+            break
+        cand.fused = max(cand.fused, order[place - 1])

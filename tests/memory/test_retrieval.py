@@ -611,14 +611,15 @@ def test_the_query_carries_the_users_earlier_messages_without_a_cheap_model() ->
     assert follow_up.text == "and when was that?\nI went to Kyoto with Rui"  # the newest two, message first
 
 
-def test_fusion_discounts_crowded_candidates_and_leaves_vectorless_ones_to_their_words() -> None:
+def test_fusion_discounts_crowded_candidates_and_leaves_vectorless_ones_to_their_words(monkeypatch: Any) -> None:
     """Hubness: a memory close to all the other candidates (a generic one) loses HUB_WEIGHT times that
     closeness from its cosine; one without a vector has no meaning to compare and competes on its words."""
-    from memory.retrieval import HybridCandidate
+    from memory.retrieval import HybridCandidate, tuning
     from memory.retrieval.hybrid import convex_fusion
     from memory.retrieval.tuning import HUB_WEIGHT, VECTOR_SHARE
 
     assert HUB_WEIGHT > 0
+    monkeypatch.setattr(tuning, "DENSE_DILATION", 0.0)  # the fused scores themselves (the floor has its own test)
     hub = HybridCandidate(1, vector_rank=1, similarity=0.60, crowding=0.90)
     specific = HybridCandidate(2, vector_rank=2, similarity=0.55, crowding=0.20)
     unembedded = HybridCandidate(3, text_rank=1, similarity=0.0, text_share=0.5, has_vector=False)
@@ -627,6 +628,27 @@ def test_fusion_discounts_crowded_candidates_and_leaves_vectorless_ones_to_their
     assert specific.fused == pytest.approx(VECTOR_SHARE)  # the best meaning, no words
     assert hub.fused == pytest.approx(0.0)
     assert unembedded.fused == pytest.approx(1.0 - VECTOR_SHARE)  # the best words, no meaning
+
+
+@pytest.mark.parametrize("dilation", [2.0, 0.0])
+def test_no_memory_falls_below_dense_dilation_times_its_rank_by_plain_cosine(monkeypatch: Any, dilation: float) -> None:
+    """Words (and the hubness correction) reorder, but the memory plain cosine ranks r-th is fused at least as
+    high as the (DENSE_DILATION x r)-th: five memories that each share the query's word cannot bury the nearest
+    one, which has none of them. With the floor off, they do (4th)."""
+    from memory.retrieval import HybridCandidate, tuning
+    from memory.retrieval.hybrid import convex_fusion
+
+    monkeypatch.setattr(tuning, "DENSE_DILATION", dilation)
+    nearest = HybridCandidate(1, vector_rank=1, similarity=0.50)
+    worded = [
+        HybridCandidate(2 + i, vector_rank=2 + i, text_rank=1 + i, similarity=0.49 - 0.01 * i, text_share=1.0)
+        for i in range(5)
+    ]
+    convex_fusion([nearest, *worded])
+
+    order = [c.memory_id for c in sorted([nearest, *worded], key=lambda c: (-c.fused, -c.similarity))]
+    assert order.index(nearest.memory_id) == (1 if dilation else 3)
+    assert order[0] == worded[0].memory_id  # a near one with the word still comes first
 
 
 def test_crowding_is_measured_among_the_queries_candidates_only(alice: Any, bob: Any) -> None:

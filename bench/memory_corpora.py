@@ -56,6 +56,9 @@ ROOT = Path(__file__).resolve().parent.parent
 LOCOMO = ROOT.parent / "shared" / "eval" / "locomo10.json"
 PERSONA = Path(__file__).resolve().parent / "corpora" / "persona.json"
 LIFE_DIALOGUES = Path(__file__).resolve().parent / "corpora" / "life_dialogues.json"
+# people's kinds of turn: "P" says the need in other words (no content word shared with its memories, an
+# incidental one with an unrelated memory), "R" names a rare word its memory has, "O" overlaps ordinarily.
+PEOPLE_KINDS = {"P": "paraphrase", "R": "rare word", "O": "ordinary"}
 PEOPLE = [Path(__file__).resolve().parent / "corpora" / f"people_{who}.json" for who in ("amara", "tomasz")]
 DIALOGUE_TOKENS = (80, 170)  # a life_dialogues query's length, cl100k tokens
 EVIDENCE_ID = re.compile(r"D:?(\d+):0*(\d+)")
@@ -78,6 +81,7 @@ class QuerySpec:
     now: datetime
     hidden: frozenset[str] = frozenset()  # labels left out of every ranking (not known at query time)
     earlier: tuple[str, ...] = ()  # the same person's earlier messages in that conversation, oldest first
+    kind: str = ""  # what kind of query it is, where the corpus says (memory_eval reports recall by kind)
 
 
 @dataclass
@@ -285,7 +289,10 @@ def people() -> Corpus:
             for m in data["memories"]
         ]
         now = datetime.fromisoformat(data["now"])
-        corpus.queries.extend(QuerySpec(key, q["text"], frozenset(q["relevant"]), now) for q in data["queries"])
+        corpus.queries.extend(
+            QuerySpec(key, q["text"], frozenset(q["relevant"]), now, kind=PEOPLE_KINDS[q["kind"]])
+            for q in data["queries"]
+        )
     return corpus
 
 

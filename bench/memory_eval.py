@@ -9,7 +9,8 @@ For each corpus (``bench/memory_corpora.py``) three retrievers answer every quer
   ``q`` (``memory.retrieval.memories_for_prompt`` with the API's defaults: a 2,000-token budget, no model
   filter, the default relevance filter).
 
-Recall@k is the share of a query's labelled memories among the first k returned (k = 5, 10, 25). A
+Recall@k is the share of a query's labelled memories among the first k returned (k = 5, 10, 25), also by
+kind of query where the corpus labels kinds (``by_kind``). A
 corpus's margin is the defaults' recall less plain dense's at each k; the worst margin is the lowest over
 the corpora (the goal: never below 0, at recall@5 and recall@10). Every setting of the retriever was chosen
 on the tuning split (every 4th query of each corpus, counting from the first); the table shows the held-out
@@ -172,6 +173,8 @@ def _evaluate(corpus: Corpus, ingested: Any, *, split: str, limit: int | None, q
     stats: dict[str, dict[str, list[float]]] = {
         s: {"tokens": [], "kept": [], "ms": [], "empty": [], "judge_ms": [], "judged": []} for s in per
     }
+    # Where the corpus labels its queries' kinds: each retriever's recall by kind, per split.
+    by_kind: dict[str, dict[str, dict[str, dict[str, list[float]]]]] = {s: {} for s in per}
     for n, (i, q) in enumerate(tqdm(chosen, desc=corpus.name, mininterval=2, disable=quiet)):
         s = split_of(i)
         matrix, dense_labels = dense[q.user]
@@ -203,6 +206,9 @@ def _evaluate(corpus: Corpus, ingested: Any, *, split: str, limit: int | None, q
         for name, ranked in rankings.items():
             for k in KS:
                 per[s][name][f"recall@{k}"].append(recall_at(ranked, q.relevant, k))
+                if q.kind:
+                    kind = by_kind[s].setdefault(q.kind, {r: {f"recall@{k}": [] for k in KS} for r in rankings})
+                    kind[name][f"recall@{k}"].append(recall_at(ranked, q.relevant, k))
         if DUMP:
             with DUMP.open("a") as out_file:
                 top = {name: ranked[: max(KS)] for name, ranked in rankings.items()}
@@ -225,6 +231,14 @@ def _evaluate(corpus: Corpus, ingested: Any, *, split: str, limit: int | None, q
             "p95": round(statistics.quantiles(ms, n=20)[18], 2) if len(ms) >= 20 else round(max(ms), 2),
         }
         block["margin"] = margins(block)
+        if by_kind[s]:
+            block["by_kind"] = {
+                kind: {
+                    "queries": len(recalls["dense"]["recall@5"]),
+                    **{r: {key: round(statistics.fmean(v), 4) for key, v in rs.items()} for r, rs in recalls.items()},
+                }
+                for kind, recalls in sorted(by_kind[s].items())
+            }
         if stats[s]["judge_ms"]:
             judge_ms = stats[s]["judge_ms"]
             block["reranked_latency_ms"] = {
@@ -240,6 +254,7 @@ def _evaluate(corpus: Corpus, ingested: Any, *, split: str, limit: int | None, q
     for key in (
         *retrievers(),
         "margin",
+        "by_kind",
         "tokens_per_query",
         "kept_per_query",
         "latency_ms",
@@ -310,6 +325,15 @@ def table(report: dict[str, Any]) -> str:
             )
             lines.append(
                 f"| {name} | {r} | {rec['recall@5']:.3f} | {rec['recall@10']:.3f} | {rec['recall@25']:.3f} | {extra} |"
+            )
+    for name, c in report["corpora"].items():
+        for kind, figures in (c.get("by_kind") or {}).items():
+            lines.append(
+                f"| {name}: {kind} ({figures['queries']}) | dense / defaults | "
+                + " | ".join(
+                    f"{figures['dense'][f'recall@{k}']:.3f} / {figures['defaults'][f'recall@{k}']:.3f}" for k in KS
+                )
+                + " | | | | |"
             )
     worst = report.get("worst_margin") or worst_margins(report["corpora"])
     if worst:

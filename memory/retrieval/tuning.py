@@ -19,8 +19,9 @@ VECTOR_SHARE = 0.6  # "cc": the cosine's share of the fused score when the word 
 # (a question whose informative words, a name, a code, a place, one memory has); linear in between.
 WORD_TRUST_FLOOR = 0.2
 WORD_TRUST_FULL = 0.3
-# "cc", off by default (0): the candidate that plain cosine ranks r-th is fused at least as high as the
-# (DENSE_DILATION * r)-th (for DENSE_DILATION * r up to DENSE_DILATION_UPTO), so that words and the hubness
+# "cc", off by default (0): the candidate that plain cosine ranks r-th gets at least the fused score the
+# (DENSE_DILATION * r)-th had before this floor (for DENSE_DILATION * r up to DENSE_DILATION_UPTO; several lifted
+# at once may push each other a few places further), so that words and the hubness
 # correction reorder what meaning put near the top but cannot bury it. At 2 it took the `people` corpus (short
 # turns over independent facts) from 0.093 / 0.046 below plain dense to 0.068 / 0.025 below at recall@5 / @10,
 # and LoCoMo turns from 0.722 to 0.709 at recall@10 (held-out, 2026-12-07; bench/README.md): a store of

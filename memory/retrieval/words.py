@@ -4,6 +4,7 @@ contain. Needs no query vector, so it runs while the query is being embedded."""
 from __future__ import annotations
 
 import re
+import unicodedata
 from datetime import datetime
 from typing import Any
 
@@ -13,14 +14,15 @@ from django.db import connection
 from memory.retrieval import tuning
 from memory.retrieval.sql import CURRENT_SQL, NOT_IN_WINDOW_SQL, RecentWindow, window_params
 
-# Letters and digits of any script, as the tsvector has them: "Kiełbasa" is one word, not "kie" and "basa".
-WORD = re.compile(r"[^\W_]+")
+# Letters and digits of any script, as the tsvector has them: "Kiełbasa" is one word, not "kie" and "basa"; a
+# combining mark left after NFC (the dot of a lower-cased "İ") stays inside its word.
+WORD = re.compile(r"(?:[^\W_]|[\u0300-\u036f])+")
 
 
 def query_terms(query: str) -> list[str]:
     """Distinct words of the query, lower-cased, in order (safe to put into a tsquery)."""
     seen: dict[str, None] = {}
-    for word in WORD.findall(query.lower()):
+    for word in WORD.findall(unicodedata.normalize("NFC", query).lower()):  # "Sa\u0303o" (typed decomposed) is "São"
         if len(word) > 1 or word.isdigit():
             seen.setdefault(word, None)
     return list(seen)[:32]

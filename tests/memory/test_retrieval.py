@@ -444,10 +444,12 @@ def test_word_arm_matches_words_outside_ascii(alice: Any) -> None:
     memory_create(user=alice, kind="episodic", text="User: a kie basa is not a word")
 
     assert query_terms("When's Kiełbasa due, São João?") == ["when", "kiełbasa", "due", "são", "joão"]
+    assert query_terms("Sa\u0303o Joa\u0303o in İzmir") == ["são", "joão", "in", "i\u0307zmir"]  # decomposed, NFC'd
     found = word_candidates(user_id=alice.pk, query="When's Kiełbasa due?", now=timezone.now(), limit=10)
     assert [i for i, _ in found] == [dog.id]
     found = word_candidates(user_id=alice.pk, query="what did we catch off Władysławowo", now=timezone.now())
     assert found and found[0][0] == trip.id
+    assert word_candidates(user_id=alice.pk, query="İzmir 日本語 ΑΘΗΝΑ", now=timezone.now()) == []  # no error, no match
 
 
 def test_word_ties_at_the_cut_go_to_the_memories_nearer_the_query(alice: Any, settings: Any) -> None:
@@ -632,9 +634,9 @@ def test_fusion_discounts_crowded_candidates_and_leaves_vectorless_ones_to_their
 
 @pytest.mark.parametrize("dilation", [2.0, 0.0])
 def test_no_memory_falls_below_dense_dilation_times_its_rank_by_plain_cosine(monkeypatch: Any, dilation: float) -> None:
-    """Words (and the hubness correction) reorder, but the memory plain cosine ranks r-th is fused at least as
-    high as the (DENSE_DILATION x r)-th: five memories that each share the query's word cannot bury the nearest
-    one, which has none of them. With the floor off, they do (4th)."""
+    """Words (and the hubness correction) reorder, but the memory plain cosine ranks r-th gets at least the fused
+    score the (DENSE_DILATION x r)-th had: five memories that each share the query's word cannot bury the nearest
+    one, which has none of them (2nd at 2). With the floor off, they do (4th)."""
     from memory.retrieval import HybridCandidate, tuning
     from memory.retrieval.hybrid import convex_fusion
 

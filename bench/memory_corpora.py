@@ -264,14 +264,18 @@ def locomo_callbacks() -> Corpus:
     return corpus
 
 
-def persona() -> Corpus:
-    data = json.loads(PERSONA.read_text())
-    corpus = Corpus(name="persona", about=data["about"])
-    memories = [
+def _memory_specs(data: dict[str, Any]) -> list[MemorySpec]:
+    """The memories of a hand-written corpus file (``persona.json``, ``people_*.json``)."""
+    return [
         MemorySpec(m["id"], m["text"], datetime.fromisoformat(m["occurred_at"]), kind=m.get("kind", "episodic"))
         for m in data["memories"]
     ]
-    corpus.memories["persona"] = memories
+
+
+def persona() -> Corpus:
+    data = json.loads(PERSONA.read_text())
+    corpus = Corpus(name="persona", about=data["about"])
+    corpus.memories["persona"] = _memory_specs(data)
     now = datetime.fromisoformat(data["now"])
     for q in data["queries"]:
         corpus.queries.append(QuerySpec("persona", q["text"], frozenset(q["relevant"]), now))
@@ -284,10 +288,7 @@ def people() -> Corpus:
     corpus = Corpus(name="people", about=" ".join(data["about"] for data in files))
     for path, data in zip(PEOPLE, files, strict=True):
         key = path.stem.removeprefix("people_")
-        corpus.memories[key] = [
-            MemorySpec(m["id"], m["text"], datetime.fromisoformat(m["occurred_at"]), kind=m.get("kind", "episodic"))
-            for m in data["memories"]
-        ]
+        corpus.memories[key] = _memory_specs(data)
         now = datetime.fromisoformat(data["now"])
         corpus.queries.extend(
             QuerySpec(key, q["text"], frozenset(q["relevant"]), now, kind=PEOPLE_KINDS[q["kind"]])

@@ -203,12 +203,13 @@ def _evaluate(corpus: Corpus, ingested: Any, *, split: str, limit: int | None, q
                 stats[s]["tokens"].append(found.total_tokens)
                 stats[s]["kept"].append(len(found.items))
                 stats[s]["empty"].append(float(not found.items))
+        kind = by_kind[s].setdefault(q.kind, {r: {f"recall@{k}": [] for k in KS} for r in rankings}) if q.kind else None
         for name, ranked in rankings.items():
             for k in KS:
-                per[s][name][f"recall@{k}"].append(recall_at(ranked, q.relevant, k))
-                if q.kind:
-                    kind = by_kind[s].setdefault(q.kind, {r: {f"recall@{k}": [] for k in KS} for r in rankings})
-                    kind[name][f"recall@{k}"].append(recall_at(ranked, q.relevant, k))
+                recall = recall_at(ranked, q.relevant, k)
+                per[s][name][f"recall@{k}"].append(recall)
+                if kind is not None:
+                    kind[name][f"recall@{k}"].append(recall)
         if DUMP:
             with DUMP.open("a") as out_file:
                 top = {name: ranked[: max(KS)] for name, ranked in rankings.items()}

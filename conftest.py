@@ -205,12 +205,13 @@ def _fresh_cache() -> Iterator[None]:
     from agents.endpoints import forget_stored_profiles
     from llm.capabilities import forget_all
     from memory.embedding import query_vectors_forget
-    from memory.retrieval import history_sizes_forget
+    from memory.retrieval import history_sizes_forget, redundancies_forget
 
     cache.clear()
     forget_all()  # what an endpoint took for structured outputs (a fake server's port is reused)
     forget_stored_profiles()
     history_sizes_forget()  # a user's history size, remembered per process (ids are not reused, but to be sure)
+    redundancies_forget()  # a user's store redundancy, likewise
     query_vectors_forget()  # query vectors, remembered per process and embedder name
     yield
     cache.clear()

@@ -6,6 +6,7 @@ module a stage; ``pipeline`` runs them in order (its docstring has the tiers).
 - ``words``, ``vector``, ``hybrid``, ``neighbours``: tier 2's arms, their fusion and the candidates' rows
   (``sql``: the pieces of SQL they share);
 - ``relevance``: tier 3's filter; ``rank``: tier 4's ranking and budget; ``result``: what comes back;
+- ``redundancy``: how much a user's memories look alike, and so how far fusion corrects meaning;
 - ``tuning``: the constants, read by every stage from there.
 
 Reads only, but for the access count of what a search returned (``memory.services.memories_touch``).
@@ -16,6 +17,7 @@ from memory.retrieval.hybrid import HybridSearch, hybrid_candidates
 from memory.retrieval.pipeline import memories_for_prompt, memory_search
 from memory.retrieval.query import RetrievalQuery, retrieval_query
 from memory.retrieval.rank import prompt_text
+from memory.retrieval.redundancy import redundancies_forget
 from memory.retrieval.result import CandidateReport, HybridCandidate, RetrievedMemories, RetrievedMemory
 from memory.retrieval.sql import RecentWindow
 from memory.retrieval.vector import history_sizes_forget
@@ -34,6 +36,7 @@ __all__ = [
     "memories_for_prompt",
     "memory_search",
     "prompt_text",
+    "redundancies_forget",
     "retrieval_query",
     "trigger_matches",
     "word_candidates",

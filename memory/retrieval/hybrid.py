@@ -20,6 +20,7 @@ from django.conf import settings
 from memory.models import Memory
 from memory.retrieval import tuning
 from memory.retrieval.neighbours import neighbours_and_rows
+from memory.retrieval.redundancy import correction_scale, store_redundancy
 from memory.retrieval.result import HybridCandidate
 from memory.retrieval.sql import RecentWindow
 from memory.retrieval.vector import VectorArm, is_small_history, vector_arm
@@ -34,6 +35,8 @@ class HybridSearch:
     rows: dict[int, Memory]
     timings: dict[str, float]
     word_weight: float | None = None  # the word arm's share of the fused score for this query ("cc"; else None)
+    redundancy: float | None = None  # how much the user's memories look alike (redundancy.py; "cc" only)
+    corrections: float | None = None  # the share of the word arm and the hubness correction fusion applied
 
 
 def hybrid_candidates(
@@ -46,30 +49,59 @@ def hybrid_candidates(
     small: bool | None = None,
     words: list[tuple[int, float]] | None = None,
     window: RecentWindow | None = None,
+    redundancy: float | None = None,
 ) -> HybridSearch:
     """Vector and full-text candidates of one user, fused, best first, with their rows. ``small``
-    (``is_small_history``) and ``words`` (``word_candidates``) are what the caller has read already, while
-    the query was being embedded."""
+    (``is_small_history``), ``words`` (``word_candidates``) and ``redundancy`` (``store_redundancy``) are what
+    the caller has read already, while the query was being embedded."""
     limit = limit or settings.MEMORY_CANDIDATES
     timings: dict[str, float] = {}
     started = time.perf_counter()
+    corrections = None
+    if tuning.FUSION == "cc":
+        if redundancy is None:
+            redundancy = store_redundancy(user.pk)
+        corrections = correction_scale(redundancy)
     if words is None:
-        words = word_candidates(user_id=user.pk, query=query, now=now, limit=limit, window=window)
+        words = word_candidates(
+            user_id=user.pk,
+            query=query,
+            now=now,
+            limit=limit,
+            window=window,
+            corrections=1.0 if corrections is None else corrections,
+        )
         timings["text_search"] = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
     if small is None:
         small = is_small_history(user.pk)
-    arm = _vector_arm_of(user_id=user.pk, vector=vector, now=now, limit=limit, small=small, words=words, window=window)
+    arm = _vector_arm_of(
+        user_id=user.pk,
+        vector=vector,
+        now=now,
+        limit=limit,
+        small=small,
+        words=words,
+        window=window,
+        crowding=bool(tuning.HUB_WEIGHT and tuning.FUSION == "cc" and hub_share(corrections or 0.0)),
+    )
     if vector is not None:
         timings["exact_search" if small else "vector_search"] = (time.perf_counter() - started) * 1000
     by_id = _join_arms(arm, words, limit)
-    word_weight = fuse(list(by_id.values()))
+    word_weight = fuse(list(by_id.values()), corrections=1.0 if corrections is None else corrections)
     started = time.perf_counter()
     rows = neighbours_and_rows(user_id=user.pk, by_id=by_id, window=window)
     timings["neighbours_and_rows"] = (time.perf_counter() - started) * 1000
     # Only rows of this user that still exist (a candidate deleted meanwhile simply drops out).
     fused = sorted((c for c in by_id.values() if c.memory_id in rows), key=lambda c: (-c.fused, -c.similarity))
-    return HybridSearch(candidates=fused, rows=rows, timings=timings, word_weight=word_weight)
+    return HybridSearch(
+        candidates=fused,
+        rows=rows,
+        timings=timings,
+        word_weight=word_weight,
+        redundancy=redundancy,
+        corrections=corrections,
+    )
 
 
 def _vector_arm_of(
@@ -81,8 +113,9 @@ def _vector_arm_of(
     small: bool,
     words: list[tuple[int, float]],
     window: RecentWindow | None,
+    crowding: bool,
 ) -> VectorArm:
-    """The vector arm, with the word candidates' distances (and crowding, when fusion discounts it)."""
+    """The vector arm, with the word candidates' distances (and, with ``crowding``, each candidate's)."""
     # The vector arm asks for fewer rows from an HNSW index: with a filtered HNSW scan every extra row of a
     # big user's history costs graph steps, while full-text candidates are cheap (bench/memory_scale.py). An
     # exact search costs the same for any LIMIT.
@@ -100,7 +133,7 @@ def _vector_arm_of(
         also=words,
         also_limit=limit,
         window=window,
-        crowding_k=tuning.HUB_K if tuning.HUB_WEIGHT and tuning.FUSION == "cc" else 0,
+        crowding_k=tuning.HUB_K if crowding else 0,
     )
 
 
@@ -134,10 +167,11 @@ def _join_arms(arm: VectorArm, words: list[tuple[int, float]], limit: int) -> di
     return by_id
 
 
-def fuse(candidates: list[HybridCandidate]) -> float | None:
-    """Each candidate's fused score, by FUSION; the word arm's weight for this query ("cc"; else None)."""
+def fuse(candidates: list[HybridCandidate], *, corrections: float = 1.0) -> float | None:
+    """Each candidate's fused score, by FUSION; the word arm's weight for this query ("cc"; else None).
+    ``corrections``: the share of the word arm and the hubness correction to apply ("cc"; ``correction_scale``)."""
     if tuning.FUSION == "cc":
-        return convex_fusion(candidates)
+        return convex_fusion(candidates, corrections=corrections)
     rank_fusion(candidates)
     return None
 
@@ -159,7 +193,13 @@ def word_trust(best_share: float) -> float:
     return min(1.0, max(0.0, (best_share - floor) / (full - floor)))
 
 
-def convex_fusion(candidates: list[HybridCandidate]) -> float:
+def hub_share(corrections: float) -> float:
+    """The share of HUB_WEIGHT applied in a store with this ``correction_scale``: HUB_DIVERSE_SHARE in a
+    store of independent facts (0), all of it in a redundant one (1), linear in between."""
+    return tuning.HUB_DIVERSE_SHARE + (1.0 - tuning.HUB_DIVERSE_SHARE) * corrections
+
+
+def convex_fusion(candidates: list[HybridCandidate], *, corrections: float = 1.0) -> float:
     """Fused score as a convex combination of the two arms' scores, each on this query's own scale: the
     cosine, less HUB_WEIGHT times the candidate's crowding, between the worst and the best candidate's (every
     candidate with a vector has one: the word arm's are measured too; one without a vector scores 0 there),
@@ -168,8 +208,13 @@ def convex_fusion(candidates: list[HybridCandidate]) -> float:
 
     The word arm's weight is earned per query (``word_trust`` of the best word share, times 1 - VECTOR_SHARE):
     words that no memory has more than a sliver of leave the order to meaning. A query with no vector (the
-    embedding failed) has only its words. Returns the word arm's weight."""
-    sims = {c.memory_id: c.similarity - tuning.HUB_WEIGHT * c.crowding for c in candidates if c.has_vector}
+    embedding failed) has only its words.
+
+    ``corrections`` (0 to 1, ``correction_scale`` of the store's redundancy) scales the hubness correction
+    (``hub_share``); the word shares come scaled already (``word_candidates``: in a store of independent facts
+    only the words with a digit count). Returns the word arm's weight."""
+    hub_weight = tuning.HUB_WEIGHT * hub_share(corrections)
+    sims = {c.memory_id: c.similarity - hub_weight * c.crowding for c in candidates if c.has_vector}
     low, high = min(sims.values(), default=0.0), max(sims.values(), default=0.0)
     share_high = max((c.text_share for c in candidates), default=0.0)
     word_weight = (1.0 - tuning.VECTOR_SHARE) * (word_trust(share_high) if sims else 1.0)

@@ -33,10 +33,12 @@ from django.utils import timezone
 from llm.tokens import counter_for
 from memory.embedding import get_embedder
 from memory.models import Memory
+from memory.retrieval import tuning
 from memory.retrieval.exact import PROCEDURE, exact_lookups, tier1_from, trigger_matches
 from memory.retrieval.hybrid import hybrid_candidates
 from memory.retrieval.query import query_vector_soon, query_vector_wait
 from memory.retrieval.rank import rank
+from memory.retrieval.redundancy import correction_scale, store_redundancy
 from memory.retrieval.relevance import Judge, judge_for, relevance_scores
 from memory.retrieval.result import HybridCandidate, RetrievedMemories
 from memory.retrieval.sql import RecentWindow
@@ -150,17 +152,22 @@ def _hybrid_tier(
     started = time.perf_counter()
     small = is_small_history(user.pk)
     timings["history_size"] = (time.perf_counter() - started) * 1000
-    words = word_candidates(user_id=user.pk, query=query, now=now, window=window)
+    redundancy = store_redundancy(user.pk) if tuning.FUSION == "cc" else None
+    corrections = 1.0 if redundancy is None else correction_scale(redundancy)
+    words = word_candidates(user_id=user.pk, query=query, now=now, window=window, corrections=corrections)
     tier2_ms = (time.perf_counter() - started) * 1000
-    timings["text_search"] = tier2_ms - timings["history_size"]
+    timings["text_search"] = tier2_ms - timings["history_size"]  # with the store's redundancy (kept a while)
     started = time.perf_counter()
     vector, degraded = query_vector_wait(pending)
     if degraded:
         result.degraded = degraded
     timings["embed_wait"] = (time.perf_counter() - started) * 1000
     started = time.perf_counter()
-    search = hybrid_candidates(user=user, query=query, vector=vector, now=now, small=small, words=words, window=window)
+    search = hybrid_candidates(
+        user=user, query=query, vector=vector, now=now, small=small, words=words, window=window, redundancy=redundancy
+    )
     result.word_weight = search.word_weight
+    result.redundancy, result.corrections = search.redundancy, search.corrections
     timings.update(search.timings)
     timings["tier2"] = tier2_ms + (time.perf_counter() - started) * 1000  # without the wait for the vector
     return search.candidates, search.rows

@@ -76,20 +76,24 @@ def _ranked(
     judge: Judge,
     now: datetime,
 ) -> list[Ranked]:
-    """The tier-2 candidates past the relevance cut-off, best rank score first (each reported in ``reports``)."""
+    """The tier-2 candidates past the relevance cut-off, best rank score first (each reported in ``reports``).
+    The calibrated filter passes the best CALIBRATED_KEEP_AT_LEAST of them whatever their relevance."""
     ranked: list[Ranked] = []
+    floor = tuning.CALIBRATED_KEEP_AT_LEAST if judge.source == "calibrated" else 0
+    place = 0  # the candidate's place among the fresh ones, by fused score
     for cand in fused:
         if cand.memory_id in tier1_reports:
             # Each memory is reported once: tier 1's entry, with what tier 2 found too.
             tier1_reports[cand.memory_id].scored_by(cand)
             continue
+        place += 1
         memory = loaded[cand.memory_id]
         report = CandidateReport(id=memory.id, kind=memory.kind, preview=memory.text[: tuning.PREVIEW_CHARS], tier=2)
         report.scored_by(cand)
         relevance, base_score = judged(judge, cand)
         report.relevance = relevance
         reports.append(report)
-        if relevance < judge.cut_off:
+        if relevance < judge.cut_off and place > floor:
             report.reason = f"below the {judge.source} relevance cut-off {judge.cut_off:.2f}"
             continue
         ranked.append((rank_score(base_score, memory, now), cand, relevance, report))
@@ -148,5 +152,10 @@ def _keep_ranked(
         used += tokens
         report.kept = True
         report.reason = f"relevant ({judge.source} {relevance:.2f}), rank score {score:.3f}"
+        if relevance < judge.cut_off:  # passed by the calibrated filter's floor
+            report.reason = (
+                f"among the first {tuning.CALIBRATED_KEEP_AT_LEAST} candidates ({judge.source} {relevance:.2f}), "
+                f"rank score {score:.3f}"
+            )
         result.items.append(RetrievedMemory(memory=memory, text=text, score=score, tier=2, tokens=tokens))
     return used

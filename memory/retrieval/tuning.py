@@ -28,6 +28,23 @@ WORD_TRUST_FULL = 0.3
 # independent facts gains, a store of conversation turns loses, and no per-query signal tried tells them apart.
 DENSE_DILATION = 0.0
 DENSE_DILATION_UPTO = 25
+# "cc": the corrections of meaning (the word arm, the hubness correction below) are applied in proportion to
+# how redundant the user's store is (redundancy.py): a store of conversation turns, where each memory has
+# lookalikes by meaning, gets them whole; in a store of independent facts, where the cosine already points at
+# the memory, only the query's words with a digit (a code, a number: what an embedder reads poorly) count in
+# the word arm, and the hubness correction is HUB_DIVERSE_SHARE of its weight. Redundancy: the mean cosine of
+# each of the newest REDUNDANCY_SAMPLE memories to its REDUNDANCY_K nearest fellows among them, kept per user
+# and process for REDUNDANCY_TTL_SECONDS; the share is 0 at or under REDUNDANCY_FLOOR, 1 from REDUNDANCY_FULL
+# (the measured stores: 0.37 to 0.50 for independent facts, 0.565 to 0.715 for LoCoMo's turns, observations
+# and call-backs; bench/README.md). REDUNDANCY_FLOOR = REDUNDANCY_FULL = -1 applies them whole everywhere (as
+# before 2026-12-07).
+REDUNDANCY_SAMPLE = 256
+REDUNDANCY_K = 10
+REDUNDANCY_TTL_SECONDS = 300.0
+REDUNDANCY_MIN_MEMORIES = 32  # a smaller store is not measured: the corrections apply whole
+REDUNDANCY_FLOOR = 0.50
+REDUNDANCY_FULL = 0.56
+HUB_DIVERSE_SHARE = 0.25  # the share of HUB_WEIGHT applied in a store of independent facts (all of it from FULL)
 RRF_K = 10  # reciprocal-rank-fusion constant: lower than the usual 60, so top ranks dominate
 VECTOR_WEIGHT, TEXT_WEIGHT = 1.0, 1.5  # the arms' shares in the fusion
 # Hubness: some memories sit close to everything (generic, long or chatty ones) and so come near the top
@@ -47,6 +64,10 @@ WEIGHT_RELEVANCE, WEIGHT_IMPORTANCE, WEIGHT_RECENCY = 0.8, 0.1, 0.1
 # scale already (cosine and word share each between this query's worst and best): one absolute cut-off over
 # cosine and word share (0.5) starved whole queries on data it was not tuned on.
 RELATIVE_KEEP = 0.3
+# ... but the best CALIBRATED_KEEP_AT_LEAST candidates pass it whatever their share: where one memory stands far
+# above the rest (a store of independent facts, meaning alone), a relative cut-off dropped memories still in
+# the first ten by meaning.
+CALIBRATED_KEEP_AT_LEAST = 10
 # The listwise reranker (relevance._reranked; MEMORY_MODEL_JUDGE "rerank"): the best RERANK_CANDIDATES fused
 # candidates go to the cheap model in one call; its pace is an average with RERANK_PACE_WEIGHT on the newest
 # call, and a call expected past its budget is still tried once every RERANK_RETRY_SECONDS.

@@ -14,8 +14,6 @@ workers for the exact plan of a big user, which cost more than this extra round 
 
 from __future__ import annotations
 
-import threading
-import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -25,6 +23,7 @@ from django.conf import settings
 from django.db import connection
 
 from memory.retrieval import tuning
+from memory.retrieval.cache import UserCache
 from memory.retrieval.sql import CURRENT_SQL, NOT_IN_WINDOW_SQL, RecentWindow, window_params
 from memory.selectors import users_with_own_index
 
@@ -55,17 +54,14 @@ def vector_literal(vector: list[float]) -> str:
 
 # The answer of ``is_small_history`` per user, kept this long in the process: it only chooses the plan (an exact
 # scan or the HNSW index; both give the right neighbours), and a user's history crosses the cap rarely, so a
-# turn need not count it again (one statement a turn). Bounded: the oldest answers go first.
+# turn need not count it again (one statement a turn).
 HISTORY_SIZE_TTL_SECONDS = 60.0
-_HISTORY_SIZE_CACHE_MAX = 10_000
-_history_size_cache: dict[tuple[int, int], tuple[float, bool]] = {}
-_history_size_lock = threading.Lock()
+_history_sizes: UserCache[bool] = UserCache(ttl_seconds=HISTORY_SIZE_TTL_SECONDS)
 
 
 def history_sizes_forget() -> None:
     """Forget the users' history sizes this process knows (tests; a bulk import that crossed the cap)."""
-    with _history_size_lock:
-        _history_size_cache.clear()
+    _history_sizes.clear()
 
 
 def is_small_history(user_id: int) -> bool:
@@ -74,22 +70,15 @@ def is_small_history(user_id: int) -> bool:
     if user_id in users_with_own_index():
         return False
     cap = max(1, int(settings.MEMORY_EXACT_SEARCH_MAX))
-    key, now = (user_id, cap), time.monotonic()
-    with _history_size_lock:
-        cached = _history_size_cache.get(key)
-    if cached is not None and now - cached[0] < HISTORY_SIZE_TTL_SECONDS:
-        return cached[1]
+    key = (user_id, cap)
+    cached = _history_sizes.get(key)
+    if cached is not None:
+        return cached
     with connection.cursor() as cursor:
         cursor.execute(_HISTORY_SIZE_SQL, {"user": user_id, "cap": cap})
         row = cursor.fetchone()
     small = row is not None and int(row[0]) < cap
-    with _history_size_lock:
-        if len(_history_size_cache) >= _HISTORY_SIZE_CACHE_MAX:
-            for stale in sorted(_history_size_cache, key=lambda k: _history_size_cache[k][0])[
-                : _HISTORY_SIZE_CACHE_MAX // 10
-            ]:
-                del _history_size_cache[stale]
-        _history_size_cache[key] = (now, small)
+    _history_sizes.put(key, small)
     return small
 
 
@@ -211,17 +200,22 @@ def vector_arm(
 
 def crowding(raw_vectors: dict[int, bytes], k: int) -> dict[int, float]:
     """Each fellow's mean cosine to its ``k`` nearest other fellows (fewer when there are fewer), from the
-    vectors as pgvector's ``vector_send`` writes them. Cosine of the normalised vectors, as ``<=>`` measures
-    it (1 - distance); a zero vector has cosine 0 to everything."""
+    vectors as pgvector's ``vector_send`` writes them."""
     if len(raw_vectors) < 2 or k < 1:
         return {}
     ids = list(raw_vectors)
-    matrix = np.frombuffer(b"".join(raw_vectors[i][4:] for i in ids), dtype=">f4").astype(np.float32)
-    matrix = matrix.reshape(len(ids), -1)
+    return dict(zip(ids, nearest_mean_cosines([raw_vectors[i] for i in ids], k).tolist(), strict=True))
+
+
+def nearest_mean_cosines(raw_vectors: list[bytes], k: int) -> np.ndarray:
+    """Each vector's mean cosine to its ``k`` nearest others (fewer when there are fewer; at least two
+    vectors), from pgvector's ``vector_send`` form (a 4-byte header, then big-endian float4s). Cosine of the
+    normalised vectors, as ``<=>`` measures it (1 - distance); a zero vector has cosine 0 to everything."""
+    matrix = np.frombuffer(b"".join(raw[4:] for raw in raw_vectors), dtype=">f4").astype(np.float32)
+    matrix = matrix.reshape(len(raw_vectors), -1)
     norms = np.linalg.norm(matrix, axis=1)
     matrix /= np.where(norms > 0, norms, 1.0)[:, None]
     sims = matrix @ matrix.T
     np.fill_diagonal(sims, -np.inf)
-    take = min(k, len(ids) - 1)
-    nearest = -np.partition(-sims, take - 1, axis=1)[:, :take]
-    return dict(zip(ids, nearest.mean(axis=1).tolist(), strict=True))
+    take = min(k, len(raw_vectors) - 1)
+    return -np.partition(-sims, take - 1, axis=1)[:, :take].mean(axis=1)

@@ -28,11 +28,30 @@ def query_terms(query: str) -> list[str]:
     return list(seen)[:32]
 
 
+def is_code(word: str) -> bool:
+    """A word with a digit: a code, a number, a reference ("qx7731", "5528190", "a64"): what a sentence
+    embedder reads poorly, so the word arm counts it in every store (``word_candidates``' ``corrections``)."""
+    return any(ch.isdigit() for ch in word)
+
+
 def word_candidates(
-    *, user_id: int, query: str, now: datetime, limit: int | None = None, window: RecentWindow | None = None
+    *,
+    user_id: int,
+    query: str,
+    now: datetime,
+    limit: int | None = None,
+    window: RecentWindow | None = None,
+    corrections: float = 1.0,
 ) -> list[tuple[int, float]]:
     """Full-text candidates ranked by the idf-weighted share of query words they contain, best first:
     (id, share). Needs no query vector, so it runs while the query is being embedded.
+
+    ``corrections`` (``redundancy.correction_scale`` of the user's store, 0 to 1) is how far the words
+    without a digit count: a memory's share is ``corrections`` times its share of every query word plus the
+    rest times its share of the query's codes (``is_code``) alone, over the same total. In a store of
+    independent facts (0) a memory shares a plain word with the query by chance as often as by meaning, and
+    meaning finds it better; a code the embedder cannot read is still found by its word. Rows with no share
+    are left out.
 
     Returns the best ``limit`` and every row tied with the last of them (newer first):
     ``hybrid_candidates`` breaks those ties by closeness to the query once the query's vector is there.
@@ -44,7 +63,7 @@ def word_candidates(
     newest ``TEXT_POOL`` of them (streamed from the user index, so a huge history costs no more than that).
     """
     terms = query_terms(query)
-    if not terms:
+    if not terms or (corrections <= 0 and not any(is_code(term) for term in terms)):
         return []
     limit = limit or settings.MEMORY_CANDIDATES
     hits = ", ".join(f"(search_vector @@ to_tsquery('english', %(t{i})s))::int AS h{i}" for i in range(len(terms)))
@@ -56,7 +75,9 @@ def word_candidates(
         f"ELSE 0 END AS w{i}"
         for i in range(len(terms))
     )
-    weight = " + ".join(f"h{i} * w{i}" for i in range(len(terms)))
+    plain = " + ".join(f"h{i} * w{i}" for i, term in enumerate(terms) if not is_code(term)) or "0"
+    coded = " + ".join(f"h{i} * w{i}" for i, term in enumerate(terms) if is_code(term)) or "0"
+    weight = f"%(corrections)s * ({plain}) + ({coded})"
     total = " + ".join(f"w{i}" for i in range(len(terms)))
     sql = f"""
         WITH pool AS MATERIALIZED (
@@ -66,8 +87,9 @@ def word_candidates(
               AND search_vector @@ to_tsquery('english', %(any)s)
             ORDER BY created_at DESC LIMIT %(pool)s  -- the newest matches: index memory_user_recent, streamed
         ), idf AS (SELECT {idf} FROM pool),
-        scored AS MATERIALIZED (SELECT id, created_at, ({weight}) / COALESCE(NULLIF({total}, 0), 1.0) AS share
-                                FROM pool, idf)
+        scored AS MATERIALIZED (SELECT * FROM (
+            SELECT id, created_at, ({weight}) / COALESCE(NULLIF({total}, 0), 1.0) AS share FROM pool, idf
+        ) shares WHERE share > 0)
         SELECT id, share FROM scored
         WHERE share >= (SELECT share FROM scored ORDER BY share DESC OFFSET %(limit)s - 1 LIMIT 1)
            OR (SELECT count(*) FROM scored) <= %(limit)s
@@ -79,6 +101,7 @@ def word_candidates(
         "any": " | ".join(terms),
         "pool": tuning.TEXT_POOL,
         "limit": limit,
+        "corrections": float(min(1.0, max(0.0, corrections))),
         **window_params(window),
         **{f"t{i}": term for i, term in enumerate(terms)},
     }

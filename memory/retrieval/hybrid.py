@@ -61,7 +61,14 @@ def hybrid_candidates(
     if tuning.FUSION == "cc":
         if redundancy is None:
             redundancy = store_redundancy(user.pk)
+            timings["redundancy"] = (time.perf_counter() - started) * 1000
+            started = time.perf_counter()
         corrections = correction_scale(redundancy)
+    if vector is None and corrections is not None and corrections < 1.0:
+        # No meaning to fall back to: every word counts, whatever the store (the words the caller read were
+        # weighed for fusion with meaning).
+        words = None
+        corrections = 1.0
     if words is None:
         words = word_candidates(
             user_id=user.pk,

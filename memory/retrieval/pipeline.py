@@ -153,10 +153,11 @@ def _hybrid_tier(
     small = is_small_history(user.pk)
     timings["history_size"] = (time.perf_counter() - started) * 1000
     redundancy = store_redundancy(user.pk) if tuning.FUSION == "cc" else None
+    timings["redundancy"] = (time.perf_counter() - started) * 1000 - timings["history_size"]
     corrections = 1.0 if redundancy is None else correction_scale(redundancy)
     words = word_candidates(user_id=user.pk, query=query, now=now, window=window, corrections=corrections)
     tier2_ms = (time.perf_counter() - started) * 1000
-    timings["text_search"] = tier2_ms - timings["history_size"]  # with the store's redundancy (kept a while)
+    timings["text_search"] = tier2_ms - timings["history_size"] - timings["redundancy"]
     started = time.perf_counter()
     vector, degraded = query_vector_wait(pending)
     if degraded:

@@ -205,3 +205,27 @@ def test_the_calibrated_filter_keeps_the_first_candidates_when_one_memory_stands
         c for c in found.candidates if c.kept and c.relevance is not None and c.relevance < tuning.RELATIVE_KEEP
     ]
     assert floor_kept and all(c.reason.startswith("among the first") for c in floor_kept)
+
+
+def test_with_no_vector_every_word_counts_in_a_store_of_independent_facts(bob: Any, monkeypatch: Any) -> None:
+    """The embedder down: there is no meaning to leave plain words to, so the word arm counts them all."""
+    import concurrent.futures
+
+    import memory.retrieval.query as query_module
+
+    rows, _, _ = _two_stores(bob, alike=False)
+
+    def down(text: str, backend: str | None = None) -> concurrent.futures.Future[list[float]]:
+        future: concurrent.futures.Future[list[float]] = concurrent.futures.Future()
+        future.set_exception(TimeoutError("embedding endpoint too slow"))
+        return future
+
+    monkeypatch.setattr(query_module, "embed_query_soon", down)
+    found = memories_for_prompt(
+        user=bob, query="that week in Spain", budget_tokens=2000, use_model_filter=False, touch=False
+    )
+
+    report = found.as_report()
+    assert report["degraded"].startswith("words only") and report["redundancy"] < tuning.REDUNDANCY_FLOOR
+    assert report["corrections"] == 1.0
+    assert [i.memory.id for i in found.items] == [rows[TRIP].id]

@@ -37,6 +37,7 @@ class HybridSearch:
     word_weight: float | None = None  # the word arm's share of the fused score for this query ("cc"; else None)
     redundancy: float | None = None  # how much the user's memories look alike (redundancy.py; "cc" only)
     corrections: float | None = None  # the share of the word arm and the hubness correction fusion applied
+    hub_weight: float | None = None  # what each candidate's crowding took off its cosine ("cc" only)
 
 
 def hybrid_candidates(
@@ -108,6 +109,7 @@ def hybrid_candidates(
         word_weight=word_weight,
         redundancy=redundancy,
         corrections=corrections,
+        hub_weight=None if corrections is None else tuning.HUB_WEIGHT * hub_share(corrections),
     )
 
 

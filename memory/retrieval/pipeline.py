@@ -168,7 +168,7 @@ def _hybrid_tier(
         user=user, query=query, vector=vector, now=now, small=small, words=words, window=window, redundancy=redundancy
     )
     result.word_weight = search.word_weight
-    result.redundancy, result.corrections = search.redundancy, search.corrections
+    result.redundancy, result.corrections, result.hub_weight = search.redundancy, search.corrections, search.hub_weight
     timings.update(search.timings)
     timings["tier2"] = tier2_ms + (time.perf_counter() - started) * 1000  # without the wait for the vector
     return search.candidates, search.rows

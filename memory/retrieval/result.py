@@ -75,6 +75,7 @@ class RetrievedMemories:
     word_weight: float | None = None  # the word arm's share of the fused score, earned on this query (tier 2)
     redundancy: float | None = None  # how much the user's memories look alike (tier 2, "cc"; redundancy.py)
     corrections: float | None = None  # the share of the word arm and hubness correction that redundancy earned
+    hub_weight: float | None = None  # what a candidate's crowding was taken off its cosine times (tier 2, "cc")
 
     def as_report(self) -> dict[str, Any]:
         """JSON-able summary for ``Turn.retrieval``, the inspector and the API."""
@@ -102,6 +103,7 @@ class RetrievedMemories:
             "word_weight": None if self.word_weight is None else round(self.word_weight, 4),
             "redundancy": None if self.redundancy is None else round(self.redundancy, 4),
             "corrections": None if self.corrections is None else round(self.corrections, 4),
+            "hub_weight": None if self.hub_weight is None else round(self.hub_weight, 4),
             "timings_ms": {k: round(v, 2) for k, v in self.timings_ms.items()},
         }
 

@@ -267,6 +267,9 @@ def test_try_retrieval_shows_what_each_fused_score_is_made_of(staff_client: Clie
     html = body.content.decode()
     assert ">cosine</th>" in html and ">crowding</th>" in html and ">words</th>" in html
     assert f"<td>{floatformat(scored[0]['cosine'], 3)}</td>" in html
+    # The store's line: three memories are too few to measure, so the corrections apply whole.
+    assert result.redundancy is None and result.corrections == 1.0
+    assert "too few memories to measure how alike they are" in html and "corrections <strong>1.00</strong>" in html
 
 
 @pytest.mark.parametrize("field", ["occurred_at", "expires_at", "valid_to"])

@@ -229,3 +229,23 @@ def test_with_no_vector_every_word_counts_in_a_store_of_independent_facts(bob: A
     assert report["degraded"].startswith("words only") and report["redundancy"] < tuning.REDUNDANCY_FLOOR
     assert report["corrections"] == 1.0
     assert [i.memory.id for i in found.items] == [rows[TRIP].id]
+
+
+def test_the_admins_try_retrieval_shows_what_the_store_measured_and_earned(staff_client: Any, bob: Any) -> None:
+    from django.template.defaultfilters import floatformat
+    from django.urls import reverse
+
+    _two_stores(bob, alike=False)
+    found = memories_for_prompt(user=bob, query=QUERY, budget_tokens=500, use_model_filter=False, touch=False)
+
+    page = staff_client.get(
+        reverse("admin:memory_memory_try_retrieval"), {"user": bob.pk, "query": QUERY, "budget_tokens": 500}
+    ).content.decode()
+
+    assert found.redundancy is not None and found.corrections == 0.0
+    assert f"redundancy <strong>{floatformat(found.redundancy, 3)}</strong>" in page
+    assert (
+        "corrections <strong>0.00</strong> (plain words count 0.00 of their share, words with a digit all of it)"
+        in page
+    )
+    assert f"crowding × {floatformat(tuning.HUB_WEIGHT * tuning.HUB_DIVERSE_SHARE, 3)}" in page

@@ -20,7 +20,7 @@ from django.conf import settings
 from memory.models import Memory
 from memory.retrieval import tuning
 from memory.retrieval.neighbours import neighbours_and_rows
-from memory.retrieval.redundancy import correction_scale, store_redundancy
+from memory.retrieval.redundancy import StoreShape, store_shape
 from memory.retrieval.result import HybridCandidate
 from memory.retrieval.sql import RecentWindow
 from memory.retrieval.vector import VectorArm, is_small_history, vector_arm
@@ -50,26 +50,26 @@ def hybrid_candidates(
     small: bool | None = None,
     words: list[tuple[int, float]] | None = None,
     window: RecentWindow | None = None,
-    redundancy: float | None = None,
+    store: StoreShape | None = None,
 ) -> HybridSearch:
     """Vector and full-text candidates of one user, fused, best first, with their rows. ``small``
-    (``is_small_history``), ``words`` (``word_candidates``) and ``redundancy`` (``store_redundancy``) are what
-    the caller has read already, while the query was being embedded."""
+    (``is_small_history``), ``store`` (``store_shape``) and ``words`` (``word_candidates``, read with
+    ``store.corrections``) are what the caller has read already, while the query was being embedded."""
     limit = limit or settings.MEMORY_CANDIDATES
     timings: dict[str, float] = {}
     started = time.perf_counter()
     corrections = None
     if tuning.FUSION == "cc":
-        if redundancy is None:
-            redundancy = store_redundancy(user.pk)
+        if store is None:
+            store = store_shape(user.pk)
             timings["redundancy"] = (time.perf_counter() - started) * 1000
             started = time.perf_counter()
-        corrections = correction_scale(redundancy)
+        corrections = store.corrections
+    timing = "text_search"
     if vector is None and corrections is not None and corrections < 1.0:
         # No meaning to fall back to: every word counts, whatever the store (the words the caller read were
         # weighed for fusion with meaning).
-        words = None
-        corrections = 1.0
+        words, corrections, timing = None, 1.0, "text_search_every_word"
     if words is None:
         words = word_candidates(
             user_id=user.pk,
@@ -79,7 +79,7 @@ def hybrid_candidates(
             window=window,
             corrections=1.0 if corrections is None else corrections,
         )
-        timings["text_search"] = (time.perf_counter() - started) * 1000
+        timings[timing] = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
     if small is None:
         small = is_small_history(user.pk)
@@ -107,7 +107,7 @@ def hybrid_candidates(
         rows=rows,
         timings=timings,
         word_weight=word_weight,
-        redundancy=redundancy,
+        redundancy=None if store is None else store.redundancy,
         corrections=corrections,
         hub_weight=None if corrections is None else tuning.HUB_WEIGHT * hub_share(corrections),
     )

@@ -38,7 +38,7 @@ from memory.retrieval.exact import PROCEDURE, exact_lookups, tier1_from, trigger
 from memory.retrieval.hybrid import hybrid_candidates
 from memory.retrieval.query import query_vector_soon, query_vector_wait
 from memory.retrieval.rank import rank
-from memory.retrieval.redundancy import correction_scale, store_redundancy
+from memory.retrieval.redundancy import store_shape
 from memory.retrieval.relevance import Judge, judge_for, relevance_scores
 from memory.retrieval.result import HybridCandidate, RetrievedMemories
 from memory.retrieval.sql import RecentWindow
@@ -146,15 +146,15 @@ def _hybrid_tier(
     now: datetime,
     window: RecentWindow | None,
 ) -> tuple[list[HybridCandidate], dict[int, Memory]]:
-    """Tier 2: the history's size and the word arm while the query is embedded, then the vector arm, fusion
-    and the candidates' rows. Its time in the timings leaves out the wait for the vector."""
+    """Tier 2: the history's size, the store's shape (``redundancy``) and the word arm while the query is
+    embedded, then the vector arm, fusion and the candidates' rows. Its time in the timings leaves out the wait for the vector."""
     timings = result.timings_ms
     started = time.perf_counter()
     small = is_small_history(user.pk)
     timings["history_size"] = (time.perf_counter() - started) * 1000
-    redundancy = store_redundancy(user.pk) if tuning.FUSION == "cc" else None
+    store = store_shape(user.pk) if tuning.FUSION == "cc" else None
     timings["redundancy"] = (time.perf_counter() - started) * 1000 - timings["history_size"]
-    corrections = 1.0 if redundancy is None else correction_scale(redundancy)
+    corrections = 1.0 if store is None else store.corrections
     words = word_candidates(user_id=user.pk, query=query, now=now, window=window, corrections=corrections)
     tier2_ms = (time.perf_counter() - started) * 1000
     timings["text_search"] = tier2_ms - timings["history_size"] - timings["redundancy"]
@@ -165,7 +165,7 @@ def _hybrid_tier(
     timings["embed_wait"] = (time.perf_counter() - started) * 1000
     started = time.perf_counter()
     search = hybrid_candidates(
-        user=user, query=query, vector=vector, now=now, small=small, words=words, window=window, redundancy=redundancy
+        user=user, query=query, vector=vector, now=now, small=small, words=words, window=window, store=store
     )
     result.word_weight = search.word_weight
     result.redundancy, result.corrections, result.hub_weight = search.redundancy, search.corrections, search.hub_weight

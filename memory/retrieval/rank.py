@@ -77,7 +77,8 @@ def _ranked(
     now: datetime,
 ) -> list[Ranked]:
     """The tier-2 candidates past the relevance cut-off, best rank score first (each reported in ``reports``).
-    The calibrated filter passes the best CALIBRATED_KEEP_AT_LEAST of them whatever their relevance."""
+    The calibrated filter also passes the first CALIBRATED_KEEP_AT_LEAST of them by fused score (those tier 1
+    did not take) whatever their relevance; they rank after every relevant one."""
     ranked: list[Ranked] = []
     floor = tuning.CALIBRATED_KEEP_AT_LEAST if judge.source == "calibrated" else 0
     place = 0  # the candidate's place among the fresh ones, by fused score
@@ -97,7 +98,7 @@ def _ranked(
             report.reason = f"below the {judge.source} relevance cut-off {judge.cut_off:.2f}"
             continue
         ranked.append((rank_score(base_score, memory, now), cand, relevance, report))
-    ranked.sort(key=lambda r: -r[0])
+    ranked.sort(key=lambda r: (r[2] < judge.cut_off, -r[0]))
     return ranked
 
 
@@ -141,13 +142,14 @@ def _keep_ranked(
     most = int(settings.MEMORY_MAX_KEPT)
     for score, cand, relevance, report in ranked:
         memory = loaded[cand.memory_id]
+        passed = "relevant" if relevance >= judge.cut_off else f"among the first {tuning.CALIBRATED_KEEP_AT_LEAST}"
         if len(result.items) >= most:
-            report.reason = f"relevant ({relevance:.2f}) but past the {most} memories a prompt takes"
+            report.reason = f"{passed} ({relevance:.2f}) but past the {most} memories a prompt takes"
             continue
         text = prompt_text(memory)
         tokens = counter.count(text)
         if used + tokens > result.budget_tokens:
-            report.reason = f"relevant ({relevance:.2f}) but over the memory budget"
+            report.reason = f"{passed} ({relevance:.2f}) but over the memory budget"
             continue
         used += tokens
         report.kept = True

@@ -7,7 +7,7 @@ and the word arm and the hubness correction are what find it (LoCoMo turns: reca
 0.754, tuning split). A store of independent facts about a life is not (0.37 to 0.50: a fact's nearest
 fellow is about something else); there the cosine already points at the memory, and a word the query shares
 with an unrelated memory, or a discount on the most central memory of a topic, only moves it away (the
-`people` corpus: 0.094 below dense at recall@5 with both corrections, level with them off).
+`people` corpus, tuning split: 0.094 below dense at recall@5 with both corrections, level with them off).
 
 ``store_redundancy`` measures it on the user's newest REDUNDANCY_SAMPLE memories (each one's mean cosine to
 its REDUNDANCY_K nearest others, averaged), kept per user and process for REDUNDANCY_TTL_SECONDS: it moves
@@ -18,22 +18,41 @@ REDUNDANCY_FULL. bench/README.md has the measurements.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from django.db import connection
+from django.utils import timezone
 
 from memory.retrieval import tuning
 from memory.retrieval.cache import UserCache
+from memory.retrieval.sql import CURRENT_SQL
 from memory.retrieval.vector import nearest_mean_cosines
 
-# The newest memories with a vector that fusion can rank (not procedures, not archived), as pgvector's binary
-# form: index memory_user_recent gives them in order.
-_SAMPLE_SQL = """
+# The newest memories with a vector that fusion can rank (in force now, not procedures), as pgvector's binary
+# form: index memory_user_recent gives them in order (no tie-break on id: that would sort every row of a
+# user whose memories share one created_at, as an import writes them).
+_SAMPLE_SQL = f"""
 SELECT vector_send(embedding) FROM memory_memory
-WHERE user_id = %(user)s AND kind <> 'procedural' AND NOT archived AND embedding IS NOT NULL
-ORDER BY created_at DESC, id DESC LIMIT %(sample)s
+WHERE user_id = %(user)s AND kind <> 'procedural' AND embedding IS NOT NULL AND {CURRENT_SQL}
+ORDER BY created_at DESC LIMIT %(sample)s
 """
 
-_redundancies: UserCache[float | None] = UserCache(ttl_seconds=tuning.REDUNDANCY_TTL_SECONDS)
+_redundancies: UserCache[float] = UserCache(ttl_seconds=tuning.REDUNDANCY_TTL_SECONDS)
 _UNMEASURED = -1.0  # kept for a store too small to measure (the cache keeps no None)
+
+
+@dataclass(frozen=True)
+class StoreShape:
+    """What fusion needs to know of a user's store: its redundancy (None: too few memories to measure) and
+    the share of the corrections that earns (``correction_scale``)."""
+
+    redundancy: float | None
+    corrections: float
+
+
+def store_shape(user_id: int) -> StoreShape:
+    value = store_redundancy(user_id)
+    return StoreShape(redundancy=value, corrections=correction_scale(value))
 
 
 def redundancies_forget() -> None:
@@ -46,10 +65,11 @@ def store_redundancy(user_id: int) -> float | None:
     among them; None for a store of fewer than REDUNDANCY_MIN_MEMORIES (too few to tell: fusion applies its
     corrections whole, as it always did). Measured again at most every REDUNDANCY_TTL_SECONDS per process."""
     key = (user_id, tuning.REDUNDANCY_SAMPLE, tuning.REDUNDANCY_K, tuning.REDUNDANCY_MIN_MEMORIES)
+    _redundancies.ttl_seconds = tuning.REDUNDANCY_TTL_SECONDS  # read each time: a test or a sweep may set it
     cached = _redundancies.get(key)
     if cached is None:
         with connection.cursor() as cursor:
-            cursor.execute(_SAMPLE_SQL, {"user": user_id, "sample": tuning.REDUNDANCY_SAMPLE})
+            cursor.execute(_SAMPLE_SQL, {"user": user_id, "sample": tuning.REDUNDANCY_SAMPLE, "now": timezone.now()})
             raw = [bytes(row[0]) for row in cursor.fetchall()]
         measurable = len(raw) >= max(2, tuning.REDUNDANCY_MIN_MEMORIES)
         cached = redundancy(raw, tuning.REDUNDANCY_K) if measurable else _UNMEASURED

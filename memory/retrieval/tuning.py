@@ -36,8 +36,8 @@ DENSE_DILATION_UPTO = 25
 # each of the newest REDUNDANCY_SAMPLE memories to its REDUNDANCY_K nearest fellows among them, kept per user
 # and process for REDUNDANCY_TTL_SECONDS; the share is 0 at or under REDUNDANCY_FLOOR, 1 from REDUNDANCY_FULL
 # (the measured stores: 0.37 to 0.50 for independent facts, 0.565 to 0.715 for LoCoMo's turns, observations
-# and call-backs; bench/README.md). REDUNDANCY_FLOOR = REDUNDANCY_FULL = -1 applies them whole everywhere (as
-# before 2026-12-07).
+# and call-backs; bench/README.md). REDUNDANCY_FLOOR = REDUNDANCY_FULL = -1 applies them whole everywhere (with
+# CALIBRATED_KEEP_AT_LEAST = 0, as before 2026-12-07).
 REDUNDANCY_SAMPLE = 256
 REDUNDANCY_K = 10
 REDUNDANCY_TTL_SECONDS = 300.0
@@ -64,9 +64,10 @@ WEIGHT_RELEVANCE, WEIGHT_IMPORTANCE, WEIGHT_RECENCY = 0.8, 0.1, 0.1
 # scale already (cosine and word share each between this query's worst and best): one absolute cut-off over
 # cosine and word share (0.5) starved whole queries on data it was not tuned on.
 RELATIVE_KEEP = 0.3
-# ... but the best CALIBRATED_KEEP_AT_LEAST candidates pass it whatever their share: where one memory stands far
-# above the rest (a store of independent facts, meaning alone), a relative cut-off dropped memories still in
-# the first ten by meaning.
+# ... but the first CALIBRATED_KEEP_AT_LEAST candidates by fused score (of those tier 1 did not take) pass it
+# whatever their share, in every store, ranked after every relevant one: where one memory stands far above the
+# rest (a store of independent facts, meaning alone), a relative cut-off dropped memories still in the first
+# ten by meaning.
 CALIBRATED_KEEP_AT_LEAST = 10
 # The listwise reranker (relevance._reranked; MEMORY_MODEL_JUDGE "rerank"): the best RERANK_CANDIDATES fused
 # candidates go to the cheap model in one call; its pace is an average with RERANK_PACE_WEIGHT on the newest

@@ -31,7 +31,7 @@ def query_terms(query: str) -> list[str]:
 def is_code(word: str) -> bool:
     """A word with a digit: a code, a number, a reference ("qx7731", "5528190", "a64"): what a sentence
     embedder reads poorly, so the word arm counts it in every store (``word_candidates``' ``corrections``)."""
-    return any(ch.isdigit() for ch in word)
+    return any(ch.isdecimal() for ch in word)
 
 
 def word_candidates(
@@ -47,11 +47,11 @@ def word_candidates(
     (id, share). Needs no query vector, so it runs while the query is being embedded.
 
     ``corrections`` (``redundancy.correction_scale`` of the user's store, 0 to 1) is how far the words
-    without a digit count: a memory's share is ``corrections`` times its share of every query word plus the
-    rest times its share of the query's codes (``is_code``) alone, over the same total. In a store of
-    independent facts (0) a memory shares a plain word with the query by chance as often as by meaning, and
-    meaning finds it better; a code the embedder cannot read is still found by its word. Rows with no share
-    are left out.
+    without a digit count: each plain word's idf is weighed by it, a code's (``is_code``) is not, in what a
+    memory has and in the query's total alike. In a store of independent facts (0) a memory shares a plain
+    word with the query by chance as often as by meaning, and meaning finds it better; a code the embedder
+    cannot read is still found by its word, as much as if the query said nothing else (and only the codes
+    choose the pool: plain words cannot crowd an old code out of it). Rows with no share are left out.
 
     Returns the best ``limit`` and every row tied with the last of them (newer first):
     ``hybrid_candidates`` breaks those ties by closeness to the query once the query's vector is there.
@@ -63,7 +63,10 @@ def word_candidates(
     newest ``TEXT_POOL`` of them (streamed from the user index, so a huge history costs no more than that).
     """
     terms = query_terms(query)
-    if not terms or (corrections <= 0 and not any(is_code(term) for term in terms)):
+    corrections = float(min(1.0, max(0.0, corrections)))
+    if corrections <= 0:
+        terms = [term for term in terms if is_code(term)]
+    if not terms:
         return []
     limit = limit or settings.MEMORY_CANDIDATES
     hits = ", ".join(f"(search_vector @@ to_tsquery('english', %(t{i})s))::int AS h{i}" for i in range(len(terms)))
@@ -77,8 +80,10 @@ def word_candidates(
     )
     plain = " + ".join(f"h{i} * w{i}" for i, term in enumerate(terms) if not is_code(term)) or "0"
     coded = " + ".join(f"h{i} * w{i}" for i, term in enumerate(terms) if is_code(term)) or "0"
+    plain_total = " + ".join(f"w{i}" for i, term in enumerate(terms) if not is_code(term)) or "0"
+    coded_total = " + ".join(f"w{i}" for i, term in enumerate(terms) if is_code(term)) or "0"
     weight = f"%(corrections)s * ({plain}) + ({coded})"
-    total = " + ".join(f"w{i}" for i in range(len(terms)))
+    total = f"%(corrections)s * ({plain_total}) + ({coded_total})"
     sql = f"""
         WITH pool AS MATERIALIZED (
             SELECT id, created_at, {hits}
@@ -101,7 +106,7 @@ def word_candidates(
         "any": " | ".join(terms),
         "pool": tuning.TEXT_POOL,
         "limit": limit,
-        "corrections": float(min(1.0, max(0.0, corrections))),
+        "corrections": corrections,
         **window_params(window),
         **{f"t{i}": term for i, term in enumerate(terms)},
     }

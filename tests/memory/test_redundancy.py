@@ -5,6 +5,7 @@ independent facts. The vectors here are made by hand, so the shape of each store
 from __future__ import annotations
 
 import struct
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -145,12 +146,17 @@ def test_a_store_of_independent_facts_leaves_plain_words_to_meaning_but_finds_a_
     assert report["redundancy"] < tuning.REDUNDANCY_FLOOR and report["corrections"] == 0.0
     assert report["word_weight"] == 0.0  # "Spain" in an unrelated memory does not move it
     assert found.items[0].memory.id == rows[PET].id
-    assert store_redundancy(bob.pk) == pytest.approx(report["redundancy"], abs=1e-4)
+    vectors = np.array([m.embedding for m in Memory.objects.filter(user=bob)], dtype=np.float64)
+    assert report["redundancy"] == pytest.approx(redundancy([_send(v) for v in vectors], tuning.REDUNDANCY_K), abs=1e-4)
 
     # A number the embedder cannot read: meaning puts another memory first, its word still finds it.
     found = _search(bob, "what is 5528190 for?", vague)
     by_meaning = max(found.candidates, key=lambda c: c.cosine or -1.0)
     assert by_meaning.id == rows[PET].id
+    assert found.as_report()["word_weight"] == pytest.approx(1.0 - tuning.VECTOR_SHARE)
+    assert found.items[0].memory.id == rows[CODE].id
+    # Plain words beside the code, even the code memory's own, do not water it down.
+    found = _search(bob, "the customer number with the pump supplier, 5528190?", vague)
     assert found.as_report()["word_weight"] == pytest.approx(1.0 - tuning.VECTOR_SHARE)
     assert found.items[0].memory.id == rows[CODE].id
 
@@ -166,7 +172,55 @@ def test_in_a_store_of_independent_facts_the_word_arm_returns_only_memories_shar
     assert {i for i, _ in everything} == {rows[TRIP].id, rows[CODE].id}
     assert [i for i, _ in codes_only] == [rows[CODE].id]
     assert 0 < halfway[rows[TRIP].id] < dict(everything)[rows[TRIP].id]
-    assert word_candidates(user_id=bob.pk, query="Spain", now=now, corrections=0.0) == []  # no SQL needed
+
+
+def test_a_query_with_no_code_reads_no_words_in_a_store_of_facts(bob: Any, django_assert_num_queries: Any) -> None:
+    _two_stores(bob, alike=False)
+    with django_assert_num_queries(0):
+        assert word_candidates(user_id=bob.pk, query="Spain in May", now=timezone.now(), corrections=0.0) == []
+
+
+def test_plain_words_cannot_crowd_an_old_code_out_of_the_word_arms_pool(
+    bob: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows, _, _ = _two_stores(bob, alike=False)
+    rng = np.random.default_rng(5)
+    later = timezone.now() + timedelta(minutes=1)
+    Memory.objects.bulk_create(
+        Memory(
+            user=bob,
+            kind="semantic",
+            text=f"Another trip to Spain, number {word}.",
+            embedding=_unit(rng).tolist(),
+            content_hash=content_hash_for(f"spain-{word}"),
+            occurred_at=later,
+            valid_from=timezone.now(),
+            created_at=later,
+        )
+        for word in _words(10)
+    )
+    monkeypatch.setattr(tuning, "TEXT_POOL", 5)  # the newest five matches of any word: all "Spain"
+
+    assert word_candidates(user_id=bob.pk, query="Spain 5528190", now=later, corrections=1.0)[0][0] != rows[CODE].id
+    assert [i for i, _ in word_candidates(user_id=bob.pk, query="Spain 5528190", now=later, corrections=0.0)] == [
+        rows[CODE].id
+    ]
+
+
+def test_the_hubness_discount_follows_the_corrections(bob: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, query, _ = _two_stores(bob, alike=False)
+    measured = store_redundancy(bob.pk)
+    assert measured is not None
+
+    def hub_weight(floor: float, full: float) -> float:
+        monkeypatch.setattr(tuning, "REDUNDANCY_FLOOR", floor)
+        monkeypatch.setattr(tuning, "REDUNDANCY_FULL", full)
+        return float(_search(bob, QUERY, query).as_report()["hub_weight"])
+
+    assert hub_weight(measured + 0.1, measured + 0.2) == pytest.approx(tuning.HUB_WEIGHT * tuning.HUB_DIVERSE_SHARE)
+    half = tuning.HUB_WEIGHT * (tuning.HUB_DIVERSE_SHARE + (1 - tuning.HUB_DIVERSE_SHARE) / 2)
+    assert hub_weight(measured - 0.1, measured + 0.1) == pytest.approx(half, abs=1e-4)
+    assert hub_weight(measured - 0.2, measured - 0.1) == pytest.approx(tuning.HUB_WEIGHT)
 
 
 def test_a_store_too_small_to_measure_keeps_the_corrections_whole(alice: Any) -> None:

@@ -1,4 +1,5 @@
-"""Retrieval quality on fixed corpora: the default pipeline must not fall below plain dense retrieval.
+"""Retrieval quality on fixed corpora: the default pipeline must not fall below plain dense retrieval (on
+`people`, by more than one turn: SLACK_QUERIES below says why).
 
 The corpora were written by hand for this project (``bench/memory_corpora.py``):
 - ``persona`` (``bench/corpora/persona.json``): one invented person's independent memories and short

@@ -23,6 +23,7 @@ PARTS: dict[str, str] = {
     "broker": "bench.broker",
     "footprint": "bench.footprint",
     "memory_eval": "bench.memory_eval",
+    "store_shape": "bench.store_shape",
     "query_embedding": "bench.query_embedding",
     "memory_locomo": "bench.memory_locomo",
     "memory_scale": "bench.memory_scale",

@@ -212,10 +212,14 @@ def nearest_mean_cosines(raw_vectors: list[bytes], k: int) -> np.ndarray:
     vectors), from pgvector's ``vector_send`` form (a 4-byte header, then big-endian float4s). Cosine of the
     normalised vectors, as ``<=>`` measures it (1 - distance); a zero vector has cosine 0 to everything."""
     matrix = np.frombuffer(b"".join(raw[4:] for raw in raw_vectors), dtype=">f4").astype(np.float32)
-    matrix = matrix.reshape(len(raw_vectors), -1)
+    return matrix_nearest_mean_cosines(matrix.reshape(len(raw_vectors), -1), k)
+
+
+def matrix_nearest_mean_cosines(matrix: np.ndarray, k: int) -> np.ndarray:
+    """``nearest_mean_cosines`` of the rows of a float32 matrix (at least two rows; normalised in place)."""
     norms = np.linalg.norm(matrix, axis=1)
     matrix /= np.where(norms > 0, norms, 1.0)[:, None]
     sims = matrix @ matrix.T
     np.fill_diagonal(sims, -np.inf)
-    take = min(k, len(raw_vectors) - 1)
+    take = min(k, len(matrix) - 1)
     return -np.partition(-sims, take - 1, axis=1)[:, :take].mean(axis=1)

@@ -42,7 +42,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 DATABASE = os.environ.get("BENCH_EVAL_DATABASE", "bench_memory_eval")
 KS = (5, 10, 25)
 TUNING_EVERY = 4
-BUDGET_TOKENS = 2000  # the API's default budget_tokens
+BUDGET_TOKENS = 2000  # the API's default budget_tokens (--budget: another, as a caller of the API may pass)
 RETRIEVERS: tuple[str, ...] = ("dense", "ranking", "defaults")
 # With --judge-url: a fourth retriever, "reranked", the defaults with the listwise reranker of that model
 # (memory.retrieval.relevance, MEMORY_MODEL_JUDGE "rerank"), with its own time budget (--judge-timeout).
@@ -362,9 +362,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--judge-url", help="an OpenAI-compatible endpoint: adds the 'reranked' retriever")
     parser.add_argument("--judge-model", default="", help="its model name")
     parser.add_argument("--judge-timeout", type=float, default=4.0, help="the reranker's budget (s)")
+    parser.add_argument("--budget", type=int, default=None, help="memory tokens a query (default: the API's 2000)")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--write-anyway", action="store_true", help="write results even with --set or --limit")
     args, _ = parser.parse_known_args(argv)
+    global BUDGET_TOKENS
+    BUDGET_TOKENS = args.budget or BUDGET_TOKENS
     from django.conf import settings
 
     from bench.memory_db import use_database
@@ -432,7 +435,9 @@ def main(argv: list[str]) -> int:
     report["measured_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     print(table(report))
     print(json.dumps({k: v for k, v in report.items() if k != "corpora"}, indent=1))
-    writes = not args.no_write and (args.write_anyway or (not overrides and not args.limit and args.split == "all"))
+    writes = not args.no_write and (
+        args.write_anyway or (not overrides and not args.limit and not args.budget and args.split == "all")
+    )
     # A run with a reranker model is slow (a model call a query) and runs on a few corpora: its own file.
     target = RESULTS / ("memory_eval_reranked.json" if JUDGED else "memory_eval.json")
     if (writes and set(names) == set(BUILDERS)) or (JUDGED and not args.no_write):

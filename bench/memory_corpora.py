@@ -60,6 +60,7 @@ LIFE_DIALOGUES = Path(__file__).resolve().parent / "corpora" / "life_dialogues.j
 # incidental one with an unrelated memory), "R" names a rare word its memory has, "O" overlaps ordinarily.
 PEOPLE_KINDS = {"P": "paraphrase", "R": "rare word", "O": "ordinary"}
 PEOPLE = [Path(__file__).resolve().parent / "corpora" / f"people_{who}.json" for who in ("amara", "tomasz")]
+YOUNG_TURNS = 64  # locomo_young: a conversation's first sessions, up to this many turns
 DIALOGUE_TOKENS = (80, 170)  # a life_dialogues query's length, cl100k tokens
 EVIDENCE_ID = re.compile(r"D:?(\d+):0*(\d+)")
 
@@ -178,6 +179,32 @@ def locomo_turns() -> Corpus:
         for qa in sample["qa"]:
             if evidence := _evidence(qa):
                 corpus.queries.append(QuerySpec(user, qa["question"], frozenset(evidence), last + timedelta(days=1)))
+    return corpus
+
+
+def locomo_young() -> Corpus:
+    """Each LoCoMo conversation when it was young: its first whole sessions up to YOUNG_TURNS turns, and the
+    questions whose evidence lies in them, asked the day after. A store this small reads less redundant than
+    the grown conversation (bench/store_shape.py), so it gets part of fusion's corrections or none."""
+    full = locomo_turns()
+    corpus = Corpus(
+        name="locomo_young",
+        about=f"LoCoMo conversations cut to their first sessions (at most {YOUNG_TURNS} turns); their questions",
+        turns_written_live=True,
+    )
+    for user, memories in full.memories.items():
+        kept: list[MemorySpec] = []
+        for session in dict.fromkeys(m.session for m in memories):
+            turns = [m for m in memories if m.session == session]
+            if kept and len(kept) + len(turns) > YOUNG_TURNS:
+                break
+            kept.extend(turns)
+        corpus.memories[user] = kept
+        labels = {m.label for m in kept}
+        now = kept[-1].occurred_at + timedelta(days=1)
+        corpus.queries.extend(
+            QuerySpec(user, q.text, q.relevant, now) for q in full.queries if q.user == user and q.relevant <= labels
+        )
     return corpus
 
 
@@ -336,11 +363,12 @@ BUILDERS = {
     "locomo_turns": locomo_turns,
     "locomo_observations": locomo_observations,
     "locomo_callbacks": locomo_callbacks,
+    "locomo_young": locomo_young,
     "persona": persona,
     "life_dialogues": life_dialogues,
     "people": people,
 }
-NEEDS_LOCOMO = {"locomo_turns", "locomo_observations", "locomo_callbacks"}
+NEEDS_LOCOMO = {"locomo_turns", "locomo_observations", "locomo_callbacks", "locomo_young"}
 
 
 def label_hits(label: str) -> set[str]:

@@ -85,16 +85,13 @@ def measure(names: list[str]) -> dict[str, Any]:
 
 
 def summary(corpora: dict[str, Any]) -> list[str]:
-    """Rows of the table: per group (LoCoMo's conversations, each corpus of facts), size and window, the
-    range of the stores' redundancy; then the stores as the app measures them."""
+    """Rows of the table: per corpus, size and window, the range of its stores' redundancy; then its stores as
+    the app measures them."""
     lines = [
         "| stores | window | " + " | ".join(str(m) for m in SIZES) + " | as sampled | corrections | adjacency lift |"
     ]
     lines.append("|---" * (len(SIZES) + 5) + "|")
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for name, corpus in corpora.items():
-        group = "LoCoMo (conversation)" if corpus["conversation"] else name
-        groups.setdefault(group, []).extend(corpus["stores"].values())
+    groups = {name: list(corpus["stores"].values()) for name, corpus in corpora.items()}
 
     def span(values: list[float]) -> str:
         if not values:

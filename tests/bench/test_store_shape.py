@@ -50,12 +50,12 @@ def test_a_store_too_small_to_measure_gets_the_corrections_whole_as_the_app_give
     assert figures["corrections"] == 1.0
 
 
-def test_summary_groups_conversation_stores_apart_from_each_corpus_of_facts() -> None:
+def test_summary_gives_each_corpus_its_rows() -> None:
     facts = _unit(np.random.default_rng(2).normal(size=(64, 64)))
     corpora = {
         "locomo_turns": {"conversation": True, "stores": {"a": store_figures(_topics_in_runs(64, 4))}},
         "people": {"conversation": False, "stores": {"b": store_figures(facts)}},
     }
     rows = summary(corpora)
-    assert any(row.startswith("| LoCoMo (conversation) | newest |") and "1 store," in row for row in rows)
+    assert any(row.startswith("| locomo_turns | newest |") and "1 store," in row for row in rows)
     assert any(row.startswith("| people | first |") for row in rows)

@@ -1,0 +1,25 @@
+"""The young-conversation corpus is built as its docs say: whole first sessions, questions answerable there."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.memory_corpora import LOCOMO, YOUNG_TURNS, locomo_turns, locomo_young
+
+pytestmark = pytest.mark.skipif(not LOCOMO.exists(), reason="LoCoMo data not found beside the repository")
+
+
+def test_locomo_young_keeps_whole_first_sessions_and_the_questions_they_answer() -> None:
+    full, young = locomo_turns(), locomo_young()
+    assert set(young.memories) == set(full.memories)
+    for user, kept in young.memories.items():
+        grown = full.memories[user]
+        assert 0 < len(kept) <= YOUNG_TURNS
+        assert kept == grown[: len(kept)]  # the first turns, in order
+        assert kept[-1].session != grown[len(kept)].session  # cut at a session's end
+    labels = {user: {m.label for m in kept} for user, kept in young.memories.items()}
+    assert young.queries
+    assert all(q.relevant <= labels[q.user] for q in young.queries)
+    # Every question of the grown conversation whose evidence lies in the young one is asked.
+    answerable = [q for q in full.queries if q.relevant <= labels[q.user]]
+    assert [q.text for q in young.queries] == [q.text for q in answerable]

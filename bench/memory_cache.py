@@ -7,6 +7,7 @@ Embedding LoCoMo's ~5.9k turns with MiniLM takes minutes on two cores; reruns re
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ def cached_embed(embedder: Embedder, texts: list[str], *, progress: bool = True)
     missing = sorted({k: t for k, t in zip(keys, texts, strict=True) if k not in cache}.items())
     if missing:
         batch = 256
-        iterator = range(0, len(missing), batch)
+        iterator: Iterable[int] = range(0, len(missing), batch)
         if progress:
             from rich.progress import track
 

@@ -183,8 +183,9 @@ def locomo_turns() -> Corpus:
 
 
 def locomo_young() -> Corpus:
-    """Each LoCoMo conversation when it was young: its first whole sessions up to YOUNG_TURNS turns, and the
-    questions whose evidence lies in them, asked the day after. A store this small reads less redundant than
+    """Each LoCoMo conversation when it was young: its first whole sessions up to YOUNG_TURNS turns (a first
+    session longer than that is kept whole; none of LoCoMo's is: 16 to 37 turns), and the questions whose
+    evidence lies in them, asked the day after. A store this small reads less redundant than
     the grown conversation (bench/store_shape.py), so it gets part of fusion's corrections or none."""
     full = locomo_turns()
     corpus = Corpus(

@@ -367,7 +367,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--write-anyway", action="store_true", help="write results even with --set or --limit")
     args, _ = parser.parse_known_args(argv)
     global BUDGET_TOKENS
-    BUDGET_TOKENS = args.budget or BUDGET_TOKENS
+    if args.budget is not None:
+        if args.budget <= 0:
+            parser.error("--budget must be a positive number of tokens")
+        BUDGET_TOKENS = args.budget
     from django.conf import settings
 
     from bench.memory_db import use_database
@@ -436,11 +439,11 @@ def main(argv: list[str]) -> int:
     print(table(report))
     print(json.dumps({k: v for k, v in report.items() if k != "corpora"}, indent=1))
     writes = not args.no_write and (
-        args.write_anyway or (not overrides and not args.limit and not args.budget and args.split == "all")
+        args.write_anyway or (not overrides and not args.limit and args.budget is None and args.split == "all")
     )
     # A run with a reranker model is slow (a model call a query) and runs on a few corpora: its own file.
     target = RESULTS / ("memory_eval_reranked.json" if JUDGED else "memory_eval.json")
-    if (writes and set(names) == set(BUILDERS)) or (JUDGED and not args.no_write):
+    if (writes and set(names) == set(BUILDERS)) or (JUDGED and not args.no_write and args.budget is None):
         RESULTS.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {target}")

@@ -8,7 +8,10 @@ store passes through, on windows of its memories in time order: the ``first`` m 
 young) and the ``newest`` m (what the app samples). It also measures the store as the app does (its newest
 REDUNDANCY_SAMPLE, or all of it) with the corrections that earns, and the time-adjacency lift: the mean cosine
 of each memory to the next one in time less the mean cosine of any two (conversation turns follow a topic;
-independent facts do not). No database: the corpora's vectors come from the bench's embedding cache.
+independent facts do not). No database: the corpora's vectors come from the bench's embedding cache. "Newest"
+is by the memories' time (occurred_at); the app samples by created_at, which is the same for a store written as
+it happened (turns) and arbitrary for one written at once (memory_eval's other stores; those of more than 256,
+some of locomo_callbacks', are sampled differently there).
 Results in ``bench/results/store_shape.json``; bench/README.md reads them.
 """
 
@@ -47,7 +50,7 @@ def store_figures(matrix: np.ndarray) -> dict[str, Any]:
     from memory.retrieval.vector import matrix_nearest_mean_cosines
 
     def redundancy(rows: np.ndarray) -> float:
-        return round(float(matrix_nearest_mean_cosines(rows.copy(), tuning.REDUNDANCY_K).mean()), 4)
+        return round(float(matrix_nearest_mean_cosines(rows, tuning.REDUNDANCY_K).mean()), 4)
 
     sampled = matrix[-tuning.REDUNDANCY_SAMPLE :]
     measured = redundancy(sampled) if len(sampled) >= max(2, tuning.REDUNDANCY_MIN_MEMORIES) else None
@@ -80,7 +83,7 @@ def measure(names: list[str]) -> dict[str, Any]:
             matrix = cached_embed(embedder, [spec.text for spec in ordered]).astype(np.float32)
             matrix /= np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
             stores[key] = store_figures(matrix)
-        corpora[name] = {"stores": stores, "conversation": name in NEEDS_LOCOMO}
+        corpora[name] = {"stores": stores}
     return corpora
 
 
@@ -127,7 +130,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench store_shape", description=__doc__)
     parser.add_argument("--corpora", default=",".join(BUILDERS))
     parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args(argv)
+    args, _ = parser.parse_known_args(argv)  # options after "--" are shared by every part
     from django.conf import settings
 
     settings.EMBEDDING_BACKEND = os.environ.get("BENCH_EMBEDDING_BACKEND", "sentence-transformers")
@@ -141,7 +144,8 @@ def main(argv: list[str]) -> int:
         print(f"LoCoMo data not found at {LOCOMO}; measuring {', '.join(names)} only")
     corpora = measure(names)
     print("\n".join(summary(corpora)))
-    if not args.no_write:
+    # The file of record holds every corpus: a run of a few (or without LoCoMo) prints only.
+    if not args.no_write and set(names) == set(BUILDERS):
         report = {
             "benchmark": "how much each store's memories look alike, by size (bench/store_shape.py)",
             "embedder": settings.EMBEDDING_BACKEND,

@@ -216,9 +216,9 @@ def nearest_mean_cosines(raw_vectors: list[bytes], k: int) -> np.ndarray:
 
 
 def matrix_nearest_mean_cosines(matrix: np.ndarray, k: int) -> np.ndarray:
-    """``nearest_mean_cosines`` of the rows of a float32 matrix (at least two rows; normalised in place)."""
+    """``nearest_mean_cosines`` of the rows of a matrix (at least two rows; the caller's array is left as it is)."""
     norms = np.linalg.norm(matrix, axis=1)
-    matrix /= np.where(norms > 0, norms, 1.0)[:, None]
+    matrix = matrix / np.where(norms > 0, norms, 1.0)[:, None]
     sims = matrix @ matrix.T
     np.fill_diagonal(sims, -np.inf)
     take = min(k, len(matrix) - 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from bench.memory_corpora import LOCOMO, YOUNG_TURNS, locomo_turns, locomo_young
@@ -14,9 +16,16 @@ def test_locomo_young_keeps_whole_first_sessions_and_the_questions_they_answer()
     assert set(young.memories) == set(full.memories)
     for user, kept in young.memories.items():
         grown = full.memories[user]
-        assert 0 < len(kept) <= YOUNG_TURNS
+        sessions = list(dict.fromkeys(m.session for m in grown))
+        first = [m for m in grown if m.session == sessions[0]]
+        assert 0 < len(kept) <= max(YOUNG_TURNS, len(first))  # a first session longer than the cap is kept whole
         assert kept == grown[: len(kept)]  # the first turns, in order
-        assert kept[-1].session != grown[len(kept)].session  # cut at a session's end
+        if len(kept) < len(grown):
+            assert kept[-1].session != grown[len(kept)].session  # cut at a session's end...
+            following = [m for m in grown if m.session == grown[len(kept)].session]
+            assert len(kept) + len(following) > YOUNG_TURNS  # ...as late as the cap allows
+        asked = {q.now for q in young.queries if q.user == user}
+        assert asked <= {kept[-1].occurred_at + timedelta(days=1)}  # the day after the young store's last turn
     labels = {user: {m.label for m in kept} for user, kept in young.memories.items()}
     assert young.queries
     assert all(q.relevant <= labels[q.user] for q in young.queries)

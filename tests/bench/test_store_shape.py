@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from bench.store_shape import adjacency_lift, store_figures, summary
 from memory.retrieval import redundancy as redundancy_module
@@ -27,7 +28,7 @@ def test_adjacency_lift_is_high_for_runs_of_a_topic_and_none_for_shuffled_ones()
     assert abs(adjacency_lift(shuffled)) < 0.05
 
 
-def test_store_figures_measure_as_the_app_and_by_size(monkeypatch) -> None:
+def test_store_figures_measure_as_the_app_and_by_size(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tuning, "REDUNDANCY_SAMPLE", 100)
     store = _topics_in_runs(120, 6)
     figures = store_figures(store)
@@ -42,6 +43,9 @@ def test_store_figures_measure_as_the_app_and_by_size(monkeypatch) -> None:
     # Windows only up to the store's size; a young window of a topic-run store is as redundant as the store.
     assert set(figures["by_size"]["first"]) == {"32", "64"}
     assert figures["by_size"]["first"]["32"] > 0.5
+    before = store.copy()
+    store_figures(store)
+    assert np.array_equal(store, before)  # the caller's vectors are not normalised in place
 
 
 def test_a_store_too_small_to_measure_gets_the_corrections_whole_as_the_app_gives_them() -> None:
@@ -53,8 +57,8 @@ def test_a_store_too_small_to_measure_gets_the_corrections_whole_as_the_app_give
 def test_summary_gives_each_corpus_its_rows() -> None:
     facts = _unit(np.random.default_rng(2).normal(size=(64, 64)))
     corpora = {
-        "locomo_turns": {"conversation": True, "stores": {"a": store_figures(_topics_in_runs(64, 4))}},
-        "people": {"conversation": False, "stores": {"b": store_figures(facts)}},
+        "locomo_turns": {"stores": {"a": store_figures(_topics_in_runs(64, 4))}},
+        "people": {"stores": {"b": store_figures(facts)}},
     }
     rows = summary(corpora)
     assert any(row.startswith("| locomo_turns | newest |") and "1 store," in row for row in rows)

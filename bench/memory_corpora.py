@@ -42,6 +42,7 @@ copied into the repository.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import re
@@ -195,8 +196,8 @@ def locomo_young() -> Corpus:
     )
     for user, memories in full.memories.items():
         kept: list[MemorySpec] = []
-        for session in dict.fromkeys(m.session for m in memories):
-            turns = [m for m in memories if m.session == session]
+        for _, session in itertools.groupby(memories, key=lambda m: m.session):
+            turns = list(session)
             if kept and len(kept) + len(turns) > YOUNG_TURNS:
                 break
             kept.extend(turns)

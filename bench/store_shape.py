@@ -46,14 +46,14 @@ def adjacency_lift(matrix: np.ndarray) -> float:
 def store_figures(matrix: np.ndarray) -> dict[str, Any]:
     """One store's figures (rows in time order, oldest first)."""
     from memory.retrieval import tuning
-    from memory.retrieval.redundancy import correction_scale
+    from memory.retrieval.redundancy import correction_scale, is_measurable
     from memory.retrieval.vector import matrix_nearest_mean_cosines
 
     def redundancy(rows: np.ndarray) -> float:
         return round(float(matrix_nearest_mean_cosines(rows, tuning.REDUNDANCY_K).mean()), 4)
 
     sampled = matrix[-tuning.REDUNDANCY_SAMPLE :]
-    measured = redundancy(sampled) if len(sampled) >= max(2, tuning.REDUNDANCY_MIN_MEMORIES) else None
+    measured = redundancy(sampled) if is_measurable(len(sampled)) else None
     by_size = {
         window: {
             str(m): redundancy(matrix[:m] if window == "first" else matrix[-m:]) for m in SIZES if m <= len(matrix)

@@ -71,10 +71,14 @@ def store_redundancy(user_id: int) -> float | None:
         with connection.cursor() as cursor:
             cursor.execute(_SAMPLE_SQL, {"user": user_id, "sample": tuning.REDUNDANCY_SAMPLE, "now": timezone.now()})
             raw = [bytes(row[0]) for row in cursor.fetchall()]
-        measurable = len(raw) >= max(2, tuning.REDUNDANCY_MIN_MEMORIES)
-        cached = redundancy(raw, tuning.REDUNDANCY_K) if measurable else _UNMEASURED
+        cached = redundancy(raw, tuning.REDUNDANCY_K) if is_measurable(len(raw)) else _UNMEASURED
         _redundancies.put(key, cached)
     return None if cached == _UNMEASURED else cached
+
+
+def is_measurable(count: int) -> bool:
+    """Whether a sample of ``count`` memories tells a store's shape (REDUNDANCY_MIN_MEMORIES, at least two)."""
+    return count >= max(2, tuning.REDUNDANCY_MIN_MEMORIES)
 
 
 def redundancy(raw_vectors: list[bytes], k: int) -> float:

@@ -78,12 +78,15 @@ def word_candidates(
         f"ELSE 0 END AS w{i}"
         for i in range(len(terms))
     )
-    plain = " + ".join(f"h{i} * w{i}" for i, term in enumerate(terms) if not is_code(term)) or "0"
-    coded = " + ".join(f"h{i} * w{i}" for i, term in enumerate(terms) if is_code(term)) or "0"
-    plain_total = " + ".join(f"w{i}" for i, term in enumerate(terms) if not is_code(term)) or "0"
-    coded_total = " + ".join(f"w{i}" for i, term in enumerate(terms) if is_code(term)) or "0"
-    weight = f"%(corrections)s * ({plain}) + ({coded})"
-    total = f"%(corrections)s * ({plain_total}) + ({coded_total})"
+
+    def weighed(part: str) -> str:
+        """``part`` (formatted with each term's index) summed over the plain words times the corrections,
+        plus over the codes."""
+        plain = " + ".join(part.format(i=i) for i, term in enumerate(terms) if not is_code(term)) or "0"
+        coded = " + ".join(part.format(i=i) for i, term in enumerate(terms) if is_code(term)) or "0"
+        return f"%(corrections)s * ({plain}) + ({coded})"
+
+    weight, total = weighed("h{i} * w{i}"), weighed("w{i}")
     sql = f"""
         WITH pool AS MATERIALIZED (
             SELECT id, created_at, {hits}

@@ -99,11 +99,26 @@ def _columns(call: LLMCall) -> dict[str, Any]:
     return {f.column: getattr(call, f.attname) for f in LLMCall._meta.concrete_fields if not f.primary_key}
 
 
+def _reference_or_null(column: str) -> str:
+    """``r.<column>``, or NULL when it names a row that is gone: the record of a call whose session (or turn, or
+    agent) was deleted while the model answered is kept, with that reference cleared, as the deletion itself
+    clears it on the records written before (``on_delete=SET_NULL``), instead of failing on the foreign key."""
+    for field in LLMCall._meta.concrete_fields:
+        if field.column == column and field.is_relation:
+            target = field.related_model._meta  # type: ignore[union-attr]
+            return f"(SELECT x.{target.pk.column} FROM {target.db_table} x WHERE x.{target.pk.column} = r.{column})"
+    return f"r.{column}"
+
+
 def llm_calls_insert_sql(param: str) -> str:
     """An ``INSERT`` of the records passed as JSON in the named parameter ``param`` (for a statement's CTE)."""
     columns = ", ".join(_LLMCALL_COLUMNS)
+    values = ", ".join(_reference_or_null(column) for column in _LLMCALL_COLUMNS)
     table = LLMCall._meta.db_table
-    return f"INSERT INTO {table} ({columns}) SELECT {columns} FROM jsonb_populate_recordset(NULL::{table}, %({param})s::jsonb)"
+    return (
+        f"INSERT INTO {table} ({columns}) SELECT {values} "
+        f"FROM jsonb_populate_recordset(NULL::{table}, %({param})s::jsonb) AS r"
+    )
 
 
 def llm_call_save(record: CallRecord) -> LLMCall:
@@ -125,10 +140,8 @@ def llm_call_save(record: CallRecord) -> LLMCall:
                 held.append(call)
                 return call
     try:
-        guard = transaction.atomic() if transaction.get_connection().in_atomic_block else contextlib.nullcontext()
-        with guard:
-            call.save(force_insert=True)
-            return call
+        llm_calls_insert([call])  # kept when its session was deleted meanwhile (``llm_calls_insert_sql``)
+        return call
     except DatabaseError:
         reconnect_if_broken()  # a connection cut during the model call: the turn's next query reconnects
         raise

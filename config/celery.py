@@ -51,9 +51,19 @@ class HeartbeatStep(bootsteps.StartStopStep):
 
         try:
             close_old_connections()
-            worker_heartbeat_record(hostname=worker.hostname)
+            worker_heartbeat_record(hostname=worker.hostname, queues=_consumed_queues(worker))
         except Exception:  # the database may be restarting; the next beat tries again
             logger.warning("could not record the worker heartbeat", exc_info=True)
+
+
+def _consumed_queues(worker: Any) -> list[str]:
+    """The queues this worker takes tasks from (``-Q``; every declared queue without it): /healthz tells the
+    background worker from the turn worker by them."""
+    try:
+        queues = worker.app.amqp.queues
+        return sorted(getattr(queues, "consume_from", None) or queues)
+    except Exception:  # noqa: BLE001 - a heartbeat without its queues still says the worker is alive
+        return []
 
 
 app.steps["worker"].add(HeartbeatStep)

@@ -324,13 +324,17 @@ CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 180, minimum=1)
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
-# At most 30: /healthz wants a heartbeat newer than 60 s (web.health.WORKER_FRESH_FOR).
+# At most 30: /healthz takes a worker whose newest heartbeat is older than four of these for down (web.health).
 # /healthz and /readyz answer within this many seconds, whatever the database and the broker do (web/health.py).
 HEALTH_CHECK_TIMEOUT = env_float("HEALTH_CHECK_TIMEOUT", 1.5, minimum=0.1, maximum=30)
 # Under ASGI a thread of each web process runs those checks this often while probes come, and a probe is answered
 # from a reading at most this plus HEALTH_CHECK_TIMEOUT old (0: the checks run for each probe). web/health.py HealthMonitor.
 HEALTH_REFRESH_SECONDS = env_float("HEALTH_REFRESH_SECONDS", 0.25, minimum=0, maximum=10)
 WORKER_HEARTBEAT_SECONDS = env_int("WORKER_HEARTBEAT_SECONDS", 15, minimum=1, maximum=30)
+# How often the sweep looks for turns that nobody runs. With TURN_LEASE_SECONDS it bounds how long a turn whose
+# runner died waits: the lease runs out at most TURN_LEASE_SECONDS after the runner's last heartbeat, and the next
+# sweep sends the turn to recovery (docs/reliability.md).
+TURN_SWEEP_SECONDS = env_int("TURN_SWEEP_SECONDS", 10, minimum=1, maximum=300)
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "worker-heartbeat": {"task": "config.tasks.record_worker_heartbeat", "schedule": float(WORKER_HEARTBEAT_SECONDS)},
     "alerts-evaluate": {"task": "observability.tasks.evaluate_alerts", "schedule": 60.0},
@@ -339,10 +343,14 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     # The outbox sweeps: background work whose enqueue was lost while the broker was down is sent again.
     "memory-writes-requeue": {"task": "memory.tasks.requeue_lost_memory_writes", "schedule": 120.0},
     "summaries-requeue": {"task": "sessions.tasks.requeue_lost_summaries", "schedule": 120.0},
-    # Turns whose process died mid-turn (no owner holds their lock) and older than STUCK_TURN_SECONDS are
-    # finished from their checkpoint (orchestrator.runtime.stuck_turns_recover); a new message does it sooner.
-    # A sweep not started within its minute is dropped (the next one comes): a backlog never piles them up.
-    "turns-recover": {"task": "agents.tasks.recover_stuck_turns", "schedule": 60.0, "options": {"expires": 60}},
+    # Turns that nobody runs (their lease free or run out: the runner died; or handed to a turn worker whose task
+    # was lost) are finished from their checkpoint (orchestrator.runtime.stuck_turns_enqueue); a new message on the
+    # session does it sooner. A sweep not started within its period is dropped (the next one comes).
+    "turns-recover": {
+        "task": "agents.tasks.recover_stuck_turns",
+        "schedule": float(TURN_SWEEP_SECONDS),
+        "options": {"expires": float(TURN_SWEEP_SECONDS)},
+    },
     # Per-user HNSW indexes for histories past MEMORY_EXACT_SEARCH_MAX (memory.services.user_indexes_sync).
     "memory-user-indexes": {"task": "memory.tasks.sync_user_indexes", "schedule": 24 * 3600.0},
 }
@@ -434,7 +442,14 @@ TURN_LOCK_WAIT_SECONDS = env_float("TURN_LOCK_WAIT_SECONDS", 30.0, minimum=0.0)
 # A turn's runner holds the session's lease (sessions/locks.py) for this long past its last heartbeat (every
 # third of it): a runner that dies leaves its turn to the next message or the sweep after at most this long.
 TURN_LEASE_SECONDS = env_float("TURN_LEASE_SECONDS", 30.0, minimum=1.0)
-STUCK_TURN_SECONDS = env_int("STUCK_TURN_SECONDS", 120, minimum=5)
+# A turn younger than this is never swept, even with its lease gone (a margin for a turn being accepted).
+STUCK_TURN_SECONDS = env_int("STUCK_TURN_SECONDS", 10, minimum=0)
+# A lease handed to a turn worker (with the turn's task) and not claimed by one for this long, while no task for it
+# waits in the turns queue, belonged to a task that was lost: the sweep lets it go and resumes the turn.
+TURN_CLAIM_SECONDS = env_float("TURN_CLAIM_SECONDS", 10.0, minimum=1.0)
+# While a turn's stream waits (a turn queued, a turn being resumed), it sends an SSE comment this often, so that no
+# proxy or client takes a quiet stream for a dead one.
+RUN_EVENTS_KEEPALIVE_SECONDS = env_float("RUN_EVENTS_KEEPALIVE_SECONDS", 10.0, minimum=0.5, maximum=60.0)
 
 LLM_BASE_URL = env_str("LLM_BASE_URL")
 LLM_API_KEY = env_str("LLM_API_KEY")
@@ -500,6 +515,9 @@ EMBEDDING_BASE_URL = env_str("EMBEDDING_BASE_URL", "") or ""
 EMBEDDING_MODEL = env_str("EMBEDDING_MODEL", "") or ""
 EMBEDDING_API_KEY_ENV = env_str("EMBEDDING_API_KEY_ENV", "EMBEDDING_API_KEY") or "EMBEDDING_API_KEY"
 EMBEDDING_TIMEOUT = env_float("EMBEDDING_TIMEOUT", 30.0, minimum=0.1)
+# How long a turn (or a search) waits for its query's vector before it searches by words and profile facts alone,
+# and says so in its retrieval report: a stalled embedder slows a turn by this much, and never fails it.
+EMBEDDING_QUERY_WAIT = env_float("EMBEDDING_QUERY_WAIT", 5.0, minimum=0.1, maximum=120.0)
 # The local model served once per machine (memory/embedding_service.py; make run starts it): when set, the
 # sentence-transformers backend asks the service on this Unix socket instead of loading the model (and torch)
 # in every process. How long a caller waits for a service that does not answer (restarting) before failing.

@@ -30,6 +30,9 @@ logger = logging.getLogger(__name__)
 
 # An event with this type ends a run's stream (a reader stops after it).
 FINAL_TYPES = frozenset({"done", "error"})
+# What ``follow`` yields after each quiet wait (``RUN_EVENTS_KEEPALIVE_SECONDS``) with nothing else to say: never
+# stored on the channel; the SSE doors send it as a comment, so that a stream waiting on a turn is never silent.
+KEEPALIVE = "keepalive"
 
 
 def channel_url() -> str | None:
@@ -59,10 +62,10 @@ def _entry_id(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
-# A read waits up to _BLOCK seconds for an event; the socket gives up well after that (redis-py's default, 5 s,
+# A read waits up to _BLOCK seconds (a run's, RUN_EVENTS_KEEPALIVE_SECONDS) for an event; the socket gives up well after that (redis-py's default, 5 s,
 # would cut every quiet wait short). A reader retries a failed read for up to _RETRY_FOR seconds.
 _BLOCK = 15.0
-_READ_TIMEOUT = _BLOCK + 15.0
+_READ_TIMEOUT = 60.0 + 15.0  # past the longest quiet wait (RUN_EVENTS_KEEPALIVE_SECONDS is at most 60)
 _RETRY_FOR = 30.0
 _sync_clients: dict[str, redis.Redis] = {}
 _async_clients: dict[tuple[str, int], aioredis.Redis] = {}
@@ -291,14 +294,19 @@ async def aread(run: str | int, *, after: str = "0", block_seconds: float = 15.0
     return _decoded(entries)
 
 
+def _keepalive_seconds() -> float:
+    return float(getattr(settings, "RUN_EVENTS_KEEPALIVE_SECONDS", 10.0))
+
+
 def follow(run: str | int, *, after: str = "0", idle: Any = None) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The run's events from ``after`` until a final one. ``idle()`` is asked after each quiet wait; an event it
-    returns (the run found finished some other way) is the last one. A read that fails (the server restarting)
-    is tried again for up to ``_RETRY_FOR`` seconds before the error is raised."""
+    """The run's events from ``after`` until a final one. ``idle()`` is asked after each quiet wait
+    (``RUN_EVENTS_KEEPALIVE_SECONDS``); an event it returns (the run found finished some other way) is the last one,
+    and when it returns none a ``KEEPALIVE`` event (id "") is yielded. A read that fails (the server restarting) is
+    tried again for up to ``_RETRY_FOR`` seconds before the error is raised."""
     failing_since: float | None = None
     while True:
         try:
-            batch = read(run, after=after, block_seconds=_BLOCK)
+            batch = read(run, after=after, block_seconds=_keepalive_seconds())
             failing_since = None
         except (redis.ConnectionError, redis.TimeoutError):
             failing_since = failing_since or time.monotonic()
@@ -306,11 +314,12 @@ def follow(run: str | int, *, after: str = "0", idle: Any = None) -> Iterator[tu
                 raise
             time.sleep(0.5)
             continue
-        if not batch and idle is not None:
-            final = idle()
+        if not batch:
+            final = idle() if idle is not None else None
             if final is not None:
                 yield ("", final)
                 return
+            yield ("", {"type": KEEPALIVE})
         for event_id, event in batch:
             after = event_id
             yield event_id, event
@@ -323,7 +332,7 @@ async def afollow(run: str | int, *, after: str = "0", idle: Any = None) -> Asyn
     failing_since: float | None = None
     while True:
         try:
-            batch = await aread(run, after=after, block_seconds=_BLOCK)
+            batch = await aread(run, after=after, block_seconds=_keepalive_seconds())
             failing_since = None
         except (redis.ConnectionError, redis.TimeoutError):
             failing_since = failing_since or time.monotonic()
@@ -331,11 +340,12 @@ async def afollow(run: str | int, *, after: str = "0", idle: Any = None) -> Asyn
                 raise
             await asyncio.sleep(0.5)
             continue
-        if not batch and idle is not None:
-            final = await idle()
+        if not batch:
+            final = await idle() if idle is not None else None
             if final is not None:
                 yield ("", final)
                 return
+            yield ("", {"type": KEEPALIVE})
         for event_id, event in batch:
             after = event_id
             yield event_id, event

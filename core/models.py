@@ -11,6 +11,9 @@ class WorkerHeartbeat(models.Model):
 
     hostname = models.CharField(max_length=255, unique=True)
     seen_at = models.DateTimeField()
+    # The queues the worker takes tasks from, comma-separated: /healthz tells the background worker (the default
+    # queue) from the turn worker (``<queue>-turns``) by them. Empty: not recorded (counted as a background worker).
+    queues = models.CharField(max_length=1000, blank=True, default="")
 
     def __str__(self) -> str:
         return f"{self.hostname} @ {self.seen_at:%Y-%m-%d %H:%M:%S}"

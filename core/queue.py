@@ -132,16 +132,26 @@ def queues_stats(*, timeout: float = 1.0) -> list[QueueStats] | None:
     return known if len(known) == len(found) else None
 
 
-def queued_args(name: str, *, limit: int = 100_000, timeout: float = 2.0) -> set[tuple[Any, ...]] | None:
-    """The arguments of every task ``name`` waiting in the default queue (at most ``limit`` messages read), on
-    a Redis-protocol broker; None on another transport or when the broker does not answer: then nothing is
-    known to be queued. The outbox sweeps skip what is in it (a backlog is not lost work)."""
+def queued_args(
+    name: str, *, queue: str | None = None, limit: int = 100_000, timeout: float = 2.0
+) -> set[tuple[Any, ...]] | None:
+    """The arguments of every task ``name`` waiting in ``queue`` (the default one unless given; at most ``limit``
+    messages read), on a Redis-protocol broker; None on another transport or when the broker does not answer: then
+    nothing is known to be queued. The outbox sweeps skip what is in it (a backlog is not lost work); the turn
+    sweep tells a turn still waiting for a worker from one whose task was lost."""
     client = _broker_client(None, timeout)
     if client is None:
         return None
     found: set[tuple[Any, ...]] = set()
+    name_of_queue = queue or str(current_app._get_current_object().conf.task_default_queue)
     try:
-        for raw in client.lrange(str(current_app._get_current_object().conf.task_default_queue), 0, limit - 1):
+        # (Priorities other than the default go to keys of their own: see queue_stats.)
+        raws = [
+            raw
+            for key in (name_of_queue, *(f"{name_of_queue}\x06\x16{p}" for p in (3, 6, 9)))
+            for raw in client.lrange(key, 0, limit - 1)
+        ]
+        for raw in raws:
             try:
                 headers = json.loads(raw)["headers"]
                 if headers.get("task") == name:

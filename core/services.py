@@ -15,10 +15,14 @@ from core.models import TaskSendFailure, WorkerHeartbeat
 logger = logging.getLogger(__name__)
 
 
-def worker_heartbeat_record(*, hostname: str | None = None) -> WorkerHeartbeat:
-    """Record that a worker on ``hostname`` is alive and consuming tasks now."""
+def worker_heartbeat_record(*, hostname: str | None = None, queues: list[str] | None = None) -> WorkerHeartbeat:
+    """Record that a worker on ``hostname`` is alive and consuming tasks now (from ``queues``, when given; a
+    heartbeat that names none keeps what was recorded)."""
     name = hostname or socket.gethostname()
-    beat, _ = WorkerHeartbeat.objects.update_or_create(hostname=name, defaults={"seen_at": timezone.now()})
+    defaults: dict[str, object] = {"seen_at": timezone.now()}
+    if queues is not None:
+        defaults["queues"] = ",".join(sorted(queues))[:1000]
+    beat, _ = WorkerHeartbeat.objects.update_or_create(hostname=name, defaults=defaults)
     return beat
 
 

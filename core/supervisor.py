@@ -162,6 +162,18 @@ def _heal_broker(folder: Path) -> None:
         _say(f"The embedded broker could not be started: {exc}", err=True)
 
 
+def _heal_postgres(folder: Path) -> None:
+    """The embedded PostgreSQL that runstack started is a child too: started again when its server is gone (a
+    killed postmaster; one that was stopped by hand). Its data and settings stay in ``folder``."""
+    if embedded_db.is_running(folder):
+        return
+    _say("The embedded PostgreSQL is not running; starting it again.", err=True)
+    try:
+        embedded_db.ensure_embedded_postgres(folder)
+    except Exception as exc:  # noqa: BLE001 - said, and tried again at the next check
+        _say(f"The embedded PostgreSQL could not be started: {exc}", err=True)
+
+
 def _shutdown(plan: Plan, children: list[Child]) -> None:
     _say("\nStopping…")
     for child in children:
@@ -201,9 +213,12 @@ def supervise(plan: Plan) -> None:
                 said = child.heal()
                 if said:
                     _say(said, err=True)
-            if plan.broker_folder and time.monotonic() - broker_checked > 2:
+            if time.monotonic() - broker_checked > 2:
                 broker_checked = time.monotonic()
-                _heal_broker(Path(plan.broker_folder))
+                if plan.broker_folder:
+                    _heal_broker(Path(plan.broker_folder))
+                if plan.pg_folder:
+                    _heal_postgres(Path(plan.pg_folder))
             if not ready:
                 # "Ready" only when the web process can answer a chat at once (/readyz): its models loaded,
                 # the database answering, a worker heard from since the start.

@@ -347,6 +347,23 @@ def embedder_ready(backend: str | None = None) -> bool:
     return isinstance(embedder, SentenceTransformerEmbedder) and embedder.loaded
 
 
+_service_probe: ServiceEmbedder | None = None
+
+
+def embedding_service_answers() -> bool:
+    """The embedding service on ``EMBEDDING_SERVICE_SOCKET`` answers ``GET /ready`` (its model loaded) within half a
+    second (``/healthz``'s embedder part). False when no service is configured."""
+    global _service_probe
+    socket_path = str(settings.EMBEDDING_SERVICE_SOCKET or "")
+    if not socket_path:
+        return False
+    with _instances_lock:
+        if _service_probe is None or _service_probe.socket_path != socket_path:
+            _service_probe = ServiceEmbedder(socket_path, timeout=0.5, wait=0.0)
+        probe = _service_probe
+    return probe.ready()
+
+
 def get_embedder(backend: str | None = None) -> Embedder:
     """The process-wide embedder for ``backend`` (default: ``settings.EMBEDDING_BACKEND``), built once."""
     key = backend or settings.EMBEDDING_BACKEND

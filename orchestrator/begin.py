@@ -13,7 +13,7 @@ from core.errors import Refusal
 from core.incoming import Unstorable
 from core.incoming import idempotency_key as valid_idempotency_key
 from orchestrator.context import AGENT_SWITCHED_OFF, FINISHED
-from sessions.locks import SessionBusyError, SessionTurnLock
+from sessions.locks import SessionBusyError, SessionTurnLock, session_is_locked
 from sessions.models import ChatSession, Turn
 from sessions.selectors import session_for_turn, unfinished_turns
 from sessions.services import turn_insert
@@ -108,6 +108,20 @@ def turn_begin(
     except BaseException:
         lock.release()
         raise
+
+
+def turn_in_flight(*, session: ChatSession, message: str, idempotency_key: str | None) -> Turn | None:
+    """The turn a retried message (the same ``Idempotency-Key``) already started, while a runner still holds it:
+    the retry follows that turn rather than waiting for the session and being told it is busy. None when there is
+    no key, no such turn, or nobody runs it (then ``turn_begin`` resumes it)."""
+    key = _idempotency_key(idempotency_key)
+    if not key:
+        return None
+    turn = Turn.objects.filter(session=session, idempotency_key=key).exclude(status__in=FINISHED).first()
+    if turn is None or not session_is_locked(session.pk):
+        return None
+    _same_message_or_refuse(turn, validate_message(message))
+    return turn
 
 
 def _idempotency_key(key: str | None) -> str | None:

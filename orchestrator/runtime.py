@@ -37,7 +37,7 @@ from agents.workflows import get_workflow
 from core import events as run_channel
 from core.db import release_connection
 from core.errors import Refusal
-from core.queue import enqueue
+from core.queue import enqueue, queued_args
 from core.services import requeue_each
 from llm.base import LLMError, TruncatedOutputError
 from llm.prompt import ContextOverflowError
@@ -50,6 +50,7 @@ from orchestrator.begin import (
     SessionClosedError,
     TurnHandle,
     turn_begin,
+    turn_in_flight,
     validate_message,
 )
 from orchestrator.context import (
@@ -78,9 +79,10 @@ from orchestrator.steps import (
     route,
     stop_if_handed_off,
 )
-from sessions.locks import SessionTurnLock, TurnLockLost
+from sessions.locks import SessionTurnLock, TurnLockLost, lease_let_go, unclaimed_leases_let_go
 from sessions.models import ChatSession, Turn, staff_signed
-from sessions.services import session_hand_back, session_hand_off, stuck_turns_find, turn_staff_reply_append
+from sessions.selectors import orphaned_turns_find, unclaimed_lease_owners
+from sessions.services import session_hand_back, session_hand_off, turn_staff_reply_append
 
 __all__ = [
     "AGENT_SWITCHED_OFF",
@@ -184,6 +186,10 @@ def turn_stream(
     """``turn_begin``, then the turn's events: run here (``TurnStream``), or by a turn worker and read from the run
     channel (``RunStream``, see ``turn_runner``). Validation and busy errors raise before the first event, and so
     does ``TurnsQueueFull`` (back-pressure), before anything is saved."""
+    if turn_runner() == "worker":
+        running = turn_in_flight(session=session, message=message, idempotency_key=idempotency_key)
+        if running is not None:
+            return RunStream(running)  # a retry of a message whose turn runs: its events, from the start
     turns_queue_check()
     handle = turn_begin(session=session, message=message, idempotency_key=idempotency_key, wait_seconds=wait_seconds)
     if handle.replay is None and turn_runner() == "worker":
@@ -196,7 +202,15 @@ def turn_stream(
 def turn_run(
     *, session: ChatSession, message: str, idempotency_key: str | None = None, wait_seconds: float | None = None
 ) -> TurnResult:
-    """Run one turn to the end (here, or on a turn worker while this waits) and return its saved result."""
+    """Run one turn to the end (here, or on a turn worker while this waits) and return its saved result. A retry of
+    a message whose turn still runs (the same ``Idempotency-Key``) waits for that turn's end."""
+    if turn_runner() == "worker":
+        running = turn_in_flight(session=session, message=message, idempotency_key=idempotency_key)
+        if running is not None:
+            for _ in RunStream(running):
+                pass
+            running.refresh_from_db()
+            return TurnResult(turn=running, reply=running.assistant_message, replayed=True, is_demo=running.is_demo)
     turns_queue_check()
     handle = turn_begin(session=session, message=message, idempotency_key=idempotency_key, wait_seconds=wait_seconds)
     if handle.replay is not None:
@@ -257,6 +271,9 @@ def turns_queue_check() -> None:
         raise TurnsQueueFull()
 
 
+RUN_TURN_TASK = "agents.tasks.run_turn"
+
+
 def turn_submit(handle: TurnHandle) -> RunStream | None:
     """Send an accepted turn to a turn worker, handing it the session's lease; its events follow on the run
     channel. None when it could not be sent (the broker refused): the caller runs it here, still holding the lease."""
@@ -265,7 +282,7 @@ def turn_submit(handle: TurnHandle) -> RunStream | None:
     owner = lock.hand_over(seconds=float(getattr(settings, "TURN_QUEUE_SECONDS", 300)))
     try:
         enqueue(
-            "agents.tasks.run_turn",
+            RUN_TURN_TASK,
             turn.pk,
             owner,
             [orphan.pk for orphan in handle.orphans],
@@ -284,16 +301,32 @@ def turn_execute(*, turn_id: int, owner: str, orphan_ids: list[int], resumed: bo
     """A turn worker runs a submitted turn under the lease it was handed, publishing each event on the run
     channel. Returns what became of it: "ran", "finished" (done elsewhere: its saved end is published) or
     "taken" (someone else runs it now; they publish)."""
-    turn = Turn.objects.select_related("session__agent", "session__user").filter(pk=turn_id).first()
-    if turn is None:
-        run_channel.publish(turn_id, {"type": "error", "code": "not_found", "message": "This turn was deleted."})
+    try:
+        turn = Turn.objects.select_related("session__agent", "session__user").filter(pk=turn_id).first()
+        if turn is None:
+            run_channel.publish(turn_id, {"type": "error", "code": "not_found", "message": "This turn was deleted."})
+            return "finished"
+        if turn.status in FINISHED:
+            _end_published(turn)
+            return "finished"
+        # Claimed under an owner of this run's own: a second delivery of this task (the broker's, after a
+        # visibility timeout) cannot take the lease while this run holds it.
+        lock = SessionTurnLock(turn.session_id)
+        if not lock.claim(owner):
+            return "taken"
+    except Exception:
+        # The task failed before it picked its turn up (the database did not answer, ...): the hand-over is let
+        # go, so the sweep resumes the turn at its next pass, not when the hand-over would have run out.
+        logger.exception("turn %s: its task failed before it picked the turn up; leaving it to the sweep", turn_id)
+        with contextlib.suppress(Exception):
+            lease_let_go(owner)
+        release_connection()
+        raise
+    turn.refresh_from_db()
+    if turn.status in FINISHED:  # finished by someone else between the read and the claim
+        lock.release()
+        _end_published(turn)
         return "finished"
-    if turn.status in FINISHED:
-        run_channel.publish(turn_id, turn_end_event(turn))
-        return "finished"
-    lock = SessionTurnLock(turn.session_id, owner=owner)
-    if not lock.try_acquire():
-        return "taken"
     session = turn.session
     orphans = list(Turn.objects.filter(pk__in=orphan_ids, status__in=UNFINISHED).order_by("seq"))
     handle = TurnHandle(
@@ -303,6 +336,13 @@ def turn_execute(*, turn_id: int, owner: str, orphan_ids: list[int], resumed: bo
         for event in turn_events(handle):
             run_channel.publish(turn_id, event)
     return "ran"
+
+
+def _end_published(turn: Turn) -> None:
+    """Publish a finished turn's end for its followers, unless its run already ended on the channel (a second
+    delivery of its task must not add a second end)."""
+    if not run_channel.exists(turn.pk):
+        run_channel.publish(turn.pk, turn_end_event(turn))
 
 
 def _publish_quietly(run: int, event: TurnEvent) -> None:
@@ -431,17 +471,23 @@ def stuck_turns_recover(*, older_than: timedelta | None = None) -> int:
     return count
 
 
-# A recovery task's own time limit is sized for one turn (``web.tasks.agents.recover_turn``); a sweep does not
-# send the same turn again within this window, while its task may still be queued or running.
-RECOVERY_RESEND_AFTER = timedelta(minutes=20)
+# A sweep does not send the same turn to recovery again within this window, while its recovery task may still be
+# queued. Short: the sweep only sends turns that nobody runs (their lease free or run out), and a recovery task
+# that finds the turn taken meanwhile does nothing, so a resend costs one statement, and a lost one a window.
+RECOVERY_RESEND_AFTER = timedelta(seconds=30)
 
 
 def stuck_turns_enqueue(*, older_than: timedelta | None = None, limit: int = 200) -> int:
-    """The periodic sweep: send each orphaned turn older than ``older_than`` to a recovery task of its own
-    (at most ``limit``, not one sent within ``RECOVERY_RESEND_AFTER``). Returns how many were sent.
+    """The periodic sweep (every ``TURN_SWEEP_SECONDS``): let go of the leases of turns whose task was lost
+    (``lost_turns_let_go``), then send each turn that nobody runs, older than ``older_than``, to a recovery task
+    of its own (at most ``limit``, not one sent within ``RECOVERY_RESEND_AFTER``). Returns how many were sent.
 
     One task for all of them had one time limit for all: after a crash with many turns to finish, it cut
     the turn it was answering short, and that turn failed; the ones after it waited for the next sweep."""
+    try:
+        lost_turns_let_go()
+    except Exception:  # the orphans below are still swept
+        logger.exception("could not look for turns whose task was lost")
     turn_ids = list(_stuck(older_than).values_list("pk", flat=True)[: limit * 4])
     sent = requeue_each(
         "turn-recovery",
@@ -454,9 +500,29 @@ def stuck_turns_enqueue(*, older_than: timedelta | None = None, limit: int = 200
     return sent
 
 
+def lost_turns_let_go() -> int:
+    """Turns handed to a turn worker whose task is gone: their lease was handed over more than
+    ``TURN_CLAIM_SECONDS`` ago, no worker claimed it, and no task for it waits in the turns queue (the task was
+    reserved by a worker that died or was stopped, or failed before it picked its turn up). Their leases are let
+    go, so this sweep resumes them now rather than when the hand-over runs out (``TURN_QUEUE_SECONDS``). Returns
+    how many. On a broker whose queue cannot be read nothing is known to be lost, and the hand-over runs out."""
+    grace = float(getattr(settings, "TURN_CLAIM_SECONDS", 10))
+    owners = unclaimed_lease_owners(older_than=timedelta(seconds=grace))
+    if not owners:
+        return 0
+    queued = queued_args(RUN_TURN_TASK, queue=turns_queue_name())
+    if queued is None:
+        return 0
+    waiting = {str(args[1]) for args in queued if len(args) > 1}
+    lost = unclaimed_leases_let_go([owner for owner in owners if owner not in waiting], older_than=grace)
+    if lost:
+        logger.warning("%s turn(s) handed to a turn worker were never picked up; resuming them", len(lost))
+    return len(lost)
+
+
 def _stuck(older_than: timedelta | None) -> QuerySet[Turn]:
-    age = older_than if older_than is not None else timedelta(seconds=int(getattr(settings, "STUCK_TURN_SECONDS", 120)))
-    return stuck_turns_find(older_than=age)
+    age = older_than if older_than is not None else timedelta(seconds=int(getattr(settings, "STUCK_TURN_SECONDS", 10)))
+    return orphaned_turns_find(older_than=age)
 
 
 def staff_display_name(user: Any) -> str:

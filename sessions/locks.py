@@ -34,12 +34,29 @@ logger = logging.getLogger(__name__)
 _TABLE = SessionLease._meta.db_table
 
 _TAKE = f"""
-INSERT INTO {_TABLE} AS l (session_id, owner, expires_at)
-VALUES (%(session)s, %(owner)s, clock_timestamp() + make_interval(secs => %(seconds)s))
-ON CONFLICT (session_id) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
-WHERE l.expires_at < clock_timestamp() OR l.owner = EXCLUDED.owner
+INSERT INTO {_TABLE} AS l (session_id, owner, expires_at, handed_over_at)
+VALUES (%(session)s, %(owner)s, clock_timestamp() + make_interval(secs => %(seconds)s), NULL)
+ON CONFLICT (session_id) DO UPDATE
+SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at, handed_over_at = NULL
+WHERE l.expires_at < clock_timestamp() OR l.owner = EXCLUDED.owner OR l.owner = %(previous)s
 RETURNING 1
 """
+_HAND_OVER = f"""
+UPDATE {_TABLE} SET expires_at = clock_timestamp() + make_interval(secs => %(seconds)s),
+handed_over_at = clock_timestamp()
+WHERE session_id = %(session)s AND owner = %(owner)s
+RETURNING 1
+"""
+# A lease handed over and never claimed for ``%(seconds)s``, whose owner is one of ``%(owners)s``: its turn's task is
+# known to be gone (not in the queue, not running); the lease is let go so that the sweep resumes the turn.
+_LET_GO_UNCLAIMED = f"""
+UPDATE {_TABLE} SET expires_at = clock_timestamp() - interval '1 second'
+WHERE owner = ANY(%(owners)s::uuid[]) AND handed_over_at IS NOT NULL
+AND handed_over_at < clock_timestamp() - make_interval(secs => %(seconds)s)
+RETURNING session_id
+"""
+# A lease given up by its owner before its turn ran (the task failed before it picked the turn up).
+_LET_GO = f"UPDATE {_TABLE} SET expires_at = clock_timestamp() - interval '1 second' WHERE owner = %(owner)s"
 _EXTEND = f"""
 UPDATE {_TABLE} SET expires_at = clock_timestamp() + make_interval(secs => %(seconds)s)
 WHERE session_id = %(session)s AND owner = %(owner)s
@@ -91,12 +108,26 @@ class SessionTurnLock:
         self.owner = uuid.UUID(str(owner)) if owner is not None else uuid.uuid4()
         self.held = False
 
-    def _params(self, seconds: float | None = None) -> dict[str, Any]:
-        return {"session": self.session_id, "owner": self.owner, "seconds": seconds or lease_seconds()}
+    def _params(self, seconds: float | None = None, previous: uuid.UUID | None = None) -> dict[str, Any]:
+        return {
+            "session": self.session_id,
+            "owner": self.owner,
+            "seconds": seconds or lease_seconds(),
+            "previous": previous or self.owner,
+        }
 
     def try_acquire(self, *, seconds: float | None = None) -> bool:
         """Take the lease if it is free, expired or already ours (a handed-over lease is taken back)."""
-        self.held = bool(_execute(_TAKE, self._params(seconds)))
+        return self._take(self._params(seconds))
+
+    def claim(self, handed_over_by: uuid.UUID | str) -> bool:
+        """A turn worker takes a lease handed over to it (``hand_over``) under an owner of its own, so that a second
+        delivery of the same task (the broker's redelivery, a sweep's resend) cannot take it while this one runs.
+        Also takes a lease that is free or expired. False when someone else holds it."""
+        return self._take(self._params(previous=uuid.UUID(str(handed_over_by))))
+
+    def _take(self, params: dict[str, Any]) -> bool:
+        self.held = bool(_execute(_TAKE, params))
         if self.held:
             _heartbeat.hold(self)
             _owned_here()[self.session_id] = self
@@ -137,7 +168,7 @@ class SessionTurnLock:
         owner: ``SessionTurnLock(session, owner=...)``). Returns the owner to pass on."""
         _heartbeat.drop(self)
         _disown(self)
-        self.extend(seconds=seconds)  # drops nothing more: it was dropped from the heartbeat above
+        _execute(_HAND_OVER, self._params(seconds))
         self.held = False
         return str(self.owner)
 
@@ -182,6 +213,21 @@ def lease_of(session_id: uuid.UUID | str) -> SessionTurnLock | None:
 def _execute_no_rows(sql: str, params: dict[str, Any]) -> None:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
+
+
+def lease_let_go(owner: uuid.UUID | str) -> None:
+    """Let a handed-over lease go before its turn ran (its task failed first): the sweep resumes the turn at
+    its next pass instead of when the hand-over would have run out (``TURN_QUEUE_SECONDS``)."""
+    _execute_no_rows(_LET_GO, {"owner": uuid.UUID(str(owner))})
+
+
+def unclaimed_leases_let_go(owners: list[str], *, older_than: float) -> list[uuid.UUID]:
+    """Let go of the leases handed over by ``owners`` more than ``older_than`` seconds ago and never claimed (the
+    caller knows their tasks are gone); returns their sessions."""
+    if not owners:
+        return []
+    rows = _execute(_LET_GO_UNCLAIMED, {"owners": [uuid.UUID(o) for o in owners], "seconds": older_than})
+    return [uuid.UUID(str(row[0])) for row in rows]
 
 
 def session_lease_take_in_transaction(session_id: uuid.UUID | str) -> bool:

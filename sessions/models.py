@@ -206,6 +206,10 @@ class SessionLease(models.Model):
     session_id = models.UUIDField(primary_key=True)
     owner = models.UUIDField()
     expires_at = models.DateTimeField()
+    # Set while the lease waits, handed over by the door that accepted a message, for a turn worker to claim it
+    # (``sessions.locks.SessionTurnLock.claim``); null once a runner holds it. The sweep finds a turn whose task
+    # was lost (a worker that died with it reserved) by a hand-over that nobody claimed.
+    handed_over_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         verbose_name = "turn lease"

@@ -8,12 +8,13 @@ from typing import Any
 from uuid import UUID
 
 from django.db import connection
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from agents.workflows import get_workflow
 from core.db import instances_from_rows, refresh_from, select_columns
-from sessions.models import TURN_UNFINISHED, ChatSession, Checkpoint, Turn
+from sessions.models import TURN_UNFINISHED, ChatSession, Checkpoint, SessionLease, Turn
 
 # Checkpoints that mark a change of state are history worth keeping forever; the rest can be pruned.
 PRUNE_KEEP_REASONS: tuple[str, ...] = (
@@ -79,6 +80,21 @@ def stuck_turns_find(*, older_than: timedelta | datetime) -> QuerySet[Turn]:
         .select_related("session")
         .order_by("created_at")
     )
+
+
+def orphaned_turns_find(*, older_than: timedelta | datetime) -> QuerySet[Turn]:
+    """``stuck_turns_find`` narrowed to the turns nobody runs: their session's lease is free or has run out (its
+    runner died, or let it go). A turn whose runner is alive is never among them, however long it runs."""
+    live = SessionLease.objects.filter(session_id=OuterRef("session_id"), expires_at__gte=Now())
+    return stuck_turns_find(older_than=older_than).exclude(Exists(live))
+
+
+def unclaimed_lease_owners(*, older_than: timedelta) -> list[str]:
+    """The owners of leases handed over (to a turn worker, with a task) more than ``older_than`` ago and still
+    unclaimed: each one's task is either still queued, or lost."""
+    cutoff = timezone.now() - older_than
+    rows = SessionLease.objects.filter(handed_over_at__lt=cutoff, expires_at__gte=Now()).values_list("owner", flat=True)
+    return [str(owner) for owner in rows]
 
 
 def sessions_over_checkpoint_limit(*, keep_last: int) -> QuerySet[Any]:

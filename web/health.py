@@ -45,11 +45,10 @@ from django.views.decorators.http import require_GET
 from core import process
 from core.models import WorkerHeartbeat
 from llm.tokens import tokenizer_ready
-from memory.embedding import embedder_ready
+from memory.embedding import embedder_ready, embedding_service_answers
 from web.warmup import warm_up_in_background
 
 logger = logging.getLogger(__name__)
-WORKER_FRESH_FOR = timedelta(seconds=60)
 
 
 def _failed(what: str, exc: BaseException) -> str:
@@ -60,7 +59,10 @@ def _failed(what: str, exc: BaseException) -> str:
 # The checks' own threads: a check stuck on a server that does not answer holds one of them, never a request.
 # One run of a check at a time: a caller that finds it still running (another probe's, or a stuck one) waits on
 # that run instead of sending it again, so checks stuck on one server never fill the pool and fail the others.
-_POOL_SIZE = 2  # each thread holds a database connection of its own: more would count against the connections
+# A thread for each check, so that one stuck on a server that does not answer never keeps another from running (a
+# stopped PostgreSQL must not fail the broker's check). Only the database check opens a database connection: the
+# workers' heartbeats are read by it, in the same round trip's thread.
+_POOL_SIZE = 4
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _pool_pid = 0
 _pool_lock = threading.Lock()
@@ -130,17 +132,20 @@ def _health_alias() -> str:
 
 
 def check_database() -> dict[str, Any]:
+    """PostgreSQL answers, with pgvector; and the workers' heartbeats, read on the same connection (the worker
+    parts of the reports come from them: ``worker_parts``)."""
     try:
         with connections[_health_alias()].cursor() as cursor:
             cursor.execute(
                 "SELECT (SELECT extversion FROM pg_extension WHERE extname = 'vector'), current_setting('server_version')"
             )
             pgvector, version = cursor.fetchone() or (None, None)
+        beats = list(WorkerHeartbeat.objects.using(_health_alias()).values("hostname", "seen_at", "queues"))
     except Exception as exc:  # noqa: BLE001 - health reports every failure as data
         return {"ok": False, "error": _failed("the database is unreachable", exc)}
     if pgvector is None:
-        return {"ok": False, "error": "the pgvector extension is not installed (run migrations)"}
-    return {"ok": True, "postgres": version, "pgvector": pgvector}
+        return {"ok": False, "error": "the pgvector extension is not installed (run migrations)", "heartbeats": beats}
+    return {"ok": True, "postgres": version, "pgvector": pgvector, "heartbeats": beats}
 
 
 # The broker check's connection, kept between checks (one per process): a Redis-protocol broker is asked PING on
@@ -195,20 +200,24 @@ def check_broker() -> dict[str, Any]:
     return {"ok": True, "transport": transport}
 
 
-def check_worker() -> dict[str, Any]:
-    """A heartbeat newer than ``WORKER_FRESH_FOR`` and than this process's start."""
-    try:
-        beat = WorkerHeartbeat.objects.using(_health_alias()).order_by("-seen_at").first()
-    except Exception as exc:  # noqa: BLE001
-        return {"ok": False, "error": _failed("database unavailable", exc)}
-    if beat is None:
-        return {"ok": False, "error": "no worker heartbeat seen yet"}
+def worker_fresh_for() -> timedelta:
+    """A worker whose newest heartbeat is older than this is down: four of its beats missed (60 s by default)."""
+    return timedelta(seconds=4 * int(getattr(settings, "WORKER_HEARTBEAT_SECONDS", 15)))
+
+
+def _worker_part(beats: list[dict[str, Any]], *, what: str) -> dict[str, Any]:
+    """The part ``what`` from the heartbeats of the workers that do its work: alive when the newest is newer than
+    ``worker_fresh_for`` and than this process's start."""
+    if not beats:
+        return {"ok": False, "error": f"no {what} heartbeat seen yet"}
+    beat = max(beats, key=lambda b: b["seen_at"])
     now = timezone.now()
-    age = (now - beat.seen_at).total_seconds()
-    result: dict[str, Any] = {"ok": False, "hostname": beat.hostname, "last_seen_seconds_ago": round(age, 1)}
-    if age > WORKER_FRESH_FOR.total_seconds():
-        result["error"] = f"last heartbeat {age:.0f}s ago (more than {WORKER_FRESH_FOR.total_seconds():.0f}s)"
-    elif beat.seen_at < process.STARTED_AT:
+    age = (now - beat["seen_at"]).total_seconds()
+    fresh_for = worker_fresh_for().total_seconds()
+    result: dict[str, Any] = {"ok": False, "hostname": beat["hostname"], "last_seen_seconds_ago": round(age, 1)}
+    if age > fresh_for:
+        result["error"] = f"last heartbeat {age:.0f}s ago (more than {fresh_for:.0f}s)"
+    elif beat["seen_at"] < process.STARTED_AT:
         up = (now - process.STARTED_AT).total_seconds()
         result["error"] = (
             f"no heartbeat since this process started {up:.0f}s ago (the last, {age:.0f}s ago, may be the "
@@ -217,6 +226,41 @@ def check_worker() -> dict[str, Any]:
     else:
         result["ok"] = True
     return result
+
+
+def _consumes(beat: dict[str, Any], queue: str) -> bool:
+    """Does the worker of this heartbeat take tasks from ``queue``? (A row from before the queues were recorded,
+    or from the heartbeat task alone, names none: it counts as a background worker.)"""
+    queues = [q for q in str(beat.get("queues") or "").split(",") if q]
+    return queue in queues if queues else queue == str(app.conf.task_default_queue)
+
+
+def worker_parts(database: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The background worker (memory writes, summaries, the sweeps: the default queue) and the turn worker (the
+    turns queue), each from its own heartbeats, which the database check read. Not known while the database is
+    down (``ok`` None: not named as down, since what is down is the database)."""
+    if "heartbeats" not in database:
+        unknown = {"ok": None, "error": "not known while the database does not answer"}
+        return {"worker": dict(unknown), "turn_worker": dict(unknown)}
+    beats: list[dict[str, Any]] = database["heartbeats"]
+    default = str(app.conf.task_default_queue)
+    parts = {"worker": _worker_part([b for b in beats if _consumes(b, default)], what="background worker")}
+    if str(getattr(settings, "TURN_RUNNER", "inline")) == "worker":
+        turns = f"{default}-turns"
+        parts["turn_worker"] = _worker_part([b for b in beats if _consumes(b, turns)], what="turn worker")
+    else:
+        parts["turn_worker"] = {"ok": True, "runner": "inline (turns run in the web processes)"}
+    return parts
+
+
+def check_embedder() -> dict[str, Any]:
+    """The embedding service answers (``make run``'s, on ``EMBEDDING_SERVICE_SOCKET``); a process that embeds
+    by itself (or through an endpoint) has no service to check (its model loading is readiness, not health)."""
+    if not settings.EMBEDDING_SERVICE_SOCKET:
+        return {"ok": True, "where": "in this process"}
+    if embedding_service_answers():
+        return {"ok": True, "where": "the embedding service"}
+    return {"ok": False, "error": "the embedding service does not answer (turns search memories by words meanwhile)"}
 
 
 def check_models() -> dict[str, Any]:
@@ -229,28 +273,44 @@ def check_models() -> dict[str, Any]:
     return {"ok": False, "error": "loading " + " and ".join(waiting)}
 
 
+# Each check on a thread of its own (none waits for another); the worker parts come from the database check.
 HEALTH_CHECKS: dict[str, Callable[[], dict[str, Any]]] = {
     "database": check_database,
     "broker": check_broker,
-    "worker": check_worker,
+    "embedder": check_embedder,
 }
 READY_CHECKS: dict[str, Callable[[], dict[str, Any]]] = {
     "models": check_models,
     "database": check_database,
-    "worker": check_worker,
 }
 
 
+def _parts(checks: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The checks' results with the heartbeats they carry turned into the worker parts (a copy: a reading is
+    shared between probes)."""
+    parts = {name: {k: v for k, v in result.items() if k != "heartbeats"} for name, result in checks.items()}
+    if "database" in checks:
+        parts.update(worker_parts(checks["database"]))
+    return parts
+
+
 def health_report(checks: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], int]:
-    ok = all(c["ok"] for c in checks.values())
-    return {"status": "ok" if ok else "error", **checks}, 200 if ok else 503
+    """Every part of the stack, each named: the database, the broker, the embedder, the background worker and the
+    turn worker; ``down`` lists the parts found down (a part that cannot be known while another is down is not
+    listed: with PostgreSQL stopped, only the database is)."""
+    parts = _parts(checks)
+    ok = all(part["ok"] is True for part in parts.values())
+    down = [name for name, part in parts.items() if part["ok"] is False]
+    return {"status": "ok" if ok else "error", "down": down, **parts}, 200 if ok else 503
 
 
 def ready_report(checks: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], int]:
-    ok = all(c["ok"] for c in checks.values())
-    status = "ready" if ok else ("starting" if not checks["models"]["ok"] else "unavailable")
+    parts = _parts(checks)
+    parts.pop("turn_worker", None)  # readiness asks for a worker heard from since the start: the background one
+    ok = all(part["ok"] is True for part in parts.values())
+    status = "ready" if ok else ("starting" if not parts["models"]["ok"] else "unavailable")
     started = round((timezone.now() - process.STARTED_AT).total_seconds(), 1)
-    return {"status": status, "up_seconds": started, **checks}, 200 if ok else 503
+    return {"status": status, "up_seconds": started, **parts}, 200 if ok else 503
 
 
 def _deadline() -> float:

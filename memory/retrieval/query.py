@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
+from core.db import release_connection
 from memory.embedding import embed_query_soon
 from memory.retrieval import tuning
 from memory.retrieval.cheap import cheap_model_configured, cheap_structured
@@ -83,12 +84,21 @@ def query_vector_soon(query: str, query_vector: list[float] | None) -> concurren
 
 
 def query_vector_wait(pending: concurrent.futures.Future[list[float]]) -> tuple[list[float] | None, str]:
-    """The query's vector and "" or, when it could not be embedded, None and why (for the report).
+    """The query's vector and "" or, when it could not be embedded in time, None and why (for the report).
 
-    Bounded: an embedding endpoint times out by itself (EMBEDDING_TIMEOUT), and a batch may wait behind one.
-    A query that cannot be embedded is searched by its words alone, and the report says so."""
+    Bounded by ``EMBEDDING_QUERY_WAIT``: an embedder that stalls (a stopped embedding service, an endpoint that
+    does not answer) costs a turn that long, never its answer. A query that cannot be embedded is searched by its
+    words alone (with the profile facts and pinned memories of tier 1), and the report says so. A wait longer than
+    a moment holds no database connection: this thread's goes back first (``core.db.release_connection``), so
+    turns waiting on a stalled embedder never starve the others of connections."""
+    wait = float(getattr(settings, "EMBEDDING_QUERY_WAIT", 5.0))
     try:
-        return pending.result(timeout=2 * float(settings.EMBEDDING_TIMEOUT)), ""
+        try:
+            return pending.result(timeout=min(0.05, wait)), ""
+        except concurrent.futures.TimeoutError:
+            release_connection()
+            return pending.result(timeout=max(0.0, wait - 0.05)), ""
     except Exception as exc:  # noqa: BLE001 - retrieval degrades to the word arm, never fails for this
-        logger.warning("query embedding failed (%s): searching by words alone", type(exc).__name__)
-        return None, f"words only: the query could not be embedded ({type(exc).__name__})"
+        reason = "it took longer than EMBEDDING_QUERY_WAIT" if isinstance(exc, concurrent.futures.TimeoutError) else ""
+        logger.warning("query embedding failed (%s): searching by words alone", reason or type(exc).__name__)
+        return None, f"words only: the query could not be embedded ({reason or type(exc).__name__})"

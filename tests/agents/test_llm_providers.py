@@ -102,11 +102,35 @@ def test_one_provider_serves_many_threads(settings: Any, fake_openai: FakeOpenAI
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_database_error_while_recording_does_not_break_the_call(caplog: pytest.LogCaptureFixture) -> None:
-    # A session id that does not exist: the foreign key fails when the record's own write commits.
+def test_the_record_of_a_call_whose_session_was_deleted_meanwhile_is_kept_without_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A session (and turn) deleted while the model answered: the record is kept, its references cleared, as the
+    # deletion clears them on the records written before it; no foreign-key error, nothing logged.
     provider = ScriptedProvider(["still answered"])
     with caplog.at_level(logging.ERROR, logger="llm.recording"):
-        completion = provider.complete(MESSAGES, ctx=CallContext(session_id=uuid.uuid4()))
+        completion = provider.complete(MESSAGES, ctx=CallContext(session_id=uuid.uuid4(), turn_id=987654321))
+    assert completion.text == "still answered"
+    record = LLMCall.objects.get()
+    assert (record.session_id, record.turn_id, record.outcome) == (None, None, "ok")
+    assert "could not record LLM call" not in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_database_error_while_recording_does_not_break_the_call(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import OperationalError
+
+    import agents.call_records
+
+    def database_gone(calls: object) -> None:
+        raise OperationalError("the server closed the connection unexpectedly")
+
+    monkeypatch.setattr(agents.call_records, "llm_calls_insert", database_gone)
+    provider = ScriptedProvider(["still answered"])
+    with caplog.at_level(logging.ERROR, logger="llm.recording"):
+        completion = provider.complete(MESSAGES, ctx=CallContext())
     assert completion.text == "still answered"
     assert LLMCall.objects.count() == 0
     assert "could not record LLM call" in caplog.text

@@ -16,6 +16,7 @@ from typing import Any
 from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
 
+from core import events as run_channel
 from core.db import release_connection
 from core.incoming import Unstorable, idempotency_key
 from orchestrator.context import TurnEvent
@@ -48,6 +49,8 @@ def sse_encode(event: Mapping[str, Any]) -> bytes:
     """One SSE message. JSON never contains a raw newline, so one ``data:`` line is enough. An event of the run
     channel has an ``id:`` too: a client that reconnects sends it back as ``Last-Event-ID``."""
     kind = str(event.get("type", "message")).replace("\n", " ")
+    if kind == run_channel.KEEPALIVE:
+        return b": keep-alive\n\n"  # a comment: clients skip it; proxies and clients see a live stream
     payload = json.dumps(event, default=str, ensure_ascii=False)
     event_id = str(event.get("event_id") or "").replace("\n", "")
     head = f"id: {event_id}\n" if event_id else ""

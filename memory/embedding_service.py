@@ -119,9 +119,9 @@ def bind(socket_path: Path, embedder: Embedder | None = None) -> _Server:
     return server
 
 
-def serve(socket_path: Path) -> None:
-    """Load the model, then answer on ``socket_path`` until the process is stopped."""
-    server = bind(socket_path)
+def serve(socket_path: Path, embedder: Embedder | None = None) -> None:
+    """Load the model (or ``embedder``), then answer on ``socket_path`` until the process is stopped."""
+    server = bind(socket_path, embedder)
     logger.info("embedding service on %s", socket_path)
     try:
         server.serve_forever(poll_interval=0.5)

@@ -8,6 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
+from memory.embedding import HashingEmbedder
 from memory.embedding_service import serve
 
 
@@ -16,6 +17,13 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--socket", type=Path, default=settings.DATA_DIR / "embedder.sock")
+        parser.add_argument(
+            "--hashing",
+            action="store_true",
+            help="Serve the deterministic hashing embedder instead of the model (the fault tests: a real service "
+            "process to stop and kill, without loading torch).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        serve(options["socket"])
+        embedder = HashingEmbedder(int(settings.EMBEDDING_DIMENSIONS)) if options["hashing"] else None
+        serve(options["socket"], embedder)

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import socketserver
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -40,6 +41,15 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     embedder: Embedder
     request_queue_size = 256  # every thread of every process may ask at once under load
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that gave up before its answer (its wait ran out while this service was stopped or busy) is
+        not an error of the service: a line at debug level, not a traceback per request."""
+        error = sys.exc_info()[1]
+        if isinstance(error, (BrokenPipeError, ConnectionResetError)):
+            logger.debug("embedding service: a client left before its answer (%s)", type(error).__name__)
+            return
+        super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -23,7 +23,7 @@ from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 from pgvector.django import CosineDistance
 
-from core.db import refresh_from
+from core.db import refresh_from, release_connection
 from core.queue import enqueue, queued_args
 from core.services import requeue_each
 from llm.base import CallContext, LLMError
@@ -91,7 +91,11 @@ def duplicate_message(duplicate: Memory) -> str:
 
 
 def _embed(texts: list[str]) -> tuple[list[list[float]], str]:
+    """The texts' vectors and the embedder's name. Outside a transaction this thread's database connection goes
+    back first: a write waiting on a stalled embedder holds none (a worker's other tasks, and its heartbeat, need
+    them)."""
     embedder = get_embedder()
+    release_connection()
     return embedder.embed(texts), embedder.name
 
 
@@ -640,7 +644,9 @@ def turn_memories_write(*, turn_id: int) -> TurnMemoryWriteResult:
     if turn is None:
         return result
     user = turn.session.user
-    facts, result.extraction_error = _extract_facts(turn=turn, known_keys=_known_fact_keys(user))
+    known_keys = _known_fact_keys(user)
+    release_connection()  # the extraction asks a model: no connection held meanwhile
+    facts, result.extraction_error = _extract_facts(turn=turn, known_keys=known_keys)
     text = episode_text(user_message=turn.user_message, assistant_message=turn.assistant_message)
     vectors, model_name = _embed([text] + [f.text.strip() for f in facts])
     now = timezone.now()

@@ -63,6 +63,10 @@ def test_readyz_and_healthz_fail_within_2_s_while_postgres_is_stopped(web_server
     assert failed_after <= 2.0, f"/readyz turned 503 only {failed_after:.2f} s after the database stopped"
     assert ready.json()["database"] == {"ok": False, "error": "database did not answer within 1 s"}
     assert health.status_code == 503 and health.json()["database"]["ok"] is False
+    # Only the database is named down: the broker's check has a thread of its own (before, both threads were held by
+    # the stopped database and the broker was reported failed too), and the workers are not known meanwhile.
+    assert health.json()["down"] == ["database"], health.json()
+    assert health.json()["broker"]["ok"] is True and health.json()["worker"]["ok"] is None
 
     wait_for(lambda: httpx.get(f"{server.url}/readyz", timeout=10).status_code == 200, message="ready again")
     assert httpx.get(f"{server.url}/healthz", timeout=10).json()["database"]["ok"] is True

@@ -20,11 +20,13 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from django.utils.timezone import now as timezone_now
 
 from agents.models import Agent, LLMCall
 from conftest import wait_for
@@ -287,3 +289,62 @@ def test_healthz_names_exactly_the_part_that_is_down(
         assert stopped["database"]["ok"] is True and stopped["embedder"]["ok"] is True
     finally:
         embedded_broker.stop_embedded_valkey(folder)
+
+
+@pytest.mark.slow
+def test_an_embedder_stopped_for_40_s_under_20_chats_slows_turns_and_fails_none(
+    django_user_model: Any, stack: Any
+) -> None:
+    """The fault probe's case 2: ``kill -STOP`` the embedding service for 40 s while 20 people chat. No turn fails
+    (before: 24 of 240, and the log full of "couldn't get a connection after 30 sec": turns held their database
+    connections while they waited on the embedder); every turn that ran meanwhile says in its record that it
+    searched memories by words alone; ``/healthz`` names the embedder while it is stopped, and only it."""
+    agent = Agent.objects.create(slug="stall-demo", name="Stall demo", endpoint="demo", system_prompt="Be brief.")
+    running = stack(embedder=True, env={"EMBEDDING_QUERY_WAIT": "2", "DATABASE_POOL_MAX_SIZE": "3"})
+    chats = [_chat(django_user_model, agent, f"stall-{n}") for n in range(20)]
+    stop_at, resume_at, finish_at = time.monotonic() + 5, time.monotonic() + 45, time.monotonic() + 55
+    statuses: list[int] = []
+    named: list[list[str]] = []
+
+    def chat(job: tuple[str, ChatSession]) -> None:
+        token, session = job
+        n = 0
+        while time.monotonic() < finish_at:
+            n += 1
+            response = httpx.post(
+                f"{running.url}/api/sessions/{session.pk}/messages/",
+                json={"message": f"Message {n}: I like sailing and my cat is called Pixel."},
+                headers={"Authorization": f"Token {token}"},
+                timeout=120,
+            )
+            statuses.append(response.status_code)
+
+    with ThreadPoolExecutor(len(chats)) as pool:
+        futures = [pool.submit(chat, job) for job in chats]
+        time.sleep(max(0.0, stop_at - time.monotonic()))
+        assert running.embedder is not None
+        running.embedder.stop()
+        stopped_at = timezone_now()
+        try:
+            while time.monotonic() < resume_at:
+                named.append(list(running.health()["down"]))
+                time.sleep(2)
+        finally:
+            running.embedder.resume()
+        resumed_at = timezone_now()
+        for future in futures:
+            future.result(timeout=180)
+
+    turns = Turn.objects.filter(session__agent=agent)
+    assert statuses and set(statuses) == {201}, sorted(set(statuses))
+    assert not turns.filter(status=Turn.Status.FAILED).exists()
+    assert turns.count() == len(statuses) and not turns.exclude(status=Turn.Status.COMPLETED).exists()
+    # The turns that began well inside the stall (after the first waits ran out) searched by words, and say so.
+    inside = turns.filter(
+        started_at__gt=stopped_at + timedelta(seconds=5), started_at__lt=resumed_at - timedelta(seconds=3)
+    )
+    assert inside.count() >= 20
+    assert all("words only" in str(turn.retrieval.get("degraded", "")) for turn in inside), [
+        (turn.pk, turn.retrieval.get("degraded")) for turn in inside
+    ]
+    assert ["embedder"] in named and all(down in ([], ["embedder"]) for down in named), named

@@ -7,13 +7,15 @@ from typing import Any
 from celery import shared_task
 from django.db import OperationalError
 
+from memory.embedding import EmbeddingServiceUnavailable
 from memory.services import memory_writes_requeue, turn_memories_write, user_indexes_sync
 
 
 @shared_task(
     name="memory.tasks.write_turn_memories",
     bind=True,
-    autoretry_for=(OperationalError, ConnectionError),
+    # A stalled or restarting embedding service is waited out too (the write is idempotent).
+    autoretry_for=(OperationalError, ConnectionError, EmbeddingServiceUnavailable),
     retry_backoff=2,
     retry_backoff_max=120,
     retry_jitter=True,

@@ -20,6 +20,7 @@ PARTS: dict[str, str] = {
     "gallery": "bench.gallery",
     "soak": "bench.soak",
     "concurrency": "bench.concurrency",
+    "faults": "bench.faults",
     "broker": "bench.broker",
     "footprint": "bench.footprint",
     "memory_eval": "bench.memory_eval",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import uuid
 from collections.abc import Iterator
 from datetime import date, timedelta
 from typing import Any
@@ -22,7 +23,7 @@ from conftest import wait_for
 from examples.booking.models import Booking
 from llm.base import LLMServerError, ToolCallRequest
 from llm.scripted import ScriptedProvider, ScriptedReply
-from orchestrator.runtime import MessageRejected, turn_run, turn_stream
+from orchestrator.runtime import MessageRejected, TurnStream, turn_run, turn_stream
 from sessions.locks import SessionBusyError, SessionTurnLock, TurnLockLost, session_is_locked
 from sessions.models import ChatSession, Checkpoint, SessionLease, Turn
 from sessions.services import session_create
@@ -766,3 +767,36 @@ def test_a_switched_off_agents_unfinished_turn_is_closed_unanswered_by_the_sweep
     turn = Turn.objects.get(session=session)
     assert turn.status == Turn.Status.FAILED and "switched off" in turn.assistant_message
     assert scripted.requests == [] and not LLMCall.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_handed_over_lease_is_claimed_once_and_one_never_claimed_is_let_go(alice: Any, chat_agent: Agent) -> None:
+    """The door hands the lease to a turn worker with the task; the worker claims it under an owner of its own, so a
+    second delivery of the same task cannot run the turn beside it; a hand-over that nobody claimed, whose task
+    the sweep found in no queue, is let go, and its turn is then an orphan for the sweep."""
+    from sessions.locks import session_is_locked, unclaimed_leases_let_go
+    from sessions.selectors import orphaned_turns_find, unclaimed_lease_owners
+
+    session = session_create(user=alice, agent=chat_agent)
+    door = SessionTurnLock(session.pk)
+    assert door.try_acquire()
+    handed = door.hand_over(seconds=300)
+    assert unclaimed_lease_owners(older_than=timedelta(0)) == [handed]
+    worker = SessionTurnLock(session.pk)
+    assert worker.claim(handed) and worker.owner != uuid.UUID(handed)
+    assert not SessionTurnLock(session.pk).claim(handed)  # a second delivery: the run holds it
+    assert unclaimed_lease_owners(older_than=timedelta(0)) == []
+    assert unclaimed_leases_let_go([handed], older_than=0) == []  # claimed: nothing to let go
+    worker.release()
+
+    handle = turn_stream(session=session, message="hello")  # a turn, saved and running under a new lease
+    assert isinstance(handle, TurnStream)
+    lost = handle._handle.lock
+    assert lost is not None
+    owner = lost.hand_over(seconds=300)  # handed over ... and its task lost
+    turn = Turn.objects.get(session=session)
+    assert session_is_locked(session.pk) and not orphaned_turns_find(older_than=timedelta(0)).filter(pk=turn.pk)
+    assert unclaimed_leases_let_go([owner], older_than=3600) == []  # not unclaimed for that long yet
+    assert unclaimed_leases_let_go([owner], older_than=0) == [session.pk]
+    assert not session_is_locked(session.pk)
+    assert list(orphaned_turns_find(older_than=timedelta(0)).values_list("pk", flat=True)) == [turn.pk]

@@ -200,6 +200,7 @@ def _isolated_broker(tmp_path_factory: pytest.TempPathFactory) -> None:
 @pytest.fixture(autouse=True)
 def _fresh_cache() -> Iterator[None]:
     """One test's counters and claims must not throttle, lock out or hold back the next test's."""
+    from django.contrib.contenttypes.models import ContentType
     from django.core.cache import cache
 
     from agents.endpoints import forget_stored_profiles
@@ -208,6 +209,9 @@ def _fresh_cache() -> Iterator[None]:
     from memory.retrieval import history_sizes_forget, redundancies_forget
 
     cache.clear()
+    # Content types are made again, with new ids, by every flush of a transactional test; an id cached before one
+    # (an admin log entry's) failed a later test's foreign-key check once in a whole run.
+    ContentType.objects.clear_cache()
     forget_all()  # what an endpoint took for structured outputs (a fake server's port is reused)
     forget_stored_profiles()
     history_sizes_forget()  # a user's history size, remembered per process (ids are not reused, but to be sure)

@@ -99,6 +99,7 @@ def query_vector_wait(pending: concurrent.futures.Future[list[float]]) -> tuple[
             release_connection()
             return pending.result(timeout=max(0.0, wait - 0.05)), ""
     except Exception as exc:  # noqa: BLE001 - retrieval degrades to the word arm, never fails for this
-        reason = "it took longer than EMBEDDING_QUERY_WAIT" if isinstance(exc, concurrent.futures.TimeoutError) else ""
+        waited_out = isinstance(exc, concurrent.futures.TimeoutError) and not pending.done()
+        reason = "it took longer than EMBEDDING_QUERY_WAIT" if waited_out else ""
         logger.warning("query embedding failed (%s): searching by words alone", reason or type(exc).__name__)
         return None, f"words only: the query could not be embedded ({reason or type(exc).__name__})"

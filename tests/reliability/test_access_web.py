@@ -90,7 +90,8 @@ def test_health_check_is_public_and_says_nothing_private(world: dict[str, Any]) 
     response = Client().get("/healthz")
     assert response.status_code == 503  # no worker heartbeat in this test
     body = response.json()
-    assert set(body) == {"status", "database", "broker", "worker"}, body
+    assert set(body) == {"status", "down", "database", "broker", "embedder", "worker", "turn_worker"}, body
+    assert body["down"] == ["worker"]
     assert "teal" not in response.content.decode()
 
 

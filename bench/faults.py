@@ -162,11 +162,13 @@ def _children(supervisor: int) -> dict[str, list[int]]:
 
 
 def _server_pid(data_dir: Path, name: str) -> int | None:
+    """The server program ``name`` (its executable's name: not the supervisor, whose plan names the folders too)
+    serving from ``data_dir``."""
     import psutil
 
-    for proc in psutil.process_iter(["pid", "cmdline"]):
+    for proc in psutil.process_iter(["pid", "name", "cmdline"]):
         line = " ".join(proc.info["cmdline"] or [])
-        if name in line and str(data_dir) in line:
+        if str(proc.info["name"] or "").startswith(name) and str(data_dir) in line:
             return int(proc.info["pid"])
     return None
 
@@ -309,11 +311,17 @@ def _figures(
     duplicated = sum(1 for count in by_text.values() if count > 1)
     asked_twice = sum(1 for row in rows if row[6] > 1)
     failed = [row for row in rows if row[3] == "failed"]
+    # A turn is held by the first fault that struck while it was unfinished; it settles that long after it.
+    first_fault: dict[int, int] = {}
+    for i, row in enumerate(rows):
+        for n, fault in enumerate(faults):
+            if row[4] <= fault["at"] and (row[5] is None or row[5] > fault["at"]):
+                first_fault[i] = n
+                break
     held: list[dict[str, Any]] = []
-    for fault in faults:
-        at = fault["at"]
-        hit = [r for r in rows if r[4] <= at and (r[5] is None or r[5] > at)]
-        settle = [(r[5] or float("inf")) - at for r in hit]
+    for n, fault in enumerate(faults):
+        hit = [rows[i] for i, f in first_fault.items() if f == n]
+        settle = [(r[5] if r[5] is not None else float("inf")) - fault["at"] for r in hit]
         held.append(
             {
                 "fault": fault["fault"],
@@ -339,6 +347,7 @@ def _figures(
         "failed": len(failed),
         "failed_sample": [row[2][:60] for row in failed[:5]],
         "unanswered_on_the_client": sum(1 for m in sent if not m.answered),
+        "unanswered_why": sorted({m.failed_event or "retried until --retry-for" for m in sent if not m.answered}),
         "client_attempts_max": max((m.attempts for m in sent), default=0),
         "client_wait_max_s": round(max(client_waits, default=0.0), 1),
         "faults": held,

@@ -58,6 +58,25 @@ def llm_calls_held(turn_id: int) -> Iterator[None]:
                 reconnect_if_broken()
 
 
+def llm_calls_summary(turn_id: int) -> dict[str, Any]:
+    """What turn ``turn_id``'s model calls held here cost so far: how many, and their prompt and completion tokens,
+    in all and by purpose (the turn's record keeps it: ``composition["calls"]``)."""
+    with _held_lock:
+        calls = list(_held.get(turn_id) or [])
+    by_purpose: dict[str, dict[str, int]] = {}
+    for call in calls:
+        row = by_purpose.setdefault(call.purpose or "other", {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0})
+        row["calls"] += 1
+        row["prompt_tokens"] += int(call.prompt_tokens or 0)
+        row["completion_tokens"] += int(call.completion_tokens or 0)
+    return {
+        "calls": len(calls),
+        "prompt_tokens": sum(row["prompt_tokens"] for row in by_purpose.values()),
+        "completion_tokens": sum(row["completion_tokens"] for row in by_purpose.values()),
+        "by_purpose": by_purpose,
+    }
+
+
 def llm_calls_take(turn_id: int) -> list[LLMCall]:
     """The held records of ``turn_id``'s calls, handed to the caller (which writes them, or gives them back)."""
     with _held_lock:

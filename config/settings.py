@@ -444,6 +444,10 @@ TURN_LOCK_WAIT_SECONDS = env_float("TURN_LOCK_WAIT_SECONDS", 30.0, minimum=0.0)
 TURN_LEASE_SECONDS = env_float("TURN_LEASE_SECONDS", 30.0, minimum=1.0)
 # A turn younger than this is never swept, even with its lease gone (a margin for a turn being accepted).
 STUCK_TURN_SECONDS = env_int("STUCK_TURN_SECONDS", 10, minimum=0)
+# An agent with tools decides inside its reply's own streamed call (its tools and the hand-off offered as functions;
+# plain text is the answer): one model call for a turn that needs no tool, the first word at the model's speed.
+# Off, or on an endpoint seen refusing tools: a structured routing call first, then the reply (two calls).
+TURN_DECISION_IN_REPLY = env_bool("TURN_DECISION_IN_REPLY", True)
 # A lease handed to a turn worker (with the turn's task) and not claimed by one for this long, while no task for it
 # waits in the turns queue, belonged to a task that was lost: the sweep lets it go and resumes the turn.
 TURN_CLAIM_SECONDS = env_float("TURN_CLAIM_SECONDS", 10.0, minimum=1.0)

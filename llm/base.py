@@ -161,6 +161,11 @@ class LLMProvider(Protocol):
         """A validated instance of ``schema`` (temperature 0, one repair attempt) or ``StructuredOutputError``."""
         ...
 
+    def decides_in_reply(self) -> bool:
+        """May a turn's decision travel inside its reply's own streamed call (the tools and the hand-off offered
+        as functions; plain text is the answer)? False: the turn decides in a structured call of its own first."""
+        ...
+
 
 class LLMError(Exception):
     """Base of every error a provider raises. ``outcome`` is what the call record stores."""

@@ -107,6 +107,9 @@ class DemoModel(BaseProvider):
     def __init__(self) -> None:
         super().__init__(model=DEMO_MODEL_NAME)
 
+    def decides_in_reply(self) -> bool:
+        return True  # its replies call the tools they are offered (the hand-off, a workflow's action)
+
     def _request(
         self,
         messages: list[Message],

@@ -144,6 +144,13 @@ class OpenAICompatibleProvider(BaseProvider):
         # Injectable so tests can see the waits (Retry-After honoured) without waiting them.
         self._sleep = sleep
 
+    def decides_in_reply(self) -> bool:
+        """An OpenAI-compatible endpoint takes tools in a streamed call unless it was seen refusing them (then the
+        turn decides in a structured call of its own, as before: ``llm.capabilities.refuses_tools``)."""
+        return not refuses_tools(
+            EndpointKey(profile=self.profile.name, base_url=self.profile.base_url, model=self.model)
+        )
+
     # --- transport ----------------------------------------------------------------------------------
     def _with_retries(self, send: Callable[[], T]) -> tuple[T, int]:
         attempt = 0

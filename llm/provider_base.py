@@ -174,6 +174,11 @@ class BaseProvider:
     def counter(self) -> TokenCounter:
         return counter_for(self.model)
 
+    def decides_in_reply(self) -> bool:
+        """May a turn's decision travel inside its reply's own call (``LLMProvider.decides_in_reply``)? Not unless a
+        provider says its endpoint takes tool calls in a streamed reply."""
+        return False
+
     # --- primitives -------------------------------------------------------------------------------
     def _request(
         self,

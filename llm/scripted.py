@@ -54,13 +54,22 @@ class ScriptedProvider(BaseProvider):
     name = "scripted"
 
     def __init__(
-        self, items: Iterable[ScriptItem] = (), *, model: str = "scripted", default: ScriptItem = None
+        self,
+        items: Iterable[ScriptItem] = (),
+        *,
+        model: str = "scripted",
+        default: ScriptItem = None,
+        decides_in_reply: bool = False,
     ) -> None:
         super().__init__(model=model)
+        self._decides_in_reply = decides_in_reply
         self._queue: deque[ScriptItem] = deque(items)
         self._default = default
         self._lock = threading.Lock()
         self.requests: list[ScriptedRequest] = []
+
+    def decides_in_reply(self) -> bool:
+        return self._decides_in_reply
 
     def add(self, *items: ScriptItem) -> ScriptedProvider:
         with self._lock:

@@ -80,6 +80,9 @@ class TurnContext:
     retrieval_report: dict[str, Any] = field(default_factory=dict)
     refused: list[str] = field(default_factory=list)
     tool_names: list[str] = field(default_factory=list)
+    # The decision travels inside the reply's own call (one model call for a turn that needs no tool): the tools
+    # and the hand-off are offered to it as functions (``orchestrator.steps.route``).
+    decision_in_reply: bool = False
     composition_extra: dict[str, Any] = field(default_factory=dict)
     done: bool = False
 

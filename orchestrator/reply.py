@@ -13,7 +13,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.call_records import tool_invocation_insert
+from agents.call_records import llm_calls_summary, tool_invocation_insert
 from agents.tools import TOOL_ERROR_POLICY, ToolContext, run_tool_call, tool_specs
 from agents.tools.registry import record_invocation
 from llm.base import HANDOFF_TOOL, LLMError, Message, ToolCallRequest, ToolSpec, TruncatedOutputError
@@ -66,6 +66,8 @@ def reply(ctx: TurnContext) -> Iterator[TurnEvent]:
             reply_parts.append(streamed.text)
         yield from _tool_calls(ctx, offer, context, streamed, tool_messages)
     text = streamed.text if not reply_parts else "\n\n".join([*reply_parts, streamed.text]).strip()
+    if ctx.decision_in_reply:  # what the reply's call decided: to answer, or to use tools first
+        ctx.composition_extra["route"]["action"] = "use_tools" if steps > 1 else "answer"
     yield from _answered(ctx, built, text, steps=steps, continuations=continuations, truncated=streamed.truncated)
 
 
@@ -87,7 +89,12 @@ def _tools_offered(ctx: TurnContext) -> ToolOffer:
     if action_tool:
         # An action state's step is the call of its tool: the model is told to make it (tool_choice), once.
         specs = [dataclasses.replace(spec, forced=spec.name == action_tool) for spec in specs]
-    if not specs and workflow.is_free_chat and not agent.tools:
+    if ctx.decision_in_reply:
+        # The decision inside the reply's call: the agent's tools and the hand-off, each a function it may call;
+        # optional, so that an endpoint that refuses tools is asked again without them (and remembered: its next
+        # turns are routed by a call of their own).
+        specs = [*(dataclasses.replace(spec, optional=True) for spec in specs), HANDOFF_TOOL]
+    elif not specs and workflow.is_free_chat and not agent.tools:
         # A free chat with no tools of its own: asking for a person is the model's call of this tool (an
         # agent with tools is routed instead; a workflow's decision says ``wants_person``).
         specs = [HANDOFF_TOOL]
@@ -132,6 +139,7 @@ def _answered(
     composition = dict(built.composition) if built is not None else {}
     composition.update(ctx.composition_extra)
     composition["steps"] = steps
+    composition["calls"] = llm_calls_summary(ctx.turn.pk)  # what the turn cost: calls and tokens by purpose
     if continuations:
         composition["continuations"] = continuations
     if truncated:

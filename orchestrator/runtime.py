@@ -437,7 +437,8 @@ def connections_released_while_models_answer() -> Iterator[None]:
 
 
 def turn_recover(*, turn_id: int) -> bool:
-    """Finish a turn whose process died mid-call. Returns False when it is running elsewhere or already done."""
+    """Finish a turn whose process died mid-call: hand it to a turn worker (``TURN_RUNNER=worker``), else run it
+    here. Returns False when it is running elsewhere or already done."""
     turn = Turn.objects.select_related("session").filter(pk=turn_id).first()
     if turn is None or turn.status not in UNFINISHED:
         return False
@@ -448,6 +449,13 @@ def turn_recover(*, turn_id: int) -> bool:
         turn.refresh_from_db()
         if turn.status not in UNFINISHED:
             return False
+        if turn_runner() == "worker":
+            # Resumed where turns run: handed to the turn workers (whose threads wait on models by the hundred),
+            # not on this worker's few threads, where tens of turns left by a dead worker queued one behind another.
+            handle = TurnHandle(session=turn.session, turn=turn, lock=lock, resumed=True)
+            if turn_submit(handle) is not None:
+                return True
+            # The broker refused it: it runs here, the lease taken back by turn_submit.
         # A client may follow the turn on the run channel (its message's stream, left waiting by a dead worker).
         channel = run_channel.channel_url() is not None
         for event in _execute(turn.session, turn, resumed=True):

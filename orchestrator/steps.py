@@ -7,6 +7,8 @@ import logging
 from collections.abc import Generator, Iterator
 from typing import Any
 
+from django.conf import settings
+
 from agents.routing import route_message
 from agents.workflows.base import ActionContext, ActionFailed
 from llm.base import LLMError, StructuredOutputError
@@ -176,10 +178,17 @@ def hand_off_if_the_workflow_says(ctx: TurnContext) -> Iterator[TurnEvent]:
 
 
 def route(ctx: TurnContext) -> Iterator[TurnEvent]:
-    """Which tools the reply may use. An agent with tools and no workflow decision to make is routed by a
-    structured call (use tools, answer, or hand off); a workflow's action states offer their own tool."""
+    """Which tools the reply may use. An agent with tools and no workflow decision to make decides inside its
+    reply's own call where the endpoint takes tools there (``decides_in_reply``): its tools and the hand-off are
+    offered to that call as functions, plain text is the answer, and a turn that needs no tool makes one model
+    call. Elsewhere (an endpoint seen refusing tools; ``TURN_DECISION_IN_REPLY`` off) it is routed by a structured
+    call of its own first (use tools, answer, or hand off). A workflow's action states offer their own tool."""
     ctx.tool_names = [t for t in (ctx.agent.tools or []) if isinstance(t, str)]
     if not ctx.tool_names or not ctx.workflow.is_free_chat:
+        return
+    if getattr(settings, "TURN_DECISION_IN_REPLY", True) and ctx.provider.decides_in_reply():
+        ctx.decision_in_reply = True
+        ctx.composition_extra["route"] = {"path": "in_reply", "tools": list(ctx.tool_names)}
         return
     ctx.before_call()
     with span("llm.call", purpose="route"):
@@ -190,7 +199,7 @@ def route(ctx: TurnContext) -> Iterator[TurnEvent]:
             ctx=ctx.call("route"),
             confidence_threshold=ctx.agent.routing_confidence_threshold,
         )
-    ctx.composition_extra["route"] = outcome.as_dict()
+    ctx.composition_extra["route"] = {**outcome.as_dict(), "path": "route_call"}
     if outcome.action == "handoff":
         yield from handoff(ctx, reason=f"routing: {outcome.reasoning or 'handoff'}")
     elif outcome.action == "answer":

@@ -86,7 +86,10 @@ def test_an_endpoint_that_refuses_tools_is_asked_again_without_them_and_remember
     assert [_tool_names(r) for r in requests] == [["hand_to_person"], [], []]
 
 
-def test_a_refusal_of_tools_the_reply_needs_still_fails_the_turn(alice: Any, remote_model: Any) -> None:
+def test_a_refusal_of_tools_the_reply_needs_still_fails_the_turn(alice: Any, remote_model: Any, settings: Any) -> None:
+    settings.TURN_DECISION_IN_REPLY = (
+        False  # routed by a call of its own (the one-call path: tests/agents/test_one_call.py)
+    )
     agent = make_agent("tools", slug="flights")
     remote_model.enqueue(
         # The routing decision (structured), then the reply that needs the agent's tool.
@@ -147,13 +150,14 @@ def test_the_records_of_a_failed_turns_calls_keep_the_time_of_each_call(alice: A
     from agents.models import LLMCall
 
     agent = make_agent("tools", slug="flights")
+    args = {"origin": "Lisbon", "destination": "Oslo", "date": "2031-06-01"}
     remote_model.enqueue(
-        json_reply({"action": "answer", "reasoning": "chat", "confidence": 0.9}), error(400, "bad request")
+        stream(tool_calls=[tool_call("search_flights", args)], finish_reason="tool_calls"), error(400, "bad request")
     )
     session = session_create(user=alice, agent=agent)
     result = turn_run(session=session, message="Hello")
     assert result.turn.status == Turn.Status.FAILED
     calls = list(LLMCall.objects.filter(turn=result.turn).order_by("created_at"))
-    assert [c.purpose for c in calls] == ["route", "reply"]
+    assert [c.purpose for c in calls] == ["reply", "reply"]  # the call that decided (a tool), then the failed one
     # Written when the turn ended, each with the time of its call, not of the write.
     assert calls[0].created_at < calls[1].created_at <= result.turn.completed_at

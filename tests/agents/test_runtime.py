@@ -341,6 +341,7 @@ def test_free_text_routing_output_never_misroutes(alice: Any, scripted: Scripted
         "confidence": 0.0,
         "reasoning": "no valid decision (invalid_output)",
         "source": "invalid_output",
+        "path": "route_call",
     }
     assert scripted.requests[-1].tools is None  # the safe default offers no tools
     assert not ToolInvocation.objects.filter(session=session).exists()

@@ -179,7 +179,7 @@ def test_a_turn_queued_on_a_stopped_then_killed_turn_worker_runs_within_a_minute
     """The fault probe's case 1: ``kill -STOP`` the turn worker, send a message, ``kill -9`` the worker 3 s later. The
     turn's task went to a process that will never run it (before: the turn stayed "running" for ~20 minutes, its
     stream silent). Now the sweep finds the hand-over that no worker claimed within TURN_CLAIM_SECONDS and whose
-    task waits in no queue, and resumes the turn on the background worker: with make run's clocks within
+    task waits in no queue, and hands the turn to a turn worker again: with make run's clocks within
     TURN_CLAIM_SECONDS + TURN_SWEEP_SECONDS (20 s) of the message. The client's stream gets keep-alives while it
     waits, then the reply; the same key again gets the settled turn; the model was asked once."""
     fake_openai.enqueue(stream("Answered although the worker died."))
@@ -201,8 +201,9 @@ def test_a_turn_queued_on_a_stopped_then_killed_turn_worker_runs_within_a_minute
     time.sleep(3)
     running.turns.kill()
     died = time.monotonic()
-    # No turn worker is started again (make run's supervisor would): the stopped worker had taken the task off the
-    # queue, so only the sweep can find the turn (a hand-over never claimed, its task in no queue) and resume it.
+    running.turns.start()  # what make run's supervisor does, a second later
+    # The stopped worker had taken the task off the queue: the new worker never sees it. Only the sweep can find the
+    # turn (a hand-over never claimed, its task in no queue); it hands it to the new turn worker.
     client.join(90)
 
     assert not client.is_alive(), "the stream never ended"

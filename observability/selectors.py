@@ -825,3 +825,31 @@ def window_choices() -> dict[str, tuple[dt.timedelta, dt.timedelta]]:
         "24h": (dt.timedelta(hours=24), dt.timedelta(hours=1)),
         "7d": (dt.timedelta(days=7), dt.timedelta(hours=6)),
     }
+
+
+def model_calls_per_turn(*, start: dt.datetime, end: dt.datetime) -> dict[int, dict[str, float]]:
+    """Per agent, in the window: the turns, the model calls made for them (every purpose, the background's
+    memory writes included) and the calls per turn, and those of the turn itself (routing, decisions, replies)."""
+    turns = dict(
+        Turn.objects.filter(created_at__gte=start, created_at__lt=end)
+        .values_list("session__agent_id")
+        .annotate(n=Count("id"))
+        .values_list("session__agent_id", "n")
+    )
+    in_turn = ("route", "slots", "reply")
+    rows = (
+        LLMCall.objects.filter(created_at__gte=start, created_at__lt=end, turn__isnull=False)
+        .values("agent_id")
+        .annotate(calls=Count("id"), turn_calls=Count("id", filter=Q(purpose__in=in_turn)))
+    )
+    found: dict[int, dict[str, float]] = {}
+    for row in rows:
+        count = turns.get(row["agent_id"], 0)
+        if row["agent_id"] is None or not count:
+            continue
+        found[row["agent_id"]] = {
+            "turns": count,
+            "calls_per_turn": round(row["calls"] / count, 2),
+            "turn_calls_per_turn": round(row["turn_calls"] / count, 2),
+        }
+    return found

@@ -10,9 +10,11 @@ from typing import Any
 from django.conf import settings
 
 from agents.routing import route_message
+from agents.workflows import get_workflow
 from agents.workflows.base import ActionContext, ActionFailed
 from llm.base import LLMError, StructuredOutputError
 from llm.prompt import ContextOverflowError
+from llm.providers import get_provider
 from memory.retrieval import RecentWindow, memories_for_prompt, retrieval_query
 from observability.tracing import memory_annotate, span
 from orchestrator.context import (
@@ -204,6 +206,20 @@ def route(ctx: TurnContext) -> Iterator[TurnEvent]:
         yield from handoff(ctx, reason=f"routing: {outcome.reasoning or 'handoff'}")
     elif outcome.action == "answer":
         ctx.tool_names = []
+
+
+def decision_path(agent: Any) -> str:
+    """How ``agent``'s turn decides, as ``route`` and ``decide`` would now (``/ops/`` shows it): "in_reply" (one model
+    call for a turn that needs no tool), "route_call" (a routing call, then the reply), "workflow_call" (the
+    workflow's structured decision, then the reply), or "none" (a free chat without tools: the reply, with the
+    hand-off offered in it)."""
+    if not get_workflow(agent.workflow).is_free_chat:
+        return "workflow_call"
+    if not [t for t in (agent.tools or []) if isinstance(t, str)]:
+        return "none"
+    if getattr(settings, "TURN_DECISION_IN_REPLY", True) and get_provider(agent=agent).decides_in_reply():
+        return "in_reply"
+    return "route_call"
 
 
 def handoff(ctx: TurnContext, *, reason: str, said: str = "") -> Iterator[TurnEvent]:

@@ -106,3 +106,32 @@ def test_session_health_names_the_spiral(client: Client, staff: Any, alice: Any)
     assert "Verdict: healthy" in calm.content.decode()
 
     assert client.get(f"/ops/sessions/{uuid.uuid4()}/").status_code == 404
+
+
+def test_the_dashboard_says_how_each_agent_decides_and_what_its_turns_cost(
+    client: Client, staff: Any, alice: Any
+) -> None:
+    """Issue 54: /ops/ shows which path each agent runs (the decision inside the reply: one call; a routing or
+    workflow call first: two) and the model calls its turns made, measured from the turns run here."""
+    from orchestrator.runtime import turn_run
+    from sessions.services import session_create
+    from tests.world import make_agent as world_agent
+
+    helper = world_agent("memory", slug="helper")  # tools, on the demo model: decides in the reply
+    booker = world_agent("booking", slug="booker")
+    chat = world_agent("chat", slug="plain")
+    for agent in (helper, helper, booker):
+        turn_run(session=session_create(user=alice, agent=agent), message="Hello there, what can you do?")
+    client.force_login(staff)
+    response = client.get("/ops/?window=1h")
+    rows = {row["agent"].slug: row for row in response.context["decisions"]}
+    assert (rows["helper"]["path"], rows["booker"]["path"], rows["plain"]["path"]) == (
+        "in_reply",
+        "workflow_call",
+        "none",
+    )
+    assert rows["helper"]["turns"] == 2 and rows["helper"]["turn_calls_per_turn"] == 1.0
+    assert rows["booker"]["turn_calls_per_turn"] == 2.0  # the workflow's decision, then the reply
+    assert "turns" not in rows["plain"] and chat.slug == "plain"
+    html = response.content.decode()
+    assert 'data-path="in_reply"' in html and "one call when no tool is needed" in html

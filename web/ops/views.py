@@ -18,6 +18,7 @@ from observability import selectors
 from observability.charts import line_chart
 from observability.metrics import metrics_access_allowed, metrics_exposition
 from observability.models import AlertRule
+from orchestrator.steps import decision_path
 from sessions.models import ChatSession
 
 ViewFunc = Callable[..., HttpResponse]
@@ -119,8 +120,29 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "at_risk": selectors.sessions_at_risk(start=start, end=end),
         # What each model endpoint takes for structured outputs, as learned (llm.capabilities).
         "endpoints": list(EndpointCapability.objects.all()[:50]),
+        "decisions": _decisions(agents, selectors.model_calls_per_turn(start=start, end=end)),
     }
     return render(request, "observability/dashboard.html", context)
+
+
+DECISION_PATHS = {
+    "in_reply": "inside the reply's call (tools and hand-off as functions): one call when no tool is needed",
+    "route_call": "a routing call, then the reply: two calls (the endpoint takes no tools, or it is switched off)",
+    "workflow_call": "the workflow's structured decision, then the reply: two calls",
+    "none": "the reply alone (the hand-off offered in it)",
+}
+
+
+def _decisions(agents: list[Agent], figures: dict[int, dict[str, float]]) -> list[dict[str, Any]]:
+    """How each agent's turn decides now, and the model calls its turns made in the window."""
+    rows = []
+    for agent in agents:
+        try:
+            path = decision_path(agent)
+        except Exception:  # noqa: BLE001 - an agent whose endpoint or workflow is gone: said, not a broken page
+            path = "unavailable"
+        rows.append({"agent": agent, "path": path, "text": DECISION_PATHS.get(path, path), **figures.get(agent.id, {})})
+    return rows
 
 
 @require_GET

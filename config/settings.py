@@ -607,6 +607,9 @@ LOGGING = {
         "plain": {"()": "observability.logging.PlainFormatter"},
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
+    # httpx logs every request at INFO: the health monitor's GET /ready to the embedding service (4-8 a second while
+    # a page is open) and each model call were 80 % of make run's log. Calls are recorded (LLMCall) and traced.
+    "loggers": {"httpx": {"level": env_choice("HTTPX_LOG_LEVEL", "WARNING", ("DEBUG", "INFO", "WARNING", "ERROR"))}},
     "root": {
         "handlers": ["console"],
         "level": env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL", "FATAL")),

@@ -325,7 +325,9 @@ def _prompt_inputs(ctx: TurnContext, specs: list[Any], tool_messages: list[Messa
         procedural = [m.text for m in retrieved.procedural]
     return PromptInputs(
         system_prompt=ctx.agent.system_prompt,
-        fixed_instructions=TOOL_ERROR_POLICY if any(not spec.optional for spec in specs) else "",
+        # What a TOOL_ERROR means, wherever a tool of the agent's is offered (the hand-off alone needs none; the
+        # agent's tools are optional when the decision travels inside the reply, and still tools).
+        fixed_instructions=TOOL_ERROR_POLICY if any(spec.name != HANDOFF_TOOL.name for spec in specs) else "",
         workflow_text=ctx.workflow.resume_instruction(session.state, session.data, refused=ctx.refused),
         procedural=procedural,
         memories=memories,

@@ -48,6 +48,7 @@ def test_a_turn_that_needs_no_tool_makes_exactly_one_model_call(alice: Any, flig
     assert requests[0].body.get("stream") is True and "response_format" not in requests[0].body
     assert _tool_names(requests[0]) == ["search_flights", HANDOFF_TOOL.name]
     assert "tool_choice" not in requests[0].body  # offered, never forced
+    assert "TOOL_ERROR" in requests[0].messages[0]["content"]  # the model is told what a tool's error looks like
     turn = Turn.objects.get(session=session)
     assert (turn.status, turn.assistant_message) == (Turn.Status.COMPLETED, "Oslo is lovely in June.")
     assert list(LLMCall.objects.filter(turn=turn).values_list("purpose", flat=True)) == ["reply"]

@@ -15,7 +15,7 @@ from agents.tools.faults import ALWAYS, inject_fault
 from orchestrator.runtime import turn_run
 from sessions.models import Turn
 from sessions.services import session_create
-from tests.fakes.openai_server import json_reply, stream, tool_call
+from tests.fakes.openai_server import stream, tool_call
 from tests.world import make_agent
 
 pytestmark = pytest.mark.django_db
@@ -39,8 +39,8 @@ def _fast_tools(settings: Any) -> None:
 
 
 def _script_tool_turn(remote_model: Any, final: str) -> None:
+    # The decision is the reply's own call of the tool (one call decides and calls, the next answers).
     remote_model.enqueue(
-        json_reply({"action": "use_tools", "confidence": 0.9, "reasoning": "needs a search"}),
         stream(tool_calls=[tool_call("search_flights", ARGS)], finish_reason="tool_calls"),
         stream(final),
     )
@@ -102,7 +102,6 @@ def test_a_transient_tool_failure_is_retried_and_the_model_gets_the_result(
 def test_arguments_the_model_got_wrong_never_run_the_tool(alice: Any, flights_agent: Agent, remote_model: Any) -> None:
     session = session_create(user=alice, agent=flights_agent)
     remote_model.enqueue(
-        json_reply({"action": "use_tools", "confidence": 0.9, "reasoning": "search"}),
         stream(
             tool_calls=[tool_call("search_flights", '{"origin": "Paris", "destination": ')],  # truncated JSON
             finish_reason="tool_calls",

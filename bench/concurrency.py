@@ -245,19 +245,19 @@ def floor(*, model: StandInModel, people: int, timeout: float) -> float:
     return round(max(_in_parallel(list(range(people)), turn)), 2)
 
 
-def _start_stack(
-    *, port: int, model: StandInModel, data_dir: Path, log: Path, embedder: str
-) -> subprocess.Popen[bytes]:
+def stack_env(*, model: StandInModel, data_dir: Path, database: str | None, embedder: str = "") -> dict[str, str]:
+    """The environment of ``manage.py runstack`` as ``make run`` has it, on ``data_dir`` and the stand-in ``model``:
+    the bench's own settings of the broker, queue, embedder and statement timeout left out; ``database`` the
+    PostgreSQL to use (None: make run's own embedded one, in ``data_dir``); no rate limits (the load is the point:
+    the per-user rates would answer 429 to a crowd of one user's size)."""
     env = dict(os.environ)
     env.update(
         {
             "DJANGO_SETTINGS_MODULE": "config.settings",
-            "DATABASE_URL": database_url(),
             "APP_DATA_DIR": str(data_dir),
             "LLM_BASE_URL": model.base_url,
             "LLM_MODEL": "stand-in",
             "LLM_API_KEY": "",
-            # The load is the point: the per-user rate limits would answer 429 to a crowd of one user's size.
             "API_THROTTLE_MESSAGES": "1000000/min",
             "API_THROTTLE_USER": "1000000/min",
         }
@@ -265,14 +265,26 @@ def _start_stack(
     unset = (
         "LLM_PROFILES_JSON",
         "CELERY_BROKER_URL",
+        "REDIS_URL",
+        "RUN_EVENTS_URL",
         "CELERY_QUEUE",
         "CELERY_FILESYSTEM_BROKER_DIR",
         "EMBEDDING_SERVICE_SOCKET",
+        "DATABASE_STATEMENT_TIMEOUT",
+        "TEST_DB_SUFFIX",
+        "DATABASE_URL",
     )
-    for name in (*unset, "DATABASE_STATEMENT_TIMEOUT"):  # the stack as make run has it, not the bench's
+    for name in unset:
         env.pop(name, None)
+    if database:
+        env["DATABASE_URL"] = database
     if embedder:
         env["EMBEDDING_BACKEND"] = embedder
+    return env
+
+
+def start_stack(*, env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
+    """``manage.py runstack`` in a process group of its own, its output in ``log``."""
     with log.open("wb") as out:
         return subprocess.Popen(
             [sys.executable, "manage.py", "runstack", "--port", str(port)],
@@ -394,7 +406,8 @@ def run(
         for n in people:
             floors[n] = floor(model=model, people=n, timeout=timeout)
             progress.advance(task)
-        stack = _start_stack(port=port, model=model, data_dir=folder / "data", log=log, embedder=embedder)
+        env = stack_env(model=model, data_dir=folder / "data", database=database_url(), embedder=embedder)
+        stack = start_stack(env=env, port=port, log=log)
         try:
             ready_s = _wait_ready(stack, log, timeout=300)
             time.sleep(5)  # the web processes' and workers' warm-up threads finish

@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.concurrency import _stop_stack, _wait_ready
+from bench.concurrency import _stop_stack, _wait_ready, stack_env, start_stack
 from bench.soak import LOOPBACK, free_port
 from bench.stand_in_model import StandInModel
 
@@ -67,36 +67,6 @@ class Person:
     token: str
     session: str
     sent: list[Sent] = field(default_factory=list)
-
-
-def _stack_env(model: StandInModel, data_dir: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        {
-            "DJANGO_SETTINGS_MODULE": "config.settings",
-            "APP_DATA_DIR": str(data_dir),
-            "LLM_BASE_URL": model.base_url,
-            "LLM_MODEL": "stand-in",
-            "LLM_API_KEY": "",
-            "API_THROTTLE_MESSAGES": "1000000/min",
-            "API_THROTTLE_USER": "1000000/min",
-            "LOG_FORMAT": "plain",
-        }
-    )
-    for name in (
-        "DATABASE_URL",  # make run's own embedded PostgreSQL, in the data folder: it is one of the processes killed
-        "LLM_PROFILES_JSON",
-        "CELERY_BROKER_URL",
-        "REDIS_URL",
-        "RUN_EVENTS_URL",
-        "CELERY_QUEUE",
-        "CELERY_FILESYSTEM_BROKER_DIR",
-        "EMBEDDING_SERVICE_SOCKET",
-        "DATABASE_STATEMENT_TIMEOUT",
-        "TEST_DB_SUFFIX",
-    ):
-        env.pop(name, None)
-    return env
 
 
 def _manage_shell(env: dict[str, str], code: str) -> Any:
@@ -246,16 +216,9 @@ def run(
     port = free_port()
     base = f"http://{LOOPBACK}:{port}"
     with StandInModel(latency=latency, ttft=min(0.3, latency)) as model:
-        env = _stack_env(model, data_dir)
-        with log.open("wb") as out:
-            stack = subprocess.Popen(
-                [sys.executable, "manage.py", "runstack", "--port", str(port)],
-                cwd=ROOT,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        # make run's stack as it is, its own embedded PostgreSQL included: that is one of the processes killed.
+        env = {**stack_env(model=model, data_dir=data_dir, database=None), "LOG_FORMAT": "plain"}
+        stack = start_stack(env=env, port=port, log=log)
         try:
             ready_s = _wait_ready(stack, log, timeout=300)
             time.sleep(5)

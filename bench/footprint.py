@@ -20,9 +20,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.concurrency import _start_stack, _stop_stack, _wait_ready, phase
+from bench.concurrency import _stop_stack, _wait_ready, phase, stack_env, start_stack
 from bench.soak import free_port
 from bench.stand_in_model import StandInModel
+from core.db import database_url
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -68,7 +69,8 @@ def run(*, argv: list[str], settle: float) -> dict[str, Any]:
     log = folder / "stack.log"
     port = free_port()
     with StandInModel(latency=0.5, ttft=0.1) as model:
-        stack = _start_stack(port=port, model=model, data_dir=folder / "data", log=log, embedder="")
+        env = stack_env(model=model, data_dir=folder / "data", database=database_url())
+        stack = start_stack(env=env, port=port, log=log)
         try:
             ready_s = _wait_ready(stack, log, timeout=300)
             chat = phase(base=f"http://127.0.0.1:{port}", people=1, log=log, timeout=120)

@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,26 +153,29 @@ def _say(text: str, *, err: bool = False) -> None:
     print(text, file=sys.stderr if err else sys.stdout, flush=True)
 
 
-def _heal_broker(folder: Path) -> None:
-    if embedded_broker.answers(embedded_broker.socket_path(folder)):
+def _heal(what: str, is_up: Callable[[], bool], start: Callable[[], object]) -> None:
+    """A server runstack started outside the children (the embedded broker, the embedded PostgreSQL): started again
+    when it is down; a start that fails is said, and tried again at the next check."""
+    if is_up():
         return
-    _say("The embedded broker does not answer; starting it again.", err=True)
+    _say(f"The embedded {what} is down; starting it again.", err=True)
     try:
-        embedded_broker.ensure_embedded_valkey(folder)
+        start()
     except Exception as exc:  # noqa: BLE001 - said, and tried again at the next check
-        _say(f"The embedded broker could not be started: {exc}", err=True)
+        _say(f"The embedded {what} could not be started: {exc}", err=True)
+
+
+def _heal_broker(folder: Path) -> None:
+    _heal(
+        "broker",
+        lambda: embedded_broker.answers(embedded_broker.socket_path(folder)),
+        lambda: embedded_broker.ensure_embedded_valkey(folder),
+    )
 
 
 def _heal_postgres(folder: Path) -> None:
-    """The embedded PostgreSQL that runstack started is a child too: started again when its server is gone (a
-    killed postmaster; one that was stopped by hand). Its data and settings stay in ``folder``."""
-    if embedded_db.is_running(folder):
-        return
-    _say("The embedded PostgreSQL is not running; starting it again.", err=True)
-    try:
-        embedded_db.ensure_embedded_postgres(folder)
-    except Exception as exc:  # noqa: BLE001 - said, and tried again at the next check
-        _say(f"The embedded PostgreSQL could not be started: {exc}", err=True)
+    """Its server gone (a killed postmaster, one stopped by hand): started again, its data kept in ``folder``."""
+    _heal("PostgreSQL", lambda: embedded_db.is_running(folder), lambda: embedded_db.ensure_embedded_postgres(folder))
 
 
 def _shutdown(plan: Plan, children: list[Child]) -> None:

@@ -188,7 +188,7 @@ def route(ctx: TurnContext) -> Iterator[TurnEvent]:
     ctx.tool_names = [t for t in (ctx.agent.tools or []) if isinstance(t, str)]
     if not ctx.tool_names or not ctx.workflow.is_free_chat:
         return
-    if getattr(settings, "TURN_DECISION_IN_REPLY", True) and ctx.provider.decides_in_reply():
+    if _decides_in_reply(ctx.provider):
         ctx.decision_in_reply = True
         ctx.composition_extra["route"] = {"path": "in_reply", "tools": list(ctx.tool_names)}
         return
@@ -217,9 +217,12 @@ def decision_path(agent: Any) -> str:
         return "workflow_call"
     if not [t for t in (agent.tools or []) if isinstance(t, str)]:
         return "none"
-    if getattr(settings, "TURN_DECISION_IN_REPLY", True) and get_provider(agent=agent).decides_in_reply():
-        return "in_reply"
-    return "route_call"
+    return "in_reply" if _decides_in_reply(get_provider(agent=agent)) else "route_call"
+
+
+def _decides_in_reply(provider: Any) -> bool:
+    """The one rule ``route`` runs by and ``decision_path`` reports: the setting on, and an endpoint that takes tools."""
+    return bool(getattr(settings, "TURN_DECISION_IN_REPLY", True)) and bool(provider.decides_in_reply())
 
 
 def handoff(ctx: TurnContext, *, reason: str, said: str = "") -> Iterator[TurnEvent]:

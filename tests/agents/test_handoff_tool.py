@@ -16,7 +16,7 @@ from orchestrator.context import HANDOFF_NOTICE
 from orchestrator.runtime import turn_run, turn_stream
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import session_create
-from tests.fakes.openai_server import error, json_reply, stream, tool_call
+from tests.fakes.openai_server import error, json_reply, stream, tool_call, tool_names
 from tests.world import make_agent
 
 pytestmark = pytest.mark.django_db
@@ -25,16 +25,6 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def chat_agent(db: Any) -> Agent:
     return make_agent(name="Chat", slug="chat", system_prompt="Be kind.", workflow="free_chat", tools=[])
-
-
-@pytest.fixture
-def remote_model(settings: Any, fake_openai: Any) -> Any:
-    settings.LLM_PROFILES = {"default": fake_openai.profile(read_timeout=2.0, max_retries=0)}
-    return fake_openai
-
-
-def _tool_names(request: Any) -> list[str]:
-    return [t["function"]["name"] for t in request.body.get("tools", [])]
 
 
 def test_the_demo_model_hands_a_free_chat_to_a_person_when_asked(alice: Any, chat_agent: Agent) -> None:
@@ -60,7 +50,7 @@ def test_a_real_endpoints_call_of_the_tool_hands_off_with_its_reason(
     session = session_create(user=alice, agent=chat_agent)
     events = list(turn_stream(session=session, message="Get me somebody who can refund this."))
     request = remote_model.chat_requests()[0]
-    assert _tool_names(request) == ["hand_to_person"] and "tool_choice" not in request.body
+    assert tool_names(request) == ["hand_to_person"] and "tool_choice" not in request.body
     session.refresh_from_db()
     assert session.status == ChatSession.Status.NEEDS_HUMAN
     assert [e.get("status") for e in events if e["type"] == "state"] == ["needs_human"]
@@ -83,7 +73,7 @@ def test_an_endpoint_that_refuses_tools_is_asked_again_without_them_and_remember
     assert first.turn.status == Turn.Status.COMPLETED and first.turn.assistant_message == "Hello there."
     assert second.turn.assistant_message == "Hello again."
     requests = remote_model.chat_requests()
-    assert [_tool_names(r) for r in requests] == [["hand_to_person"], [], []]
+    assert [tool_names(r) for r in requests] == [["hand_to_person"], [], []]
 
 
 def test_a_refusal_of_tools_the_reply_needs_still_fails_the_turn(alice: Any, remote_model: Any, settings: Any) -> None:

@@ -33,12 +33,6 @@ def chat_agent(db: Any) -> Agent:
     return make_agent(name="Chat", slug="chat", system_prompt="Be thorough.", workflow="free_chat", tools=[])
 
 
-@pytest.fixture
-def remote_model(settings: Any, fake_openai: Any) -> Any:
-    settings.LLM_PROFILES = {"default": fake_openai.profile(read_timeout=2.0, max_retries=0)}
-    return fake_openai
-
-
 def test_a_reply_cut_by_the_token_limit_arrives_whole_after_continuation(
     alice: Any, chat_agent: Agent, remote_model: Any
 ) -> None:

@@ -17,7 +17,7 @@ from orchestrator.context import HANDOFF_NOTICE
 from orchestrator.runtime import turn_run, turn_stream
 from sessions.models import ChatSession, Turn
 from sessions.services import session_create
-from tests.fakes.openai_server import error, json_reply, stream, tool_call
+from tests.fakes.openai_server import error, json_reply, stream, tool_call, tool_names
 from tests.world import make_agent
 
 pytestmark = pytest.mark.django_db
@@ -28,16 +28,6 @@ def flights(db: Any) -> Agent:
     return make_agent("tools", slug="flights")
 
 
-@pytest.fixture
-def remote_model(settings: Any, fake_openai: Any) -> Any:
-    settings.LLM_PROFILES = {"default": fake_openai.profile(read_timeout=2.0, max_retries=0)}
-    return fake_openai
-
-
-def _tool_names(request: Any) -> list[str]:
-    return [t["function"]["name"] for t in request.body.get("tools", [])]
-
-
 def test_a_turn_that_needs_no_tool_makes_exactly_one_model_call(alice: Any, flights: Agent, remote_model: Any) -> None:
     remote_model.enqueue(stream("Oslo is lovely in June."))
     session = session_create(user=alice, agent=flights)
@@ -46,7 +36,7 @@ def test_a_turn_that_needs_no_tool_makes_exactly_one_model_call(alice: Any, flig
     requests = remote_model.chat_requests()
     assert len(requests) == 1  # before: a structured routing call, then the reply
     assert requests[0].body.get("stream") is True and "response_format" not in requests[0].body
-    assert _tool_names(requests[0]) == ["search_flights", HANDOFF_TOOL.name]
+    assert tool_names(requests[0]) == ["search_flights", HANDOFF_TOOL.name]
     assert "tool_choice" not in requests[0].body  # offered, never forced
     assert "TOOL_ERROR" in requests[0].messages[0]["content"]  # the model is told what a tool's error looks like
     turn = Turn.objects.get(session=session)
@@ -125,7 +115,7 @@ def test_an_endpoint_without_tool_calls_falls_back_to_two_calls_and_says_so(
     assert second.turn.assistant_message == "Routed, then answered."
     assert second.turn.composition["route"]["path"] == "route_call"
     requests = remote_model.chat_requests()
-    assert [_tool_names(r) for r in requests] == [["search_flights", HANDOFF_TOOL.name], [], [], []]
+    assert [tool_names(r) for r in requests] == [["search_flights", HANDOFF_TOOL.name], [], [], []]
     assert "response_format" in requests[2].body  # the routing call of the second turn
     purposes = list(LLMCall.objects.filter(turn=second.turn).order_by("pk").values_list("purpose", flat=True))
     assert purposes == ["route", "reply"]

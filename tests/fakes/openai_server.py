@@ -57,6 +57,11 @@ class ReceivedRequest:
         return list(self.body.get("messages", [])) if isinstance(self.body, dict) else []
 
 
+def tool_names(request: ReceivedRequest) -> list[str]:
+    """The names of the functions a chat request offered the model, in order."""
+    return [t["function"]["name"] for t in request.body.get("tools", [])] if isinstance(request.body, dict) else []
+
+
 # --- response builders --------------------------------------------------------------------------------
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {

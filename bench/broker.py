@@ -73,7 +73,7 @@ def run(*, argv: list[str], tasks: int, max_seconds: float) -> dict[str, Any]:
             time.sleep(0.2)
         started = time.monotonic()
         for _ in range(tasks):
-            sender.send_task("config.tasks.record_worker_heartbeat", queue=queue)
+            sender.send_task("web.tasks.core.record_worker_heartbeat", queue=queue)
         sent = time.monotonic() - started
         limit = started + max_seconds
         while client.llen(queue) or client.zcard("unacked_index"):

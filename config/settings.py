@@ -14,6 +14,7 @@ from csp.constants import NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 
+from core import task_names
 from core.embedded_broker import broker_url as embedded_broker_url
 from core.embedded_broker import socket_path as embedded_broker_socket
 from core.env import (
@@ -298,18 +299,15 @@ CELERY_OPS_QUEUE = f"{CELERY_TASK_DEFAULT_QUEUE}-ops"
 # one: celery worker -Q <queue>-turns -P threads). A worker started without -Q takes this queue too.
 CELERY_TURNS_QUEUE = f"{CELERY_TASK_DEFAULT_QUEUE}-turns"
 CELERY_TASK_QUEUES = (Queue(CELERY_OPS_QUEUE), Queue(CELERY_TURNS_QUEUE), Queue(CELERY_TASK_DEFAULT_QUEUE))
-OPS_TASKS = (
-    "agents.tasks.recover_stuck_turns",
-    "agents.tasks.recover_turn",
-    "config.tasks.record_worker_heartbeat",
-    "observability.tasks.evaluate_alerts",
-    "memory.tasks.requeue_lost_memory_writes",
-    "sessions.tasks.requeue_lost_summaries",
-    "sessions.tasks.prune_checkpoints",
-    "memory.tasks.sync_user_indexes",
+OPS_TASKS = task_names.OPERATIONS
+# A task is routed by its name, and by the name it had before (core.task_names: a retry of a message queued by an
+# older deployment is sent under that name).
+CELERY_TASK_ROUTES: dict[str, dict[str, str]] = {
+    alias: {"queue": CELERY_OPS_QUEUE} for name in OPS_TASKS for alias in task_names.with_former(name)
+}
+CELERY_TASK_ROUTES.update(
+    {alias: {"queue": CELERY_TURNS_QUEUE} for alias in task_names.with_former(task_names.RUN_TURN)}
 )
-CELERY_TASK_ROUTES: dict[str, dict[str, str]] = {name: {"queue": CELERY_OPS_QUEUE} for name in OPS_TASKS}
-CELERY_TASK_ROUTES["agents.tasks.run_turn"] = {"queue": CELERY_TURNS_QUEUE}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -336,23 +334,23 @@ WORKER_HEARTBEAT_SECONDS = env_int("WORKER_HEARTBEAT_SECONDS", 15, minimum=1, ma
 # sweep sends the turn to recovery (docs/reliability.md).
 TURN_SWEEP_SECONDS = env_int("TURN_SWEEP_SECONDS", 10, minimum=1, maximum=300)
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
-    "worker-heartbeat": {"task": "config.tasks.record_worker_heartbeat", "schedule": float(WORKER_HEARTBEAT_SECONDS)},
-    "alerts-evaluate": {"task": "observability.tasks.evaluate_alerts", "schedule": 60.0},
+    "worker-heartbeat": {"task": task_names.RECORD_WORKER_HEARTBEAT, "schedule": float(WORKER_HEARTBEAT_SECONDS)},
+    "alerts-evaluate": {"task": task_names.EVALUATE_ALERTS, "schedule": 60.0},
     # Retention of the checkpoint log (sessions.services.checkpoints_prune), once a day.
-    "checkpoints-prune": {"task": "sessions.tasks.prune_checkpoints", "schedule": 24 * 3600.0},
+    "checkpoints-prune": {"task": task_names.PRUNE_CHECKPOINTS, "schedule": 24 * 3600.0},
     # The outbox sweeps: background work whose enqueue was lost while the broker was down is sent again.
-    "memory-writes-requeue": {"task": "memory.tasks.requeue_lost_memory_writes", "schedule": 120.0},
-    "summaries-requeue": {"task": "sessions.tasks.requeue_lost_summaries", "schedule": 120.0},
+    "memory-writes-requeue": {"task": task_names.REQUEUE_LOST_MEMORY_WRITES, "schedule": 120.0},
+    "summaries-requeue": {"task": task_names.REQUEUE_LOST_SUMMARIES, "schedule": 120.0},
     # Turns that nobody runs (their lease free or run out: the runner died; or handed to a turn worker whose task
     # was lost) are finished from their checkpoint (orchestrator.runtime.stuck_turns_enqueue); a new message on the
     # session does it sooner. A sweep not started within its period is dropped (the next one comes).
     "turns-recover": {
-        "task": "agents.tasks.recover_stuck_turns",
+        "task": task_names.RECOVER_STUCK_TURNS,
         "schedule": float(TURN_SWEEP_SECONDS),
         "options": {"expires": float(TURN_SWEEP_SECONDS)},
     },
     # Per-user HNSW indexes for histories past MEMORY_EXACT_SEARCH_MAX (memory.services.user_indexes_sync).
-    "memory-user-indexes": {"task": "memory.tasks.sync_user_indexes", "schedule": 24 * 3600.0},
+    "memory-user-indexes": {"task": task_names.SYNC_USER_INDEXES, "schedule": 24 * 3600.0},
 }
 # Checkpoints kept per session by the pruning policy (state changes are always kept).
 CHECKPOINT_KEEP_LAST = env_int("CHECKPOINT_KEEP_LAST", 50, minimum=1)

@@ -24,6 +24,7 @@ import redis
 from celery import current_app
 
 from core.services import task_send_failure_record
+from core.task_names import with_former
 
 logger = logging.getLogger(__name__)
 
@@ -135,14 +136,15 @@ def queues_stats(*, timeout: float = 1.0) -> list[QueueStats] | None:
 def queued_args(
     name: str, *, queue: str | None = None, limit: int = 100_000, timeout: float = 2.0
 ) -> set[tuple[Any, ...]] | None:
-    """The arguments of every task ``name`` waiting in ``queue`` (the default one unless given; at most ``limit``
-    messages read), on a Redis-protocol broker; None on another transport or when the broker does not answer: then
+    """The arguments of every task ``name`` (or a message under its former name) waiting in ``queue`` (the default
+    one unless given; at most ``limit`` messages read), on a Redis-protocol broker; None on another transport or when the broker does not answer: then
     nothing is known to be queued. The outbox sweeps skip what is in it (a backlog is not lost work); the turn
     sweep tells a turn still waiting for a worker from one whose task was lost."""
     client = _broker_client(None, timeout)
     if client is None:
         return None
     found: set[tuple[Any, ...]] = set()
+    names = with_former(name)
     name_of_queue = queue or str(current_app._get_current_object().conf.task_default_queue)
     try:
         # (Priorities other than the default go to keys of their own: see queue_stats.)
@@ -154,7 +156,7 @@ def queued_args(
         for raw in raws:
             try:
                 headers = json.loads(raw)["headers"]
-                if headers.get("task") == name:
+                if headers.get("task") in names:
                     found.add(tuple(ast.literal_eval(headers["argsrepr"])))
             except (ValueError, KeyError, TypeError, SyntaxError):  # not a message of ours
                 continue

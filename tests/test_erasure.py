@@ -97,7 +97,7 @@ def test_a_task_queued_before_the_erasure_writes_nothing_after_it(
         session=session, seq=1, user_message="My name is Ana.", assistant_message="Hello Ana.", status="completed"
     )
     # Queued now, to run in three seconds: after the erasure below.
-    queued = app.send_task("memory.tasks.write_turn_memories", args=[turn.pk], countdown=3)
+    queued = app.send_task("web.tasks.memory.write_turn_memories", args=[turn.pk], countdown=3)
     person_erase(user=alice, actor=None)
 
     def finished() -> list[str]:

@@ -356,10 +356,10 @@ def test_every_scheduled_task_exists_and_the_sweeps_are_scheduled(settings: Any)
     scheduled = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
     assert scheduled <= set(app.tasks), scheduled - set(app.tasks)
     assert {
-        "agents.tasks.recover_stuck_turns",
-        "memory.tasks.requeue_lost_memory_writes",
-        "sessions.tasks.requeue_lost_summaries",
-        "config.tasks.record_worker_heartbeat",
+        "web.tasks.agents.recover_stuck_turns",
+        "web.tasks.memory.requeue_lost_memory_writes",
+        "web.tasks.sessions.requeue_lost_summaries",
+        "web.tasks.core.record_worker_heartbeat",
     } <= scheduled
 
 

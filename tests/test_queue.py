@@ -38,7 +38,7 @@ results = [""] * count
 def send(i):
     start.wait()
     try:
-        enqueue("memory.tasks.write_turn_memories", i)
+        enqueue("web.tasks.memory.write_turn_memories", i)
         results[i] = "sent"
     except Exception as exc:
         results[i] = f"{type(exc).__name__}: {exc}"
@@ -93,16 +93,16 @@ def test_an_unknown_task_is_a_lookup_error_and_is_counted() -> None:
 def test_a_broker_that_refuses_is_counted_and_raised(monkeypatch: Any) -> None:
     from celery import current_app
 
-    task = current_app.tasks["memory.tasks.write_turn_memories"]
+    task = current_app.tasks["web.tasks.memory.write_turn_memories"]
 
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise ConnectionRefusedError("the broker is down")
 
     monkeypatch.setattr(task, "delay", refuse)
     with pytest.raises(ConnectionRefusedError):
-        enqueue("memory.tasks.write_turn_memories", 7)
+        enqueue("web.tasks.memory.write_turn_memories", 7)
     failure = TaskSendFailure.objects.get()
-    assert (failure.task, failure.count) == ("memory.tasks.write_turn_memories", 1)
+    assert (failure.task, failure.count) == ("web.tasks.memory.write_turn_memories", 1)
     assert failure.last_error == "ConnectionRefusedError: the broker is down"
 
 
@@ -122,7 +122,7 @@ def test_the_queue_backlog_and_its_oldest_wait_are_in_the_metrics(settings: Any)
         url = embedded_broker.ensure_embedded_valkey(folder)
         sender = Celery("sender", broker=url, set_as_current=False)
         for _ in range(3):
-            sender.send_task("config.tasks.record_worker_heartbeat", queue="backlog")
+            sender.send_task("web.tasks.core.record_worker_heartbeat", queue="backlog")
         time.sleep(0.3)
         stats = queue_stats(broker_url=url, queue="backlog")
         assert stats is not None and stats.depth == 3
@@ -135,7 +135,7 @@ def test_the_queue_backlog_and_its_oldest_wait_are_in_the_metrics(settings: Any)
         _drop_broker_connections(current_app)
         try:
             # Beat's tasks and recovery go on the queue of their own: not behind the backlog.
-            enqueue("agents.tasks.recover_stuck_turns")
+            enqueue("web.tasks.agents.recover_stuck_turns")
             text = metrics_exposition().decode()
         finally:
             conf.update(before)

@@ -224,7 +224,7 @@ def test_the_queue_wait_rule_fires_when_a_background_task_has_waited_too_long() 
         url = embedded_broker.ensure_embedded_valkey(folder)
         conf.update(broker_url=url, task_default_queue="slow")
         queue = redis.Redis(unix_socket_path=str(embedded_broker.socket_path(folder)))
-        stale = {"headers": {"task": "memory.tasks.write_turn_memories", "sent_at": time.time() - 600}, "body": ""}
+        stale = {"headers": {"task": "web.tasks.memory.write_turn_memories", "sent_at": time.time() - 600}, "body": ""}
         queue.lpush("slow", json.dumps(stale))
         fired = [a for a in alerts_evaluate().fired if a.rule_id == rule.pk]
         assert len(fired) == 1 and fired[0].agent_id is None and fired[0].value >= 600

@@ -1,7 +1,7 @@
 """The Celery tasks of every app, registered when Celery autodiscovers ``web.tasks``.
 
-Task names are kept from before the doors moved here (``agents.tasks.run_turn``, ...), so a message queued by
-an older deployment is still run by a newer worker.
+Each task's name is its module path (``web.tasks.agents.run_turn``), listed in ``core.task_names`` with the
+name it had before, under which it is registered too for one release (``web.tasks.registry``).
 """
 
 from web.tasks import agents, core, memory, observability, sessions

@@ -1,11 +1,10 @@
 from __future__ import annotations
 
-from celery import shared_task
-
 from orchestrator.runtime import stuck_turns_enqueue, turn_execute, turn_recover
+from web.tasks.registry import background_task
 
 
-@shared_task(name="agents.tasks.recover_stuck_turns", ignore_result=True, soft_time_limit=60, time_limit=90)
+@background_task(soft_time_limit=60, time_limit=90)
 def recover_stuck_turns() -> int:
     """Find the turns whose process died between their checkpoint and their reply; send each to
     ``recover_turn``."""
@@ -13,7 +12,7 @@ def recover_stuck_turns() -> int:
 
 
 # One turn: its model calls (each with its timeouts and retries), tools and steps, under the step limit.
-@shared_task(name="agents.tasks.recover_turn", ignore_result=True, soft_time_limit=900, time_limit=960)
+@background_task(soft_time_limit=900, time_limit=960)
 def recover_turn(turn_id: int) -> bool:
     """Finish one orphaned turn from its last checkpoint (a no-op when it is finished or running elsewhere)."""
     return turn_recover(turn_id=turn_id)
@@ -25,7 +24,7 @@ def recover_turn(turn_id: int) -> bool:
 # it under an owner of its own, a worker that dies stops extending it, and the sweep resumes the turn within
 # TURN_LEASE_SECONDS + TURN_SWEEP_SECONDS; a task that was lost before a worker claimed its lease is found by the
 # sweep too (orchestrator.runtime.lost_turns_let_go). A late redelivery finds the turn finished, and does nothing.
-@shared_task(name="agents.tasks.run_turn", ignore_result=True, acks_late=True)
+@background_task(acks_late=True)
 def run_turn(turn_id: int, owner: str, orphan_ids: list[int], resumed: bool, checkpoint_fresh: bool) -> str:
     """Run a submitted turn under the lease it was handed, its events on the run channel."""
     return turn_execute(

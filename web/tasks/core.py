@@ -1,11 +1,12 @@
 from __future__ import annotations
 
-from celery import shared_task
+from typing import Any
 
 from core.services import worker_heartbeat_record
+from web.tasks.registry import background_task
 
 
-@shared_task(name="config.tasks.record_worker_heartbeat", ignore_result=True)
-def record_worker_heartbeat() -> None:
+@background_task(bind=True)
+def record_worker_heartbeat(self: Any) -> None:
     # Note: the heartbeat travels through the broker, so a fresh row proves broker and worker both work.
-    worker_heartbeat_record(hostname=record_worker_heartbeat.request.hostname)
+    worker_heartbeat_record(hostname=self.request.hostname)

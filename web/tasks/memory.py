@@ -4,25 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import shared_task
 from django.db import OperationalError
 
 from memory.embedding import EmbeddingServiceUnavailable
 from memory.services import memory_writes_requeue, turn_memories_write, user_indexes_sync
+from web.tasks.registry import OUTBOX_SWEEP, TURN_AFTERMATH, background_task
 
 
-@shared_task(
-    name="memory.tasks.write_turn_memories",
+# A stalled or restarting embedding service is waited out too (the write is idempotent).
+@background_task(
     bind=True,
-    # A stalled or restarting embedding service is waited out too (the write is idempotent).
     autoretry_for=(OperationalError, ConnectionError, EmbeddingServiceUnavailable),
-    retry_backoff=2,
     retry_backoff_max=120,
-    retry_jitter=True,
-    max_retries=5,
-    soft_time_limit=90,
-    time_limit=120,
-    acks_late=True,
+    **TURN_AFTERMATH,
 )
 def write_turn_memories(self: Any, turn_id: int) -> dict[str, Any]:
     """Write a finished turn's episodic memory and extracted facts (once, however often it runs)."""
@@ -38,30 +32,18 @@ def write_turn_memories(self: Any, turn_id: int) -> dict[str, Any]:
     }
 
 
-@shared_task(
-    name="memory.tasks.requeue_lost_memory_writes",
-    autoretry_for=(OperationalError,),
-    retry_backoff=5,
-    retry_backoff_max=120,
-    retry_jitter=True,
-    max_retries=3,
-    soft_time_limit=60,
-    time_limit=90,
-    ignore_result=True,
-)
+@background_task(**OUTBOX_SWEEP)
 def requeue_lost_memory_writes() -> int:
-    # The outbox sweep (beat, every few minutes): writes whose enqueue was lost while the broker was down.
+    # Writes whose enqueue was lost while the broker was down.
     return memory_writes_requeue()
 
 
-@shared_task(
-    name="memory.tasks.sync_user_indexes",
+@background_task(
     autoretry_for=(OperationalError,),
     retry_backoff=60,
     max_retries=3,
     soft_time_limit=3 * 3600,
     time_limit=3 * 3600 + 300,
-    ignore_result=True,
 )
 def sync_user_indexes() -> dict[str, list[int]]:
     # Daily (beat): an HNSW index of their own for users whose history outgrew the exact search.

@@ -1,13 +1,10 @@
 from __future__ import annotations
 
-from celery import shared_task
-
 from observability.services import alerts_evaluate
+from web.tasks.registry import background_task
 
 
-@shared_task(
-    name="observability.tasks.evaluate_alerts",
-    ignore_result=True,
+@background_task(
     autoretry_for=(ConnectionError,),
     retry_backoff=True,
     retry_backoff_max=60,

@@ -9,6 +9,8 @@ from celery import Celery, bootsteps
 from celery.signals import beat_init, before_task_publish, celeryd_init, worker_process_init, worker_ready
 from click import Option
 
+from core.embedded_broker import ensure_configured
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 logger = logging.getLogger(__name__)
@@ -113,8 +115,6 @@ def _stamp_sent_at(headers: dict[str, Any] | None = None, **kwargs: Any) -> None
 @beat_init.connect
 def _embedded_broker(**kwargs: Any) -> None:
     # A worker or beat started by hand on the embedded default: the broker it needs, started if not running.
-    from core.embedded_broker import ensure_configured
-
     ensure_configured()
 
 

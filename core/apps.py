@@ -1,6 +1,11 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.db import connections
+from django.db.backends.signals import connection_created
+from django.db.models.signals import pre_migrate
+
+from core.db import dates_read_within_bounds
 
 
 class CoreConfig(AppConfig):
@@ -11,12 +16,6 @@ class CoreConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django.db.backends.signals import connection_created
-        from django.db.models.signals import pre_migrate
-
-        # The process's start time, taken now (at start-up), not on the first health request.
-        from core.db import dates_read_within_bounds
-
         # A date PostgreSQL holds and Python cannot must not fail every query that reads it.
         connection_created.connect(dates_read_within_bounds, dispatch_uid="dates_read_within_bounds")
         pre_migrate.connect(_no_statement_timeout, dispatch_uid="core-no-statement-timeout")
@@ -24,7 +23,5 @@ class CoreConfig(AppConfig):
 
 def _no_statement_timeout(using: str = "default", **kwargs: object) -> None:
     """Migrations may build indexes on big tables: DATABASE_STATEMENT_TIMEOUT does not apply to them."""
-    from django.db import connections
-
     with connections[using].cursor() as cursor:
         cursor.execute("SET statement_timeout = 0")

@@ -4,6 +4,11 @@ import os
 from typing import Any
 
 from django.apps import AppConfig
+from django.db.backends.signals import connection_created
+
+from llm.demo import register_structured_handler
+from memory.demo_facts import extract_facts_demo
+from memory.schemas import ExtractedFacts
 
 
 class MemoryConfig(AppConfig):
@@ -13,14 +18,7 @@ class MemoryConfig(AppConfig):
     def ready(self) -> None:
         # The offline demo model answers fact extraction with a deterministic handler, so a fresh
         # install shows semantic memories without an LLM.
-        from llm.demo import register_structured_handler
-        from memory.demo_facts import extract_facts_demo
-        from memory.schemas import ExtractedFacts
-
         register_structured_handler(ExtractedFacts, extract_facts_demo)
-
-        from django.db.backends.signals import connection_created
-
         connection_created.connect(hnsw_settings_apply, dispatch_uid="memory.hnsw_settings")
 
         blas_single_thread()

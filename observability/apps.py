@@ -2,7 +2,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery.signals import task_prerun
 from django.apps import AppConfig
+from django.core.signals import request_started
+
+from llm.recording import CallRecord, add_call_observer
+from observability.logging import bind_log_context, clear_log_context
+from observability.tracing import genai_annotate
 
 
 class ObservabilityConfig(AppConfig):
@@ -11,13 +17,6 @@ class ObservabilityConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from celery.signals import task_prerun
-        from django.core.signals import request_started
-
-        from llm.recording import CallRecord, add_call_observer
-        from observability.logging import bind_log_context, clear_log_context
-        from observability.tracing import genai_annotate
-
         # Each model call's figures on the current trace span (OpenTelemetry's GenAI attributes).
         def annotate(call: CallRecord) -> None:
             genai_annotate(

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from observability.logging import current_log_context
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
@@ -146,8 +148,6 @@ def span(name: str, /, **attributes: Any) -> Iterator[Any]:
     if tracer is None:
         yield NOOP_SPAN
         return
-    from observability.logging import current_log_context
-
     attrs = {f"app.{k}": _attribute(v) for k, v in current_log_context().items()}
     attrs.update({k: _attribute(v) for k, v in attributes.items() if v is not None})
     with tracer.start_as_current_span(name, attributes=attrs) as current:

@@ -17,6 +17,16 @@ import os
 import threading
 import time
 
+from celery import current_app
+from django.conf import settings
+
+from agents.tools.registry import default_registry
+from agents.workflows import registered_workflows
+from core.embedded_broker import ensure_configured
+from core.queue import tasks_import
+from llm.tokens import counter_for
+from memory.embedding import get_embedder
+
 logger = logging.getLogger(__name__)
 
 _thread: threading.Thread | None = None
@@ -31,13 +41,6 @@ def process_prepare() -> float:
     ``manage.py mcp`` before they serve. Each part stays safe lazily too (a lock; see the closing list in
     docs/architecture.md); a part that fails is logged and left to its first use, which raises the same
     error where it can be seen. Returns the seconds it took."""
-    from celery import current_app
-
-    from agents.tools.registry import default_registry
-    from agents.workflows import registered_workflows
-    from core.embedded_broker import ensure_configured
-    from core.queue import tasks_import
-
     started = time.perf_counter()
     parts = {
         "embedded broker": ensure_configured,  # when the settings use it: started by the first process to serve
@@ -64,15 +67,9 @@ def warm_up_in_background() -> threading.Thread:
             return _thread
 
         def load() -> None:
-            from django.conf import settings
-
-            from llm.tokens import counter_for
-
             try:
                 counter_for("").count("warm-up")
                 if settings.EMBEDDING_BACKEND == "sentence-transformers":
-                    from memory.embedding import get_embedder
-
                     get_embedder().embed(["warm-up"])
                     logger.info("embedding model loaded")
             except Exception:  # a failed warm-up is retried by the first real use

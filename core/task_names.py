@@ -39,7 +39,7 @@ FORMERLY: dict[str, str] = {
     REQUEUE_LOST_SUMMARIES: "sessions.tasks.requeue_lost_summaries",
 }
 
-# Beat's tasks and turn recovery: on the operations queue, never behind a backlog (config/settings.py).
+# Beat's tasks and turn recovery: on the operations queue, never behind a backlog (config/settings/background.py).
 OPERATIONS = (
     RECOVER_STUCK_TURNS,
     RECOVER_TURN,

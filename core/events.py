@@ -73,39 +73,39 @@ _clients_lock = threading.Lock()
 
 
 def _client(url: str | None = None) -> redis.Redis:
-    url = url or channel_url()
-    if url is None:
-        raise RuntimeError("The run channel needs a Redis-protocol server: set REDIS_URL (or RUN_EVENTS_URL).")
+    url = url or _channel_url_required()
     with _clients_lock:
         client = _sync_clients.get(url)
         if client is None:
-            client = _sync_clients[url] = redis.Redis.from_url(
-                url,
-                socket_connect_timeout=5,
-                socket_timeout=_READ_TIMEOUT,
-                health_check_interval=30,
-                max_connections=1024,
-            )
+            client = _sync_clients[url] = redis.Redis.from_url(url, **_client_options(max_connections=1024))
     return client
 
 
 def _async_client() -> aioredis.Redis:
     """One asyncio client per process and event loop (a client's connections belong to one loop)."""
-    url = channel_url()
-    if url is None:
-        raise RuntimeError("The run channel needs a Redis-protocol server: set REDIS_URL (or RUN_EVENTS_URL).")
+    url = _channel_url_required()
     key = (url, id(asyncio.get_running_loop()))
     with _clients_lock:
         client = _async_clients.get(key)
         if client is None:
-            client = _async_clients[key] = aioredis.Redis.from_url(
-                url,
-                socket_connect_timeout=5,
-                socket_timeout=_READ_TIMEOUT,
-                health_check_interval=30,
-                max_connections=4096,
-            )
+            client = _async_clients[key] = aioredis.Redis.from_url(url, **_client_options(max_connections=4096))
     return client
+
+
+def _channel_url_required() -> str:
+    url = channel_url()
+    if url is None:
+        raise RuntimeError("The run channel needs a Redis-protocol server: set REDIS_URL (or RUN_EVENTS_URL).")
+    return url
+
+
+def _client_options(*, max_connections: int) -> dict[str, Any]:
+    return {
+        "socket_connect_timeout": 5,
+        "socket_timeout": _READ_TIMEOUT,
+        "health_check_interval": 30,
+        "max_connections": max_connections,
+    }
 
 
 def _keep_seconds() -> int:

@@ -52,6 +52,13 @@ IDEMPOTENCY_HEADER = OpenApiParameter(
 )
 
 
+# The refusals of a message, before anything is saved (the two message endpoints).
+MESSAGE_REFUSALS = {
+    409: OpenApiResponse(description="Another message on this session is still being answered."),
+    413: OpenApiResponse(description="The message is longer than MAX_MESSAGE_CHARS."),
+}
+
+
 def _own_session(request: Request, session_id: UUID) -> ChatSession:
     return get_object_or_404(own_sessions(request.user), pk=session_id)
 
@@ -148,8 +155,7 @@ class SessionMessageApi(generics.GenericAPIView[Turn]):
         responses={
             201: MessageOutputSerializer,
             200: OpenApiResponse(MessageOutputSerializer, description="Replayed: the key was seen before."),
-            409: OpenApiResponse(description="Another message on this session is still being answered."),
-            413: OpenApiResponse(description="The message is longer than MAX_MESSAGE_CHARS."),
+            **MESSAGE_REFUSALS,
         },
     )
     def post(self, request: Request, session_id: UUID) -> Response:
@@ -203,8 +209,7 @@ class SessionMessageStreamApi(APIView):
         request=MessageInputSerializer,
         responses={
             (200, "text/event-stream"): OpenApiResponse(OpenApiTypes.STR, description="The turn's events."),
-            409: OpenApiResponse(description="Another message on this session is still being answered."),
-            413: OpenApiResponse(description="The message is longer than MAX_MESSAGE_CHARS."),
+            **MESSAGE_REFUSALS,
         },
     )
     def post(self, request: Request, session_id: UUID) -> HttpResponseBase:

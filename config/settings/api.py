@@ -1,14 +1,9 @@
-"""The REST API: authentication, throttles, the OpenAPI schema.
-
-Every variable is in docs/configuration.md; ``core.env`` raises ImproperlyConfigured on a value it cannot parse.
-"""
+"""The REST API: authentication, throttles, the OpenAPI schema."""
 
 from __future__ import annotations
 
 from config.settings.site import NUM_PROXIES
-from core.env import (
-    env_rate,
-)
+from core.env import env_rate
 
 # --- REST framework ----------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -1,7 +1,4 @@
-"""Background work: the broker, the cache, Celery's queues and routes, health, beat's schedule, retention.
-
-Every variable is in docs/configuration.md; ``core.env`` raises ImproperlyConfigured on a value it cannot parse.
-"""
+"""Background work: the broker, the cache, Celery's queues and routes, health, beat's schedule, retention."""
 
 from __future__ import annotations
 
@@ -13,12 +10,7 @@ from config.settings.site import DATA_DIR
 from core import task_names
 from core.embedded_broker import broker_url as embedded_broker_url
 from core.embedded_broker import socket_path as embedded_broker_socket
-from core.env import (
-    env_bool,
-    env_float,
-    env_int,
-    env_str,
-)
+from core.env import env_bool, env_float, env_int, env_str
 
 # --- Celery ----------------------------------------------------------------------------------
 # REDIS_URL (or CELERY_BROKER_URL) in production. Unset: the embedded broker, a Valkey server from a wheel on

@@ -1,17 +1,9 @@
-"""The database: PostgreSQL with pgvector, always (embedded unless DATABASE_URL is set).
-
-Every variable is in docs/configuration.md; ``core.env`` raises ImproperlyConfigured on a value it cannot parse.
-"""
+"""The database: PostgreSQL with pgvector, always (embedded unless DATABASE_URL is set)."""
 
 from __future__ import annotations
 
 from config.settings.site import DATA_DIR
-from core.env import (
-    database_from_url,
-    env_bool,
-    env_int,
-    env_str,
-)
+from core.env import database_from_url, env_bool, env_int, env_str
 
 # --- Database: PostgreSQL with pgvector, always. -----------------------------------------
 # With DATABASE_URL unset, an embedded PostgreSQL 18 (+pgvector) is started on first use,

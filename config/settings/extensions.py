@@ -1,16 +1,8 @@
-"""What plugs in: workflows, tools, seeded agents, erasers of a person's data; how tools run.
-
-Every variable is in docs/configuration.md; ``core.env`` raises ImproperlyConfigured on a value it cannot parse.
-"""
+"""What plugs in: workflows, tools, seeded agents, erasers of a person's data; how tools run."""
 
 from __future__ import annotations
 
-from core.env import (
-    env_float,
-    env_int,
-    env_list,
-    env_str,
-)
+from core.env import env_float, env_int, env_list, env_str
 
 # --- Workflows and tools (agents/workflows, agents/tools; docs/extending.md) ------------------------
 # The workflows agents may follow, besides the built-in free chat: dotted paths to a Workflow; installed

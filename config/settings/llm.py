@@ -1,18 +1,10 @@
-"""The model endpoints: the default one from LLM_*, named profiles, retries, structured outputs.
-
-Every variable is in docs/configuration.md; ``core.env`` raises ImproperlyConfigured on a value it cannot parse.
-"""
+"""The model endpoints: the default one from LLM_*, named profiles, retries, structured outputs."""
 
 from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
 
-from core.env import (
-    env_bool,
-    env_float,
-    env_int,
-    env_str,
-)
+from core.env import env_bool, env_float, env_int, env_str
 
 LLM_BASE_URL = env_str("LLM_BASE_URL")
 LLM_API_KEY = env_str("LLM_API_KEY")

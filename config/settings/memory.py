@@ -1,17 +1,10 @@
-"""Embeddings and memory retrieval.
-
-Every variable is in docs/configuration.md; ``core.env`` raises ImproperlyConfigured on a value it cannot parse.
-"""
+"""Embeddings and memory retrieval."""
 
 from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
 
-from core.env import (
-    env_float,
-    env_int,
-    env_str,
-)
+from core.env import env_float, env_int, env_str
 
 EMBEDDING_BACKEND = env_str("EMBEDDING_BACKEND", "sentence-transformers") or "sentence-transformers"
 EMBEDDING_DIMENSIONS = env_int("EMBEDDING_DIMENSIONS", 384, minimum=8)

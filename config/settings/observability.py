@@ -1,19 +1,10 @@
-"""Logs, /metrics, alerts and traces (the observability app).
-
-Every variable is in docs/configuration.md; ``core.env`` raises ImproperlyConfigured on a value it cannot parse.
-"""
+"""Logs, /metrics, alerts and traces (the observability app)."""
 
 from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
 
-from core.env import (
-    env_bool,
-    env_choice,
-    env_float,
-    env_int,
-    env_str,
-)
+from core.env import env_bool, env_choice, env_float, env_int, env_str
 
 # --- Observability: JSON logs, /metrics, alerts, traces (observability app) ----------------
 LOG_FORMAT = env_str("LOG_FORMAT", "json") or "json"

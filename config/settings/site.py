@@ -1,7 +1,4 @@
-"""Where the app keeps its state, who it answers, its apps, middleware, pages, sign-in and request limits.
-
-Every variable is in docs/configuration.md; ``core.env`` raises ImproperlyConfigured on a value it cannot parse.
-"""
+"""Where the app keeps its state, who it answers, its apps, middleware, pages, sign-in and request limits."""
 
 from __future__ import annotations
 
@@ -12,12 +9,7 @@ from pathlib import Path
 from csp.constants import NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
-from core.env import (
-    env_bool,
-    env_int,
-    env_list,
-    env_str,
-)
+from core.env import env_bool, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 # Local state (embedded PostgreSQL, the serverless broker, the generated secret key). Git-ignored.

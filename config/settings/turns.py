@@ -1,18 +1,10 @@
-"""The turn: how long a message may be, where a turn runs, its lease, its events, how it decides.
-
-Every variable is in docs/configuration.md; ``core.env`` raises ImproperlyConfigured on a value it cannot parse.
-"""
+"""The turn: how long a message may be, where a turn runs, its lease, its events, how it decides."""
 
 from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
 
-from core.env import (
-    env_bool,
-    env_float,
-    env_int,
-    env_str,
-)
+from core.env import env_bool, env_float, env_int, env_str
 
 # The turn loop (orchestrator/runtime.py).
 # Longest chat message accepted (characters); longer ones are refused with 413 before anything is saved.

@@ -58,11 +58,17 @@ _DATE_PHRASES = re.compile(
             r"\b(?:today|tomorrow|day after tomorrow)\b",
             r"\bin\s+(?:\d+|a|one|two|three|four|five|six)\s+(?:days?|weeks?)\b",
             r"\bnext\s+week\b",
+            # "the 20th" alone (a day of the month); "the 20th of January" is read whole above.
+            rf"\bthe\s+\d{{1,2}}(?:st|nd|rd|th)\b(?!\s+(?:of\s+)?{_MONTH})(?!\s+(?:passengers?|people|of us))",
         ]
     ),
     re.IGNORECASE,
 )
-_RETURN_MARKER = re.compile(r"\b(?:return(?:ing)?|back|coming back|until|till)\b", re.IGNORECASE)
+# "flying back on the 20th" is a return; "push it back to the 20th" is not.
+_RETURN_MARKER = re.compile(
+    r"\b(?:return(?:ing)?|(?:com(?:e|ing)|fly(?:ing)?|get(?:ting)?|head(?:ing)?|go(?:ing)?) back|back (?:on|home)|until|till)\b",
+    re.IGNORECASE,
+)
 
 _PASSENGERS = re.compile(
     rf"\b(?P<n>{_NUM}|a couple of)\s+(?:passengers?|people|persons?|adults?|travell?ers?|tickets?|seats?|of us|pax)\b",
@@ -76,7 +82,7 @@ _PASSENGERS_LEAD = re.compile(
     rf"(?!\s*(?:{_MONTH}|days?|nights?|weeks?|hours?|/|-|st\b|nd\b|rd\b|th\b))",
     re.IGNORECASE,
 )
-_SOLO = re.compile(r"\b(?:just me|only me|myself|alone|solo|by myself|one person)\b", re.IGNORECASE)
+_SOLO = re.compile(r"\b(?:(?:just|only)(?: be)? me|myself|alone|solo|by myself|one person)\b", re.IGNORECASE)
 _PAIR = re.compile(r"\b(?:me and my \w+|my \w+ and (?:i|me)|the two of us|both of us)\b", re.IGNORECASE)
 _BARE_NUMBER = re.compile(rf"^\s*(?:just\s+|only\s+)?(?P<n>{_NUM})\s*[.!]?\s*$", re.IGNORECASE)
 
@@ -108,7 +114,8 @@ _NOT_PLACES = frozenset(
 _NOT_IN_A_BARE_PLACE = _NOT_PLACES | frozenset(
     """i i'm im i'd id i'll we we're we'd not don't dont didn't can't cannot won't isn't want wanna would like
     yet idea maybe later unsure decided decide think thinking guess to is are was any anything nothing
-    something whatever either neither""".split()
+    something whatever either neither that's thats it's its perfect fine great good right correct lovely nice
+    sounds same said stick book one two three four five six seven eight nine""".split()
 )
 _BARE_PLACE = re.compile(
     r"^\s*(?:(?:i'?m\s+|we'?re\s+)?(?:in|at|from|to)\s+)?(?P<place>[^\W\d_][\w .'-]{1,79}?)\s*,?\s*(?:please)?\s*[.!]?\s*$",
@@ -159,7 +166,7 @@ def extract_dates(text: str, *, today: date) -> dict[str, str]:
     elif (
         len(dates) == 1
         and _RETURN_MARKER.search(text[: dates[0][0]])
-        and not re.search(r"\b(?:depart|leav|go|fly)", text[: dates[0][0]], re.IGNORECASE)
+        and not re.search(r"\b(?:depart|leav|go|fly)(?!\w*\s+back)", text[: dates[0][0]], re.IGNORECASE)
     ):
         # "returning on the 15th" alone is a return date, not a new departure.
         return {"return_date": dates[0][1].isoformat()}
@@ -232,45 +239,183 @@ def extract_places(text: str, *, bare: str = "") -> dict[str, str]:
     return found
 
 
-# "make that Rome instead of Paris", "Rome instead of Paris", "not Paris but Rome", "Paris → Rome".
-_INSTEAD = re.compile(
-    r"(?:\b(?:make (?:that|it)|change (?:that|it) to|switch to|rather)\s+)?"
-    + _PLACE.format(name="new")
-    + r"\s+instead of\s+"
-    + _PLACE.format(name="old"),
+# --- a change of mind ----------------------------------------------------------------------------------------
+# Words people open a correction with ("Actually, …", "Sorry, I meant …", "Oh wait, make it …"), dropped before a
+# place is read: "Actually Paris" is Paris.
+_FILLER = (
+    r"actually|sorry|oh|oops|wait|hmm+|um+|uh|ah|no|nope|well|ok(?:ay)?|so|hey|oh no|my bad|my mistake|"
+    r"on second thoughts?|scratch that|hang on|hold on|i meant|i mean|i said|just|please|correction|change of plans?"
+)
+_LEAD = re.compile(rf"^(?:[\W_]*\b(?:{_FILLER})\b)+[\W_]*", re.IGNORECASE)
+# Words that ask for a change: without one, a bare place in a message is not read as a new value.
+_CHANGE_WORDS = re.compile(
+    r"\b(?:actually|instead|rather|make (?:it|that)|change|switch|swap|replace|meant|mean|not|sorry|scratch|oops|"
+    r"correction|go with|how about|what about|update|prefer|no wait|on second thought)\b",
     re.IGNORECASE,
 )
-_NOT_BUT = re.compile(
-    r"\bnot\s+" + _PLACE.format(name="old") + r",?\s+but\s+" + _PLACE.format(name="new"), re.IGNORECASE
+# "make it Paris instead", "let's go with Paris", "how about Paris then", "can we do Paris": the new value alone.
+_NEW_ALONE = re.compile(
+    r"^(?:(?:can|could) (?:we|you|i) (?:please )?(?:do|make (?:it|that)|change (?:it|that) to|switch (?:it )?to|go with)\s+|"
+    r"(?:let'?s|let us) (?:do|go with|make (?:it|that)|say|go for)\s+|"
+    r"(?:make|change|switch) (?:it|that|this)(?: (?:to|into))?\s+|switch to\s+|change to\s+|go with\s+|"
+    r"(?:how|what) about\s+|i'?d (?:rather|prefer)(?: to)?\s+|i prefer\s+|rather\s+)?"
+    r"(?P<rest>.+?)"
+    r"(?:[\s,]+(?:instead|then|rather|please|thanks|thank you|if possible|if that'?s ok(?:ay)?))*\s*[.!?]*\s*$",
+    re.IGNORECASE,
 )
-_RATHER_THAN = re.compile(_PLACE.format(name="new") + r"\s+rather than\s+" + _PLACE.format(name="old"), re.IGNORECASE)
+# The old value said with the new one, in the orders people say it in.
+_OLD_NEW = [
+    re.compile(p, re.IGNORECASE)
+    for p in (
+        r"(?P<new>[^,.;!?]+?)\s*,?\s+(?:instead of|rather than|in place of)\s+(?P<old>[^,.;!?]+)",
+        r"\b(?:instead of|rather than)\s+(?P<old>[^,.;!?]+?)\s*,\s*(?P<new>[^,.;!?]+)",
+        r"\bnot\s+(?P<old>[^,.;!?]+?)\s*,?\s+but\s+(?P<new>[^,.;!?]+)",
+        r"\bnot\s+(?P<old>[^,.;!?]+?)\s*[,;:-]+\s*(?P<new>[^,.;!?]+)",
+        r"(?P<new>[^,.;!?]+?)\s*,?\s+not\s+(?P<old>[^,.;!?]+)",
+        r"\b(?:change|switch|move)\s+(?:it\s+)?(?:from\s+)?(?P<old>[^,.;!?]+?)\s+(?:to|for|into)\s+(?P<new>[^,.;!?]+)",
+        r"\b(?:swap|replace|switch)\s+(?P<old>[^,.;!?]+?)\s+(?:for|with|by)\s+(?P<new>[^,.;!?]+)",
+        r"(?P<old>[^,.;!?→>]+?)\s*(?:→|->|=>)\s*(?P<new>[^,.;!?]+)",
+    )
+]
+# A slot named by its name: "change the destination to Paris", "the departure city should be Leeds".
+_SLOT_WORDS = (
+    (
+        "origin",
+        r"origin|departure(?: city| airport| point)?|starting point|(?:city|airport) (?:i'?m |we'?re )?(?:leaving|flying) from",
+    ),
+    ("destination", r"destination|arrival(?: city| airport)?|(?:city|place) (?:i'?m |we'?re )?(?:going|flying) to"),
+)
+_NAMED_SLOT = [
+    (
+        slot,
+        re.compile(
+            rf"\b(?:the |my |our )?(?:{words})\s*(?:to|should be|is|will be|=|:|as|for)\s+(?:be\s+)?(?P<new>[^,.;!?]+)",
+            re.IGNORECASE,
+        ),
+    )
+    for slot, words in _SLOT_WORDS
+]
+_DIRECTION = re.compile(
+    r"^(?:(?:fly(?:ing)?|go(?:ing)?|leav(?:e|ing)|depart(?:ing)?|head(?:ing)?)\s+)?(?P<dir>to|from|out of|into)\s+",
+    re.I,
+)
+_LAST_DIRECTION = re.compile(r"\b(?P<dir>to|from|out of|into)\s+(?P<rest>(?:(?!\b(?:to|from|out of|into)\b).)+)$", re.I)
 
 
-def _without_lead(raw: str) -> str:
-    """``raw`` without the words before a place ("go to Paris" → "Paris"): a correction's new place is matched
-    from wherever the sentence starts."""
-    words = raw.split()
-    while words and (words[0].lower() in _NOT_IN_A_BARE_PLACE or _STOP_WORD.match(words[0])):
+def _place_words(raw: str) -> str | None:
+    """``raw`` as a place if it is one alone: no digits, no date, no word of a sentence, at most four words;
+    else the place after its last "to" or "from" ("I'd like to go to Paris" is Paris)."""
+    found = _place_alone(raw)
+    if found is None:
+        tail = _LAST_DIRECTION.search(raw)
+        found = _place_alone(tail.group("rest")) if tail else None
+    return found
+
+
+def _place_alone(raw: str) -> str | None:
+    raw = _LEAD.sub("", raw.strip())
+    said_alone = _NEW_ALONE.match(raw)
+    raw = _DIRECTION.sub("", said_alone.group("rest") if said_alone else raw)
+    words = [w for w in raw.strip(" .,!?'\"").split() if w]
+    while words and words[0].lower() in ("the", "a"):
         words.pop(0)
-    return " ".join(words)
+    if not words or len(words) > 4 or re.search(r"\d", raw) or _DATE_PHRASES.search(raw):
+        return None
+    if any(w.lower().strip(".,!?") in _NOT_IN_A_BARE_PLACE or _STOP_WORD.match(w) for w in words):
+        return None
+    return _clean_place(" ".join(words))
+
+
+def _slot_holding(value: str, current: Mapping[str, Any]) -> str | None:
+    value = value.lower()
+    for slot in ("origin", "destination"):
+        held = str(current.get(slot) or "").lower()
+        if held and held == value:
+            return slot
+    return None
+
+
+def _direction_of(raw: str) -> str | None:
+    """ "origin" for a place said after "from" / "out of", "destination" after "to", else None."""
+    match = _DIRECTION.match(_LEAD.sub("", raw.strip())) or _LAST_DIRECTION.search(raw)
+    if not match:
+        return None
+    return "origin" if match.group("dir").lower() in ("from", "out of") else "destination"
 
 
 def extract_correction(text: str, current: Mapping[str, Any]) -> dict[str, str]:
-    """A stated change of a place already collected ("make that Rome instead of Paris"): the slot whose value
-    is the old place gets the new one. {} when the message names no such change, or no slot holds the old
-    place: then "to Paris instead of Berlin" is read as any other message ("to Paris": places stop before
-    "instead", "rather", "but", "not")."""
-    for pattern in (_INSTEAD, _RATHER_THAN, _NOT_BUT):
-        match = pattern.search(text)
-        if not match:
-            continue
-        old, new = _clean_place(match.group("old")), _clean_place(_without_lead(match.group("new")))
-        if not old or not new:
-            continue
-        for slot in ("origin", "destination"):
-            if str(current.get(slot) or "").lower() == old.lower():
+    """A change of a place already collected, in the words people use: {slot: new place}, or {}.
+
+    - The old place with the new ("Paris instead of Berlin", "not Berlin but Paris", "Berlin → Paris", "change
+      Berlin to Paris", "swap Berlin for Paris"): the slot that holds the old place gets the new one.
+    - The slot by its name ("change the destination to Paris").
+    - The new place alone, with a word that asks for a change ("Actually Paris", "make it Paris instead", "let's
+      go with Paris"): "from Paris" changes the origin, "to Paris" and a place alone the destination.
+    Only when a place slot is already collected; a value that is not a place alone is never returned.
+    """
+    if not any(current.get(slot) for slot in ("origin", "destination")):
+        return {}
+    for pattern in _OLD_NEW:
+        for match in pattern.finditer(text):
+            old, new = _place_words(match.group("old")), _place_words(match.group("new"))
+            slot = _slot_holding(old, current) if old else None
+            if slot and new and new.lower() != str(current.get(slot) or "").lower():
                 return {slot: new}
+    for slot, pattern in _NAMED_SLOT:
+        match = pattern.search(text)
+        if match and (new := _place_words(match.group("new"))):
+            return {slot: new}
+    if not _CHANGE_WORDS.search(text):
+        return {}
+    # The new place alone, in the whole message or in one of its parts ("Actually Paris, and 3 of us").
+    for part in (text, *re.split(r"\s*(?:[,;]|\band\b|\bbut\b|\.\s)\s*", text)):
+        alone = _NEW_ALONE.match(_LEAD.sub("", part.strip()))
+        if alone is None:
+            continue
+        rest = alone.group("rest")
+        new = _place_words(rest)
+        if new is not None and not _slot_holding(new, current):
+            return {_direction_of(rest) or "destination": new}
     return {}
+
+
+# What the old value of a change was, taken out before the new values are read: "the 20th instead of the 15th"
+# is the 20th, "3 people, not 2" is 3.
+_OLD_CLAUSE = re.compile(
+    r"\s*,?\s*(?:instead of|rather than|in place of)\s+[^,.;!?]+|\bnot\s+[^,.;!?]+?\s*,?\s*(?=\bbut\b)|"
+    r"\s*,\s*not\s+[^,.;!?]+|\s+not\s+(?:the\s+)?\d[^,.;!?]*$",
+    re.IGNORECASE,
+)
+_CHANGED_PASSENGERS = re.compile(
+    rf"\b(?:passengers?|people|travell?ers?|tickets?|seats?|(?:number of|how many) (?:passengers|people|travell?ers|tickets|seats))"
+    rf"\s+(?:to|should be|is|will be|=|:)\s+(?P<n>{_NUM})\b",
+    re.IGNORECASE,
+)
+_NUMBER_ALONE = re.compile(rf"^(?P<n>{_NUM})$", re.IGNORECASE)
+_NUMBER_AS_CHANGE = re.compile(
+    rf"\b(?:make (?:it|that)|change (?:it|that) to|actually|now)\s+(?:just\s+)?(?P<n>{_NUM})\b"
+    rf"(?!\s*(?:st\b|nd\b|rd\b|th\b|/|-|:|am\b|pm\b|o'?clock|{_MONTH}|days?|nights?|weeks?))",
+    re.IGNORECASE,
+)
+
+
+def _without_old_values(text: str) -> str:
+    return _OLD_CLAUSE.sub("", text).replace(" but ", " ")
+
+
+def _changed_passengers(text: str, current: Mapping[str, Any]) -> int | None:
+    """ "change the passengers to 3", or a number alone said as a change ("make it 3", "actually three") once the
+    number of passengers is known."""
+    match = _CHANGED_PASSENGERS.search(text)
+    if match:
+        return _number(match.group("n"))
+    if current.get("passengers") in (None, "") or not _CHANGE_WORDS.search(text):
+        return None
+    alone = _NEW_ALONE.match(_LEAD.sub("", text.strip()))
+    if alone and (number := _NUMBER_ALONE.match(alone.group("rest").strip())):
+        return _number(number.group("n"))
+    changed = _NUMBER_AS_CHANGE.search(text)
+    return _number(changed.group("n")) if changed else None
 
 
 # A day that no month has, or not that month ("31st of February", "February 30"): said back, not ignored.
@@ -317,19 +462,23 @@ def extract_slots(
     bare answer ("Paris", "2") can be read as that slot; ``current`` (what is collected) lets a correction
     ("Rome instead of Paris") name the slot by its old value."""
     found: dict[str, Any] = {}
-    correction = extract_correction(text, current or {})
+    current = current or {}
+    correction = extract_correction(text, current)
+    said = _without_old_values(text) if _CHANGE_WORDS.search(text) else text
     if correction:
         found.update(correction)
     else:
         bare_place = next((s for s in asking if s in ("origin", "destination")), "")
-        found.update(extract_places(text, bare=bare_place))
-    found.update(extract_dates(text, today=today))
-    if "depart_date" not in found and (impossible := impossible_date(text, today=today)):
+        found.update(extract_places(said, bare=bare_place))
+    found.update(extract_dates(said, today=today))
+    if "depart_date" not in found and (impossible := impossible_date(said, today=today)):
         found["depart_date"] = impossible
-    passengers = extract_passengers(text, bare_answer="passengers" in asking)
+    passengers = extract_passengers(said, bare_answer="passengers" in asking)
+    if passengers is None:
+        passengers = _changed_passengers(said, current)
     if passengers is not None:
         found["passengers"] = passengers
-    flight = extract_flight_number(text)
+    flight = extract_flight_number(said)
     if flight is not None:
         found["flight_number"] = flight
     return found

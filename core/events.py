@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import queue
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -70,6 +71,15 @@ _RETRY_FOR = 30.0
 _sync_clients: dict[str, redis.Redis] = {}
 _async_clients: dict[tuple[str, int], aioredis.Redis] = {}
 _clients_lock = threading.Lock()
+
+
+_EVENT_ID = re.compile(r"(\d{1,20})-(\d{1,20})")
+
+
+def is_event_id(text: str) -> bool:
+    """Whether ``text`` is an id the run channel could have given (a Redis stream id: two numbers below 2^64)."""
+    match = _EVENT_ID.fullmatch(text)
+    return match is not None and all(int(part) < 2**64 for part in match.groups())
 
 
 def _client(url: str | None = None) -> redis.Redis:

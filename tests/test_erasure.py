@@ -84,6 +84,21 @@ def test_the_command_erases_a_person(alice: Any, chat_agent: Agent) -> None:
     assert not Checkpoint.objects.filter(session__user=alice).exists()
 
 
+@pytest.mark.django_db
+def test_the_command_without_yes_and_without_a_terminal_erases_nothing_and_says_why(
+    alice: Any, chat_agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    from django.core.management.base import CommandError
+
+    _life(alice, chat_agent)
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # a pipe that says nothing: input() meets EOF
+    with pytest.raises(CommandError, match="Pass --yes"):
+        call_command("erase_person", "--user", "alice")
+    assert ChatSession.objects.filter(user=alice).exists()
+
+
 @pytest.mark.worker
 @pytest.mark.django_db(transaction=True)
 def test_a_task_queued_before_the_erasure_writes_nothing_after_it(

@@ -311,3 +311,19 @@ def test_use_model_filter_takes_true_or_false_only(alice_client: APIClient, valu
 def test_the_erase_phrase_is_the_phrase_exactly(alice_client: APIClient) -> None:
     response = alice_client.post("/api/me/erase/", {"confirm": " ERASE my data "}, format="json")
     assert "confirm" in assert_error(response, 400, "invalid")["details"]["fields"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "last_event_id",
+    ["99999999999999999999-99999999999999999999", "18446744073709551616-0", "1-2-3", "abc", "1700000000000"],
+)
+def test_a_last_event_id_the_channel_could_not_have_given_is_400(
+    alice: Any, alice_client: APIClient, chat_agent: Agent, last_event_id: str
+) -> None:
+    """A Redis stream id is two numbers below 2^64: a bigger one is the client's error, not the server's."""
+    session = session_create(user=alice, agent=chat_agent)
+    turn = Turn.objects.create(session=session, seq=1, user_message="Hi", assistant_message="Hello", status="completed")
+    response = alice_client.get(f"/api/turns/{turn.pk}/events/", HTTP_LAST_EVENT_ID=last_event_id)
+    assert_error(response, 400, "invalid")
+    assert "Last-Event-ID" in response.json()["error"]["details"]["fields"]

@@ -8,7 +8,6 @@ staff may read for any turn (it is what the context inspector shows them).
 
 from __future__ import annotations
 
-import re
 from typing import Any
 from uuid import UUID
 
@@ -24,6 +23,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.events import is_event_id
 from llm.providers import DEMO_LABEL
 from orchestrator.runtime import turn_follow, turn_run
 from sessions.models import ChatSession, Checkpoint, Turn
@@ -252,12 +252,11 @@ class TurnEventsApi(APIView):
         owner: Any = request.user
         turn = get_object_or_404(Turn.objects.filter(session__user=owner), pk=turn_id)
         after = str(request.headers.get("Last-Event-ID") or "").strip()
-        if after and not _EVENT_ID.fullmatch(after):
-            raise ValidationError({"Last-Event-ID": ["Not an event id of this API (digits-digits)."]})
+        if after and not is_event_id(after):
+            raise ValidationError(
+                {"Last-Event-ID": ["Not an event id of this API (two numbers below 2^64, digits-digits)."]}
+            )
         return event_response(turn_follow(turn, after=after), asynchronous=is_asgi(request))
-
-
-_EVENT_ID = re.compile(r"\d{1,20}-\d{1,20}")
 
 
 class TurnCompositionApi(APIView):

@@ -23,7 +23,12 @@ class Command(BaseCommand):
         if user is None:
             raise CommandError(f"No user is called {options['user']!r}.")
         if not options["yes"]:
-            answer = input(f"Erase everything kept about {user.get_username()}? This cannot be undone. [y/N] ")
+            try:
+                answer = input(f"Erase everything kept about {user.get_username()}? This cannot be undone. [y/N] ")
+            except EOFError:  # no terminal to ask (a script, a pipe): never erase without a yes
+                raise CommandError(
+                    "Not erased: nothing answered the question. Pass --yes to erase without asking."
+                ) from None
             if answer.strip().lower() not in ("y", "yes"):
                 raise CommandError("Not erased.")
         try:

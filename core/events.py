@@ -20,7 +20,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 
 import redis
@@ -279,6 +279,25 @@ _publisher = _Publisher()
 
 def exists(run: str | int) -> bool:
     return bool(_client().exists(stream_key(run)))
+
+
+def forget(*, runs: Iterable[str | int], sessions: Iterable[Any]) -> int:
+    """Delete the event streams of ``runs`` and the change signals of ``sessions`` (an erasure: their events carry
+    the person's words), then ask the server to rewrite its append-only file, so that the deleted words leave its
+    disk too. The number of keys deleted; 0 without a channel. Best effort: an unreachable channel is logged (the
+    streams expire after RUN_EVENTS_KEEP_SECONDS anyway)."""
+    if channel_url() is None:
+        return 0
+    keys = [stream_key(run) for run in runs] + [session_key(session) for session in sessions]
+    try:
+        client = _client()
+        deleted = sum(int(client.delete(*keys[i : i + 500])) for i in range(0, len(keys), 500))
+        if deleted and client.config_get("appendonly").get("appendonly") == "yes":
+            client.bgrewriteaof()
+        return deleted
+    except redis.RedisError:
+        logger.warning("could not delete %s event streams of an erasure; they expire on their own", len(keys))
+        return 0
 
 
 def _decoded(entries: Any) -> list[tuple[str, dict[str, Any]]]:

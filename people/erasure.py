@@ -26,11 +26,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
 from agents.models import Erasure, LLMCall
+from core import events
 from core.plugins import load_plugins
 from memory.models import Memory, MemoryReview
 from memory.services import lock_user_memories
 from sessions.locks import SessionBusyError, session_lease_take_in_transaction
-from sessions.models import ChatSession, SessionLease
+from sessions.models import ChatSession, SessionLease, Turn
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +111,7 @@ def person_erase(*, user: Any, actor: Any = None) -> ErasureResult:
         }
         # What packages keep about them (the booking example: "bookings"), while their sessions still exist.
         _erasers_run(erasers, user, counts)
+        turn_ids = list(Turn.objects.filter(session_id__in=session_ids).values_list("pk", flat=True))
         deleted, by_model = ChatSession.objects.filter(pk__in=session_ids).delete()
         SessionLease.objects.filter(session_id__in=session_ids).delete()
         counts["sessions"] = by_model.get("chat_sessions.ChatSession", 0)
@@ -120,6 +122,10 @@ def person_erase(*, user: Any, actor: Any = None) -> ErasureResult:
             subject_id=user.pk, actor=actor if actor is not None and actor.pk else None, counts=counts
         )
         result.counts, result.erasure_id = counts, erasure.pk
+    # What the broker holds for them: their turns' event streams (their words and the replies) and their sessions'
+    # change signals.
+    counts["event_streams"] = events.forget(runs=turn_ids, sessions=session_ids)
+    Erasure.objects.filter(pk=result.erasure_id).update(counts=counts)
     # What the cache holds for them: the rate counters of the API and the chat (keyed by their id).
     cache.delete_many([f"throttle_{scope}_{user.pk}" for scope in ("user", "messages", "anon")])
     logger.info("erased the data of user %s (by %s): %s", user.pk, getattr(actor, "pk", None), counts)

@@ -204,3 +204,28 @@ def test_dates_python_cannot_hold_break_no_list_no_export_and_no_erasure(
     assert response.status_code == 200, response.content
     assert not ChatSession.objects.filter(user__in=[alice, bob]).exists()
     assert not Memory.objects.filter(user__in=[alice, bob]).exists()
+
+
+@pytest.mark.django_db
+def test_the_erasure_deletes_the_event_streams_that_carry_the_persons_words(alice: Any, chat_agent: Agent) -> None:
+    """A turn's events (its deltas, and a done event with the title and the reply) stay on the broker for
+    RUN_EVENTS_KEEP_SECONDS: an erasure deletes them with the rows, and the session's change signals too."""
+    import uuid
+
+    from django.test import override_settings
+
+    from core import events
+    from tests.reliability.conftest import redis_queue_url
+
+    with override_settings(RUN_EVENTS_URL=redis_queue_url(), RUN_EVENTS_PREFIX=f"erase-{uuid.uuid4().hex[:8]}"):
+        session = _life(alice, chat_agent)
+        turn = Turn.objects.filter(session=session).first()
+        assert turn is not None
+        events.publish(turn.pk, {"type": "done", "text": "ERASEMARK48 the reply"})
+        events.session_changed(session.pk)
+        assert events.flush() and events.exists(turn.pk)
+        result = person_erase(user=alice)
+        assert not events.exists(turn.pk)
+        assert events.read(turn.pk, block_seconds=0.2) == []
+        assert result.counts["event_streams"] == 2
+        assert Erasure.objects.get().counts["event_streams"] == 2

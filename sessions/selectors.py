@@ -1,5 +1,5 @@
 """Reads about sessions: one's own sessions and their turns; workflow state: checkpoint timelines, recovery
-candidates, retention."""
+candidates, retention; the summaries still to be written."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from uuid import UUID
 
 from django.db import connection
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -117,6 +117,11 @@ def prune_candidates(*, session_id: Any, keep_last: int) -> QuerySet[Checkpoint]
     if len(newest) < keep_last:
         return Checkpoint.objects.none()
     return Checkpoint.objects.filter(session_id=session_id, seq__lt=newest[-1]).exclude(reason__in=PRUNE_KEEP_REASONS)
+
+
+def summaries_waiting() -> QuerySet[ChatSession]:
+    """The sessions whose requested summary has not been written yet (requested past the turn it reaches)."""
+    return ChatSession.objects.filter(summary_requested_seq__gt=F("summary_through_seq"))
 
 
 def session_failure_message(*, session: ChatSession) -> str:

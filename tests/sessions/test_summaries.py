@@ -273,7 +273,7 @@ def test_every_early_fact_of_the_gallery_survives_60_turns_of_a_forgetful_model(
 
 def test_a_person_of_the_users_named_is_a_personal_fact_and_a_quoted_letter_is_not_the_users() -> None:
     from bench.gallery import EMAIL
-    from sessions.summaries import _score, stated_facts
+    from sessions.summaries.extractive import _score, stated_facts
 
     # "he prefers" is not "I prefer", and "My partner Sam" is not "my … is": it scored 2.0, the lowest that counts.
     assert _score("My partner Sam Ortega is travelling with me, he prefers the aisle seat.") == 4.0
@@ -287,7 +287,7 @@ def test_a_person_of_the_users_named_is_a_personal_fact_and_a_quoted_letter_is_n
 
 
 def test_a_number_or_name_is_kept_only_as_a_word_of_its_own() -> None:
-    from sessions.summaries import _kept
+    from sessions.summaries.extractive import _kept
 
     assert not _kept("We are 2 passengers.", "- Outbound on March 12 2027 for the passengers.")
     assert _kept("We are 2 passengers.", "- Booking for 2 passengers.")
@@ -296,7 +296,7 @@ def test_a_number_or_name_is_kept_only_as_a_word_of_its_own() -> None:
 
 
 def test_facts_that_name_something_new_go_first_and_a_carried_line_ranks_as_its_turn(db: Any) -> None:
-    from sessions.summaries import _score, with_stated_facts
+    from sessions.summaries.extractive import _score, with_stated_facts
 
     story = "I am still upset that on my awful last trip the flight was late and nobody told us anything at all."
     route = "I'd like to book a flight from Lisbon to Oslo."

@@ -63,9 +63,9 @@ def test_a_turn_whose_checkpoint_number_was_taken_goes_in_with_the_same_rows(
 ) -> None:
     """When the one statement cannot take the checkpoint's number (a staff action took it meanwhile: it says
     False and writes nothing), ``turn_insert`` writes the same rows in a transaction of a few."""
-    import sessions.services as services
+    import sessions.services.turn_rows as turn_rows
 
-    monkeypatch.setattr(services, "turn_insert_with_checkpoint", lambda *, turn, title: False)
+    monkeypatch.setattr(turn_rows, "turn_insert_with_checkpoint", lambda *, turn, title: False)
     turn = _new_turn(session)
     turn_insert(turn=turn, title="First words")
     assert Turn.objects.get(pk=turn.pk).user_message == "message 1"

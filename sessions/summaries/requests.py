@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from core import task_names
 from core.queue import enqueue
 from core.services import requeue_each
 from llm.prompt import ContextBudget, TurnText, window_size
@@ -68,7 +69,7 @@ def newest_turns(*, session: ChatSession, budget: ContextBudget) -> list[TurnTex
 
 
 # The summary task (``web.tasks.sessions.summarize_session``), sent by name: tasks are doors, above this.
-SUMMARY_TASK = "sessions.tasks.summarize_session"
+SUMMARY_TASK = task_names.SUMMARIZE_SESSION
 
 
 def summary_request_if_due(

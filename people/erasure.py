@@ -21,13 +21,13 @@ from typing import Any
 from django.conf import settings
 from django.contrib.admin.models import LogEntry
 from django.contrib.contenttypes.models import ContentType
-from django.core.cache import cache
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
 from agents.models import Erasure, LLMCall
 from core import events
 from core.plugins import load_plugins
+from core.throttles import rate_counters_forget
 from memory.models import Memory, MemoryReview
 from memory.services import lock_user_memories
 from sessions.locks import SessionBusyError, session_lease_take_in_transaction
@@ -127,6 +127,6 @@ def person_erase(*, user: Any, actor: Any = None) -> ErasureResult:
     counts["event_streams"] = events.forget(runs=turn_ids, sessions=session_ids)
     Erasure.objects.filter(pk=result.erasure_id).update(counts=counts)
     # What the cache holds for them: the rate counters of the API and the chat (keyed by their id).
-    cache.delete_many([f"throttle_{scope}_{user.pk}" for scope in ("user", "messages", "anon")])
+    rate_counters_forget(user.pk)
     logger.info("erased the data of user %s (by %s): %s", user.pk, getattr(actor, "pk", None), counts)
     return result

@@ -23,10 +23,11 @@ REST_FRAMEWORK = {
     ],
     "EXCEPTION_HANDLER": "core.api_errors.api_exception_handler",
     "NUM_PROXIES": NUM_PROXIES,
+    # Counted atomically (core/throttles.py: DRF's own let requests that arrive together all pass).
     # Every API endpoint needs a signed-in user (a 401 comes before any rate), so the rates are per user.
     "DEFAULT_THROTTLE_CLASSES": [
-        "rest_framework.throttling.UserRateThrottle",
-        "rest_framework.throttling.ScopedRateThrottle",
+        "core.throttles.UserRateThrottleAtomic",
+        "core.throttles.ScopedRateThrottleAtomic",
     ],
     # Posting a message runs the model, so it has its own, tighter scope.
     "DEFAULT_THROTTLE_RATES": {

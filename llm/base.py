@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypedDict, TypeVar, Unpack
 
 from django.core.exceptions import ImproperlyConfigured
 from pydantic import BaseModel
@@ -108,6 +108,14 @@ class Completion:
     is_demo: bool = False
 
 
+class ReplyOptions(TypedDict, total=False):
+    """The keywords a reply is asked with (``complete``, ``stream``); one left out is ``None`` (not sent)."""
+
+    temperature: float | None
+    max_tokens: int | None
+    tools: list[ToolSpec] | None
+
+
 class ReplyStream(Protocol):
     """Text deltas as they arrive; ``completion`` is set once the iterator is exhausted."""
 
@@ -121,27 +129,11 @@ class LLMProvider(Protocol):
     model: str
     is_demo: bool
 
-    def complete(
-        self,
-        messages: list[Message],
-        *,
-        ctx: CallContext,
-        temperature: float | None = None,
-        max_tokens: int | None = None,
-        tools: list[ToolSpec] | None = None,
-    ) -> Completion:
+    def complete(self, messages: list[Message], *, ctx: CallContext, **options: Unpack[ReplyOptions]) -> Completion:
         """One reply. Raises ``TruncatedOutputError`` when cut off, an ``LLMError`` subclass on failure."""
         ...
 
-    def stream(
-        self,
-        messages: list[Message],
-        *,
-        ctx: CallContext,
-        temperature: float | None = None,
-        max_tokens: int | None = None,
-        tools: list[ToolSpec] | None = None,
-    ) -> ReplyStream:
+    def stream(self, messages: list[Message], *, ctx: CallContext, **options: Unpack[ReplyOptions]) -> ReplyStream:
         """A reply as token deltas; time to first token is measured and recorded.
 
         The request is made when iteration starts, so every error (``LLMError`` subclasses) is raised
@@ -151,12 +143,7 @@ class LLMProvider(Protocol):
         ...
 
     def structured(
-        self,
-        messages: list[Message],
-        *,
-        schema: type[SchemaT],
-        ctx: CallContext,
-        max_tokens: int | None = None,
+        self, messages: list[Message], *, schema: type[SchemaT], ctx: CallContext, max_tokens: int | None = None
     ) -> SchemaT:
         """A validated instance of ``schema`` (temperature 0, one repair attempt) or ``StructuredOutputError``."""
         ...

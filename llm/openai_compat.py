@@ -18,11 +18,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import httpx2
 import openai
-from pydantic import BaseModel
 
 from llm.base import (
     LLMClientError,
@@ -33,7 +32,6 @@ from llm.base import (
     LLMTimeout,
     Message,
     ToolCallRequest,
-    ToolSpec,
 )
 from llm.capabilities import (
     MODES,
@@ -50,15 +48,9 @@ from llm.capabilities import (
     response_format,
 )
 from llm.profiles import EndpointProfile
-from llm.provider_base import (
-    BaseProvider,
-    OpenedStream,
-    RawCompletion,
-    StreamChunk,
-    ToolCallDelta,
-    json_schema_of,
-    schema_instruction,
-)
+from llm.provider_base import BaseProvider, OpenedStream, RawCompletion, StreamChunk, ToolCallDelta
+from llm.provider_base.primitives import RequestParams, StreamParams
+from llm.provider_base.structured import json_schema_of, schema_instruction
 from llm.redaction import redact
 
 logger = logging.getLogger(__name__)
@@ -226,15 +218,11 @@ class OpenAICompatibleProvider(BaseProvider):
         return redact(text, self._secrets)
 
     def _params(
-        self,
-        messages: list[Message],
-        *,
-        temperature: float | None,
-        max_tokens: int | None,
-        tools: list[ToolSpec] | None,
-        schema: type[BaseModel] | None,
-        mode: StructuredMode | None = None,
+        self, messages: list[Message], asked: RequestParams, mode: StructuredMode | None = None
     ) -> dict[str, Any]:
+        """The SDK's request keywords for ``asked``; a structured request's ``response_format`` in ``mode``."""
+        temperature, max_tokens = asked["temperature"], asked["max_tokens"]
+        tools, schema = asked["tools"], asked["schema"]
         params: dict[str, Any] = {"model": self.model, "messages": messages}
         if temperature is not None:
             params["temperature"] = temperature
@@ -253,24 +241,11 @@ class OpenAICompatibleProvider(BaseProvider):
             )
         return params
 
-    def _request(
-        self,
-        messages: list[Message],
-        *,
-        temperature: float | None,
-        max_tokens: int | None,
-        tools: list[ToolSpec] | None,
-        schema: type[BaseModel] | None,
-        purpose: str,
-    ) -> RawCompletion:
-        if schema is not None:
-            response, retries = self._structured_request(
-                messages, temperature=temperature, max_tokens=max_tokens, schema=schema
-            )
+    def _request(self, messages: list[Message], **params: Unpack[RequestParams]) -> RawCompletion:
+        if params["schema"] is not None:
+            response, retries = self._structured_request(messages, {**params, "tools": None})
         else:
-            response, retries = self._create_with_tools(
-                messages, temperature=temperature, max_tokens=max_tokens, tools=tools, stream=False
-            )
+            response, retries = self._create_with_tools(messages, params, stream=False)
         if not response.choices:
             error = LLMError("the endpoint answered with no choices")
             error.retries = retries
@@ -292,9 +267,7 @@ class OpenAICompatibleProvider(BaseProvider):
             retries=retries,
         )
 
-    def _structured_request(
-        self, messages: list[Message], *, temperature: float | None, max_tokens: int | None, schema: type[BaseModel]
-    ) -> tuple[Any, int]:
+    def _structured_request(self, messages: list[Message], asked: RequestParams) -> tuple[Any, int]:
         """Ask in the format this endpoint is known to take; on a refusal of the format, the next one
         (``llm.capabilities``). What worked is remembered for the endpoint."""
         key = EndpointKey(profile=self.profile.name, base_url=self.profile.base_url, model=self.model)
@@ -306,9 +279,7 @@ class OpenAICompatibleProvider(BaseProvider):
         )
         refusals: list[str] = []
         for index, mode in enumerate(modes):
-            params = self._params(
-                messages, temperature=temperature, max_tokens=max_tokens, tools=None, schema=schema, mode=mode
-            )
+            params = self._params(messages, asked, mode)
             try:
                 response, retries = self._with_retries(partial(self._client.chat.completions.create, **params))
             except LLMClientError as exc:
@@ -322,39 +293,22 @@ class OpenAICompatibleProvider(BaseProvider):
             return response, retries
         raise AssertionError("unreachable: the last mode's refusal is raised")
 
-    def _open_stream(
-        self,
-        messages: list[Message],
-        *,
-        temperature: float | None,
-        max_tokens: int | None,
-        tools: list[ToolSpec] | None,
-        purpose: str,
-    ) -> OpenedStream:
+    def _open_stream(self, messages: list[Message], **params: Unpack[StreamParams]) -> OpenedStream:
         # Only opening the stream is retried: once deltas have reached the caller, a retry would repeat them.
-        raw, retries = self._create_with_tools(
-            messages, temperature=temperature, max_tokens=max_tokens, tools=tools, stream=True
-        )
+        raw, retries = self._create_with_tools(messages, {**params, "schema": None}, stream=True)
         return OpenedStream(chunks=self._chunks(raw), retries=retries)
 
-    def _create_with_tools(
-        self,
-        messages: list[Message],
-        *,
-        temperature: float | None,
-        max_tokens: int | None,
-        tools: list[ToolSpec] | None,
-        stream: bool,
-    ) -> tuple[Any, int]:
-        """One completion request (retried as ``_with_retries`` says). Optional tools (``ToolSpec.optional``)
-        are left out for an endpoint known to refuse tools; a refusal that names tools, when every tool offered
-        was optional, is remembered and the request made again without them."""
+    def _create_with_tools(self, messages: list[Message], asked: RequestParams, *, stream: bool) -> tuple[Any, int]:
+        """One completion request, with no schema (retried as ``_with_retries`` says). Optional tools
+        (``ToolSpec.optional``) are left out for an endpoint known to refuse tools; a refusal that names tools,
+        when every tool offered was optional, is remembered and the request made again without them."""
         key = EndpointKey(profile=self.profile.name, base_url=self.profile.base_url, model=self.model)
+        tools = asked["tools"]
         optional_only = bool(tools) and all(tool.optional for tool in tools or [])
         if optional_only and refuses_tools(key):
             tools = None
         while True:
-            params = self._params(messages, temperature=temperature, max_tokens=max_tokens, tools=tools, schema=None)
+            params = self._params(messages, {**asked, "tools": tools, "schema": None})
             send: Callable[[], Any] = partial(self._client.chat.completions.create, **params)
             if stream:
                 params["stream"] = True

@@ -16,12 +16,13 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 from pydantic import BaseModel
 
 from llm.base import LLMError, Message, ToolCallRequest, ToolSpec
 from llm.provider_base import BaseProvider, OpenedStream, RawCompletion, StreamChunk, ToolCallDelta
+from llm.provider_base.primitives import RequestParams, StreamParams
 
 ScriptItem = Any  # str | ScriptedReply | BaseModel | dict | BaseException
 
@@ -96,17 +97,8 @@ class ScriptedProvider(BaseProvider):
             return ScriptedReply(text=json.dumps(item))
         return ScriptedReply(text=str(item))
 
-    def _request(
-        self,
-        messages: list[Message],
-        *,
-        temperature: float | None,
-        max_tokens: int | None,
-        tools: list[ToolSpec] | None,
-        schema: type[BaseModel] | None,
-        purpose: str,
-    ) -> RawCompletion:
-        reply = self._next(ScriptedRequest(list(messages), temperature, max_tokens, tools, schema, purpose, False))
+    def _request(self, messages: list[Message], **params: Unpack[RequestParams]) -> RawCompletion:
+        reply = self._next(ScriptedRequest(list(messages), streamed=False, **params))
         finish = reply.finish_reason
         if reply.tool_calls and finish == "stop":
             finish = "tool_calls"
@@ -119,16 +111,8 @@ class ScriptedProvider(BaseProvider):
             completion_tokens=reply.completion_tokens,
         )
 
-    def _open_stream(
-        self,
-        messages: list[Message],
-        *,
-        temperature: float | None,
-        max_tokens: int | None,
-        tools: list[ToolSpec] | None,
-        purpose: str,
-    ) -> OpenedStream:
-        reply = self._next(ScriptedRequest(list(messages), temperature, max_tokens, tools, None, purpose, True))
+    def _open_stream(self, messages: list[Message], **params: Unpack[StreamParams]) -> OpenedStream:
+        reply = self._next(ScriptedRequest(list(messages), schema=None, streamed=True, **params))
         chunks: list[StreamChunk] = [StreamChunk(text=piece) for piece in _pieces(reply.text)]
         for index, call in enumerate(reply.tool_calls):
             chunks.append(StreamChunk(tool_call_deltas=[ToolCallDelta(index=index, id=call.id, name=call.name)]))

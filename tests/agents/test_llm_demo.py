@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from agents.models import LLMCall
 from llm import demo
 from llm.base import CallContext, Message, ToolCallRequest, ToolSpec, TruncatedOutputError
-from llm.demo import DemoModel, DemoReply, generic_instance
+from llm.demo import DemoModel, DemoReply, generic_instance, registry
 from llm.providers import DEMO_LABEL
 from llm.tokens import counter_for
 
@@ -24,16 +24,16 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def clean_registry() -> Iterator[None]:
     """Tests register their own handlers; the app's handlers (if any are registered) come back afterwards."""
-    with demo._lock:
-        saved_structured = dict(demo._structured_handlers)
-        saved_replies = list(demo._reply_handlers)
-        demo._structured_handlers.clear()
-        demo._reply_handlers.clear()
+    with registry._lock:
+        saved_structured = dict(registry._structured_handlers)
+        saved_replies = list(registry._reply_handlers)
+        registry._structured_handlers.clear()
+        registry._reply_handlers.clear()
     yield
-    with demo._lock:
-        demo._structured_handlers.clear()
-        demo._structured_handlers.update(saved_structured)
-        demo._reply_handlers[:] = saved_replies
+    with registry._lock:
+        registry._structured_handlers.clear()
+        registry._structured_handlers.update(saved_structured)
+        registry._reply_handlers[:] = saved_replies
 
 
 class Color(enum.Enum):

@@ -188,8 +188,7 @@ def test_a_models_json_schema_is_built_once_and_handed_out_as_a_copy(monkeypatch
 
     from pydantic import BaseModel, create_model
 
-    from llm import provider_base
-    from llm.provider_base import json_schema_of, schema_instruction
+    from llm.provider_base import json_schema_of, schema_instruction, structured
 
     class Answer(BaseModel):
         verdict: str
@@ -215,7 +214,7 @@ def test_a_models_json_schema_is_built_once_and_handed_out_as_a_copy(monkeypatch
     gone = weakref.ref(made)
     del made
     gc.collect()
-    assert gone() is None and all(cls.__name__ != "MadeAtRunTime" for cls in list(provider_base._schemas.keys()))
+    assert gone() is None and all(cls.__name__ != "MadeAtRunTime" for cls in list(structured._schemas.keys()))
 
 
 def test_a_schema_that_computes_a_part_of_itself_is_built_each_time() -> None:

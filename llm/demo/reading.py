@@ -1,0 +1,65 @@
+"""How the demo model reads what it is given: a message's text, its sentences and keywords, and whether the user
+asks for a person (the one intent the demo recognises itself).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from llm.base import Message
+
+WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'-]*")
+STOPWORDS = frozenset(
+    """a an the and or but if of to in on at for from by with about as is are was were be been being am do does
+    did i me my you your we our it its this that these those what which who whom how when where why can could
+    would should will shall may might must not no yes please thanks thank hi hello hey ok okay so just
+    there here have has had want need like get""".split()
+)
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences and lines of ``text``, stripped; empty pieces dropped."""
+    pieces: list[str] = []
+    for line in text.splitlines():
+        pieces.extend(p.strip() for p in re.split(r"(?<=[.!?])\s+", line))
+    return [p for p in pieces if p]
+
+
+def text_of(message: Message) -> str:
+    """A message's content as text (content parts joined, anything else as JSON)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        # Content parts ({"type": "text", "text": ...}) as some clients send them.
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    if content is None:
+        return ""
+    return json.dumps(content)
+
+
+# "I want to talk to a human", "can I speak with a person", "connect me to an agent", "real person please".
+_PERSON = re.compile(
+    r"\b(?:(?:talk|speak|chat)\s+(?:to|with)\s+(?:a\s+|an\s+|some\s*one\s+|someone\s+)?(?:real\s+|live\s+)?"
+    r"(?:human|person|people|agent|operator|representative|someone)|(?:real|live)\s+(?:human|person|agent)|"
+    r"(?:connect|transfer|put)\s+me\s+(?:to|through to|with)\s+(?:a\s+|an\s+)?(?:human|person|agent|operator))\b",
+    re.IGNORECASE,
+)
+
+
+def asks_for_person(text: str) -> bool:
+    """The demo model's reading of "does the user ask for a person?" (a model answers it in the structured
+    decision or the routing; the demo is not one)."""
+    return bool(_PERSON.search(text))
+
+
+def keywords(text: str) -> set[str]:
+    """The words of ``text`` that say something (no stopwords, none shorter than three letters), lowercased."""
+    return {w.lower() for w in WORD.findall(text) if w.lower() not in STOPWORDS and len(w) > 2}
+
+
+def clip_words(text: str, limit: int) -> str:
+    """``text``'s first ``limit`` words, and an ellipsis when there were more."""
+    words = text.split()
+    return " ".join(words) if len(words) <= limit else " ".join(words[:limit]) + " …"

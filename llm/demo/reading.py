@@ -40,10 +40,23 @@ def text_of(message: Message) -> str:
 
 
 # "I want to talk to a human", "can I speak with a person", "connect me to an agent", "real person please".
+_SOMEONE = (
+    r"(?:a\s+|an\s+|the\s+|some\s+)?(?:real\s+|live\s+|actual\s+|human\s+)?"
+    r"(?:human(?:\s+being)?|person|people|operator|representative|rep|manager|supervisor|some\s*one|somebody|"
+    r"(?:customer\s+)?(?:service|support)(?:\s+(?:agent|person|team))?|(?:human|live|real|support)\s+agent)"
+)
 _PERSON = re.compile(
-    r"\b(?:(?:talk|speak|chat)\s+(?:to|with)\s+(?:a\s+|an\s+|some\s*one\s+|someone\s+)?(?:real\s+|live\s+)?"
-    r"(?:human|person|people|agent|operator|representative|someone)|(?:real|live)\s+(?:human|person|agent)|"
-    r"(?:connect|transfer|put)\s+me\s+(?:to|through to|with)\s+(?:a\s+|an\s+)?(?:human|person|agent|operator))\b",
+    # "talk to a human", "speak with someone", "chat to a real person", "connect me to an operator"
+    rf"\b(?:(?:talk|speak|chat)\s+(?:to|with)\s+{_SOMEONE}|(?:real|live)\s+(?:human|person|agent)|"
+    r"(?:connect|transfer|put)\s+me\s+(?:to|through\s+to|with)\s+(?:a\s+|an\s+)?(?:human|person|agent|operator|"
+    r"some\s*one|somebody)|"
+    # "I'd like a person please", "can I get a human", "get me someone", "I need a real person"
+    rf"(?:i'?d\s+like|i\s+would\s+like|i\s+want|i\s+need|can\s+i\s+(?:get|have)|could\s+i\s+(?:get|have)|"
+    rf"may\s+i\s+have|get\s+me|give\s+me)\s+{_SOMEONE}\b(?!\s+(?:of|named|called))|"
+    # "is there a human I can talk to?", "is anyone there who is human"
+    rf"is\s+there\s+(?:a|any)\s+(?:real\s+)?(?:human|person|one|body)\b)\b"
+    # "human please", "operator!", "a real person" (the whole message)
+    rf"|^\W*{_SOMEONE}(?:\s+please)?\W*$",
     re.IGNORECASE,
 )
 

@@ -150,7 +150,7 @@ def session_health(*, session: ChatSession, recent_turns: int = 30) -> SessionHe
     """Per-turn tokens, retries and states of one session, and the death-spiral signals among them.
 
     Signals: prompt tokens per turn up 30 % from the first third of the recent turns to the last
-    third and, at their slope, reaching the agent's context window within 20 turns; a fifth of calls retried; any reset or FAILED checkpoint; the FSM re-entering states
+    third, the latest at 85 % of the agent's context window and, at their slope, reaching it within 20 turns; a fifth of calls retried; any reset or FAILED checkpoint; the FSM re-entering states
     (two or more revisits); a step-limit hit; tool errors in a quarter of the turns.
     """
     rows = _recent_turn_health(session, recent_turns)
@@ -181,10 +181,13 @@ def session_health(*, session: ChatSession, recent_turns: int = 30) -> SessionHe
     return replace(health, signals=_signals(health, retried=int(call_totals["retried"]), turns=len(rows)))
 
 
-# Prompt tokens that grow are a spiral only when, at their present slope, they reach the agent's context window
-# within this many turns. A chat's history makes every prompt grow a little per turn (a normal 15-turn booking goes
-# from 400 to 1,000 tokens, +85 %) until the summaries fold it; that is not a risk, and /ops/ does not list it.
+# Prompt tokens that grow are a spiral only when the latest prompt is already near the agent's context window
+# (this share of it) and, at their present slope, they reach it within this many turns. A chat's history makes
+# every prompt grow a little per turn (a normal 15-turn booking goes from 400 to 1,000 tokens, +85 %; a 19-turn
+# chat reached 4,269 of 6,184) until the budget stops it and the summaries fold it; that is not a risk, and /ops/
+# does not list it.
 TOKENS_REACH_WINDOW_TURNS = 20
+TOKENS_NEAR_WINDOW = 0.85
 
 
 def _tokens_heading_for_the_window(health: SessionHealth) -> bool:
@@ -193,7 +196,7 @@ def _tokens_heading_for_the_window(health: SessionHealth) -> bool:
         return False
     window = getattr(health.session.agent, "context_window", None) or 8192
     latest = health.turns[-1].prompt_tokens
-    return latest + slope * TOKENS_REACH_WINDOW_TURNS >= window
+    return latest >= TOKENS_NEAR_WINDOW * window and latest + slope * TOKENS_REACH_WINDOW_TURNS >= window
 
 
 def _signals(health: SessionHealth, *, retried: int, turns: int) -> list[str]:

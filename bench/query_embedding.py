@@ -40,6 +40,7 @@ def _queries() -> Any:
 
 def _run(mode: str, concurrency: int, seconds: float, embedder: Any) -> dict[str, Any]:
     import memory.embedding as embedding
+    from memory.embedding import queries
 
     embedding.query_vectors_forget()  # every mode asks the same queries: none may find another's vectors
     texts = _queries()
@@ -58,7 +59,7 @@ def _run(mode: str, concurrency: int, seconds: float, embedder: Any) -> dict[str
 
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=4)
     else:
-        embedding.QUERY_BATCH_MAX = 16 if mode == "batched" else 1
+        queries.QUERY_BATCH_MAX = 16 if mode == "batched" else 1
 
     def caller() -> None:
         while time.perf_counter() < stop:
@@ -97,6 +98,7 @@ def main(argv: list[str]) -> int:
     args, _ = parser.parse_known_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import memory.embedding as embedding
+    from memory.embedding import queries
 
     embedder = embedding.get_embedder("sentence-transformers")
     from django.conf import settings
@@ -117,7 +119,7 @@ def main(argv: list[str]) -> int:
             figures = _run(mode, c, args.seconds, embedder)
             report["modes"].setdefault(mode, {})[str(c)] = figures
             print(f"{mode:11} {c:7} {figures['queries_per_s']:9.1f} {figures['p50_ms']:7.1f} {figures['p95_ms']!s:>7}")
-    embedding.QUERY_BATCH_MAX = 16
+    queries.QUERY_BATCH_MAX = 16
     report["measured_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     if not args.no_write:
         RESULTS.mkdir(parents=True, exist_ok=True)

@@ -144,6 +144,22 @@ class Memory(models.Model):
         )
 
 
+# What a memory says and how it is used, in the order the doors show it (the API's shape, the admin's form).
+MEMORY_CONTENT_FIELDS: tuple[str, ...] = (
+    "kind",
+    "text",
+    "fact_key",
+    "trigger",
+    "workflow",
+    "importance",
+    "pinned",
+    "archived",
+    "needs_review",
+)
+# The fields staff and clients may change (``memory.services.memory_update``; the admin's form adds the owner).
+MEMORY_EDITABLE_FIELDS: tuple[str, ...] = ("agent", *MEMORY_CONTENT_FIELDS, "occurred_at", "valid_to", "expires_at")
+
+
 class MemoryReview(models.Model):
     """A contradicting fact the extractor was not confident enough to apply: waits for a person."""
 

@@ -17,6 +17,7 @@ from core import process
 from core.models import WorkerHeartbeat
 from llm.tokens import counter_for
 from memory import embedding
+from memory.embedding import registry
 from web import warmup
 
 # The checks read the database on threads of their own (web/health.py): what a test writes must be committed.
@@ -79,7 +80,7 @@ def test_readyz_is_503_until_the_embedding_model_is_loaded_then_200(
 ) -> None:
     settings.EMBEDDING_BACKEND = "sentence-transformers"
     # A process that has not loaded the model yet, and has no warm-up running.
-    monkeypatch.setattr(embedding, "_instances", {})
+    monkeypatch.setattr(registry, "_instances", {})
     monkeypatch.setattr(warmup, "_thread", None)
     WorkerHeartbeat.objects.create(hostname="celery@this-run", seen_at=timezone.now())
 

@@ -302,10 +302,11 @@ def test_the_chat_says_starting_up_until_the_memory_model_is_loaded(
     browser: Any, live_server: Any, alice: Any, booking_agent: Agent, settings: Any, monkeypatch: Any
 ) -> None:
     from memory import embedding
+    from memory.embedding import registry
     from web import warmup
 
     settings.EMBEDDING_BACKEND = "sentence-transformers"
-    monkeypatch.setattr(embedding, "_instances", {})  # as in a process that has not loaded it yet
+    monkeypatch.setattr(registry, "_instances", {})  # as in a process that has not loaded it yet
     monkeypatch.setattr(warmup, "_thread", None)
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()

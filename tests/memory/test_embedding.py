@@ -72,15 +72,15 @@ def test_query_embedding_soon_gives_the_same_vector_and_its_errors() -> None:
         def embed_query(self, text: str) -> list[float]:
             raise RuntimeError("embedding service down")
 
-    from memory import embedding
+    from memory.embedding import registry
 
-    embedding._instances["broken"] = Broken(384)
+    registry._instances["broken"] = Broken(384)
     try:
         future = embed_query_soon("anything", backend="broken")
         with pytest.raises(RuntimeError, match="embedding service down"):
             future.result()
     finally:
-        del embedding._instances["broken"]
+        del registry._instances["broken"]
 
 
 @pytest.mark.real_embedder
@@ -113,7 +113,7 @@ def test_real_query_embeddings_run_on_a_one_thread_worker_and_leave_the_caller_a
 
 def test_a_query_embedded_lately_is_answered_from_the_process_cache(monkeypatch: Any) -> None:
     """``embed_query_soon`` keeps the latest query vectors (LRU): the same query again skips the model."""
-    import memory.embedding as embedding
+    from memory.embedding import queries, registry
 
     class Counting:
         name, dimensions = "counting", 3
@@ -129,17 +129,17 @@ def test_a_query_embedded_lately_is_answered_from_the_process_cache(monkeypatch:
             return [float(len(text)), 0.0, 1.0]
 
     model = Counting()
-    monkeypatch.setitem(embedding._instances, "counting", model)
-    monkeypatch.setattr(embedding, "QUERY_CACHE_SIZE", 2)
-    monkeypatch.setattr(embedding, "_query_cache", embedding.OrderedDict())
-    first = embedding.embed_query_soon("trains to Porto", backend="counting").result()
-    again = embedding.embed_query_soon("trains to Porto", backend="counting").result()
+    monkeypatch.setitem(registry._instances, "counting", model)
+    monkeypatch.setattr(queries, "QUERY_CACHE_SIZE", 2)
+    monkeypatch.setattr(queries, "_query_cache", queries.OrderedDict())
+    first = queries.embed_query_soon("trains to Porto", backend="counting").result()
+    again = queries.embed_query_soon("trains to Porto", backend="counting").result()
     assert first == again == [15.0, 0.0, 1.0] and model.calls == ["trains to Porto"]
     again.append(9.0)  # a caller's copy: changing it changes nothing cached
-    assert embedding.embed_query_soon("trains to Porto", backend="counting").result() == first
-    embedding.embed_query_soon("b", backend="counting").result()
-    embedding.embed_query_soon("c", backend="counting").result()  # the oldest goes: two at most
-    embedding.embed_query_soon("trains to Porto", backend="counting").result()
+    assert queries.embed_query_soon("trains to Porto", backend="counting").result() == first
+    queries.embed_query_soon("b", backend="counting").result()
+    queries.embed_query_soon("c", backend="counting").result()  # the oldest goes: two at most
+    queries.embed_query_soon("trains to Porto", backend="counting").result()
     assert model.calls == ["trains to Porto", "b", "c", "trains to Porto"]
 
 
@@ -149,7 +149,7 @@ def test_queries_that_wait_together_are_embedded_in_one_batch(monkeypatch: Any) 
     once, and an error reaches every caller of its batch."""
     import threading
 
-    import memory.embedding as embedding
+    from memory.embedding import queries, registry
 
     class Gated:
         name, dimensions = "gated", 3
@@ -177,36 +177,36 @@ def test_queries_that_wait_together_are_embedded_in_one_batch(monkeypatch: Any) 
             return [[float(len(t)), 1.0, 0.0] for t in texts]
 
     model = Gated()
-    monkeypatch.setitem(embedding._instances, "gated", model)
-    monkeypatch.setattr(embedding, "_query_cache", embedding.OrderedDict())
-    first = embedding.embed_query_soon("a", backend="gated")
+    monkeypatch.setitem(registry._instances, "gated", model)
+    monkeypatch.setattr(queries, "_query_cache", queries.OrderedDict())
+    first = queries.embed_query_soon("a", backend="gated")
     wait_for(lambda: model.batches, message="the first query to reach the model")
-    later = {t: embedding.embed_query_soon(t, backend="gated") for t in ("bb", "ccc", "dddd")}
-    again = embedding.embed_query_soon("ccc", backend="gated")
+    later = {t: queries.embed_query_soon(t, backend="gated") for t in ("bb", "ccc", "dddd")}
+    again = queries.embed_query_soon("ccc", backend="gated")
     model.gate.set()
     assert first.result(10) == [1.0, 1.0, 0.0]
     assert {t: f.result(10) for t, f in later.items()} == {t: [float(len(t)), 1.0, 0.0] for t in later}
     assert again.result(10) == [3.0, 1.0, 0.0]
     assert model.batches == [["a"], ["bb", "ccc", "dddd"]]
-    assert embedding._cached_query(("gated", "dddd")) == [4.0, 1.0, 0.0]
+    assert queries._cached_query(("gated", "dddd")) == [4.0, 1.0, 0.0]
 
     model.gate.clear()
     model.fail = True
-    blocked = embedding.embed_query_soon("e", backend="gated")
+    blocked = queries.embed_query_soon("e", backend="gated")
     wait_for(lambda: len(model.batches) == 3, message="the blocking query to reach the model")
-    doomed = [embedding.embed_query_soon(t, backend="gated") for t in ("ff", "ggg")]
+    doomed = [queries.embed_query_soon(t, backend="gated") for t in ("ff", "ggg")]
     model.gate.set()
     for future in (blocked, *doomed):
         with pytest.raises(RuntimeError, match="embedding service down"):
             future.result(10)
     model.fail = False
-    assert embedding.embed_query_soon("hhhhh", backend="gated").result(10) == [5.0, 1.0, 0.0]  # the thread lives on
+    assert queries.embed_query_soon("hhhhh", backend="gated").result(10) == [5.0, 1.0, 0.0]  # the thread lives on
 
     # One query the embedder refuses fails alone: the others of its batch are embedded one by one.
     model.gate.clear()
-    blocked = embedding.embed_query_soon("iiiiii", backend="gated")
+    blocked = queries.embed_query_soon("iiiiii", backend="gated")
     wait_for(lambda: model.batches[-1] == ["iiiiii"], message="the blocking query to reach the model")
-    mixed = {t: embedding.embed_query_soon(t, backend="gated") for t in ("a too long one", "jj", "kkk short")}
+    mixed = {t: queries.embed_query_soon(t, backend="gated") for t in ("a too long one", "jj", "kkk short")}
     model.gate.set()
     assert blocked.result(10) == [6.0, 1.0, 0.0] and mixed["jj"].result(10) == [2.0, 1.0, 0.0]
     with pytest.raises(ValueError, match="input too long"):
@@ -228,7 +228,7 @@ def test_an_idle_query_thread_ends_and_lets_go_of_its_embedder(monkeypatch: Any)
     """A query thread with nothing to do for QUERY_THREAD_IDLE ends and leaves the registry (a replaced
     embedder leaves no thread behind); the next query starts a new thread and is answered, also when it got
     hold of the old thread just as that one ended."""
-    import memory.embedding as embedding
+    from memory.embedding import queries, registry
 
     class Plain:
         name, dimensions = "plain-idle", 3
@@ -241,42 +241,42 @@ def test_an_idle_query_thread_ends_and_lets_go_of_its_embedder(monkeypatch: Any)
 
     model = Plain()
     created: list[Any] = []
-    real_batcher = embedding._QueryBatcher
+    real_batcher = queries._QueryBatcher
 
     def recorded(embedder: Any) -> Any:
         created.append(real_batcher(embedder))
         return created[-1]
 
-    monkeypatch.setattr(embedding, "_QueryBatcher", recorded)
-    monkeypatch.setitem(embedding._instances, "plain-idle", model)
-    monkeypatch.setattr(embedding, "_query_cache", embedding.OrderedDict())
-    monkeypatch.setattr(embedding, "QUERY_THREAD_IDLE", 0.5)
-    assert embedding.embed_query_soon("one", backend="plain-idle").result(10) == [3.0, 0.0, 1.0]
+    monkeypatch.setattr(queries, "_QueryBatcher", recorded)
+    monkeypatch.setitem(registry._instances, "plain-idle", model)
+    monkeypatch.setattr(queries, "_query_cache", queries.OrderedDict())
+    monkeypatch.setattr(queries, "QUERY_THREAD_IDLE", 0.5)
+    assert queries.embed_query_soon("one", backend="plain-idle").result(10) == [3.0, 0.0, 1.0]
     first = created[-1]  # (the last: on a stalled machine a thread may have ended before it took the query)
     before = len(created)
     first.thread.join(10)
-    assert not first.thread.is_alive() and first.closed and id(model) not in embedding._batchers
+    assert not first.thread.is_alive() and first.closed and id(model) not in queries._batchers
     assert first.submit("late", ("plain-idle", "late")) is None  # a closed thread takes no query
 
     # A caller that was handed the old thread just before it ended asks again and gets a new one.
-    monkeypatch.setattr(embedding, "QUERY_THREAD_IDLE", 300.0)
-    real_for = embedding._batcher_for
+    monkeypatch.setattr(queries, "QUERY_THREAD_IDLE", 300.0)
+    real_for = queries._batcher_for
     handed: list[Any] = []
 
     def stale_first(embedder: Any) -> Any:
         handed.append(first if not handed else real_for(embedder))
         return handed[-1]
 
-    monkeypatch.setattr(embedding, "_batcher_for", stale_first)
-    assert embedding.embed_query_soon("three", backend="plain-idle").result(10) == [5.0, 0.0, 1.0]
+    monkeypatch.setattr(queries, "_batcher_for", stale_first)
+    assert queries.embed_query_soon("three", backend="plain-idle").result(10) == [5.0, 0.0, 1.0]
     assert len(created) == before + 1 and handed == [first, created[-1]] and created[-1].thread.is_alive()
-    assert embedding._batchers[id(model)] is created[-1]
+    assert queries._batchers[id(model)] is created[-1]
 
 
 def test_a_query_thread_that_dies_fails_what_it_still_held(monkeypatch: Any) -> None:
     """The thread ending for good (here: its queue closed under it) fails every query still queued with a
     clear error and leaves the registry: no caller waits forever."""
-    import memory.embedding as embedding
+    from memory.embedding import queries
 
     class Plain:
         name, dimensions = "plain-dies", 3
@@ -288,16 +288,16 @@ def test_a_query_thread_that_dies_fails_what_it_still_held(monkeypatch: Any) -> 
             return [1.0, 0.0, 0.0]
 
     model = Plain()
-    batcher = embedding._QueryBatcher.__new__(embedding._QueryBatcher)  # no thread: its end is driven here
+    batcher = queries._QueryBatcher.__new__(queries._QueryBatcher)  # no thread: its end is driven here
     batcher.embedder = model
-    batcher.waiting = embedding.queue.SimpleQueue()
+    batcher.waiting = queries.queue.SimpleQueue()
     batcher.closed = False
-    batcher.lock = embedding.threading.Lock()
-    monkeypatch.setitem(embedding._batchers, id(model), batcher)
+    batcher.lock = queries.threading.Lock()
+    monkeypatch.setitem(queries._batchers, id(model), batcher)
     queued = [batcher.submit(t, ("plain-dies", t)) for t in ("a", "b")]
     batcher._close(KeyboardInterrupt())
     for future in queued:
         assert future is not None
         with pytest.raises(RuntimeError, match="query embedding thread ended"):
             future.result(1)
-    assert id(model) not in embedding._batchers and batcher.submit("c", ("plain-dies", "c")) is None
+    assert id(model) not in queries._batchers and batcher.submit("c", ("plain-dies", "c")) is None

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from memory import embedding
-from memory.embedding import EmbeddingServiceUnavailable, SentenceTransformerEmbedder, ServiceEmbedder
+from memory.embedding import EmbeddingServiceUnavailable, SentenceTransformerEmbedder, ServiceEmbedder, registry
 from memory.embedding_service import bind
 
 pytestmark = pytest.mark.real_embedder
@@ -149,9 +149,9 @@ def test_the_settings_choose_the_service_and_readiness_asks_it(
 ) -> None:
     settings.EMBEDDING_BACKEND = "sentence-transformers"
     settings.EMBEDDING_SERVICE_SOCKET = str(service)
-    monkeypatch.setattr(embedding, "_instances", {})
+    monkeypatch.setattr(registry, "_instances", {})
     assert embedding.embedder_ready() is True
     assert isinstance(embedding.get_embedder(), ServiceEmbedder)
     settings.EMBEDDING_SERVICE_SOCKET = str(service.parent / "gone.sock")
-    monkeypatch.setattr(embedding, "_instances", {})
+    monkeypatch.setattr(registry, "_instances", {})
     assert embedding.embedder_ready() is False

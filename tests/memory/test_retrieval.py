@@ -351,7 +351,8 @@ def test_big_histories_get_an_hnsw_index_of_their_own(alice: Any, bob: Any, sett
 
     from memory.embedding import get_embedder
     from memory.retrieval.vector import _VECTOR_SQL, _nearest_sql, vector_literal, vector_search
-    from memory.services import user_index_name, user_indexes_present, user_indexes_sync
+    from memory.selectors import user_index_name, user_indexes_present
+    from memory.services import user_indexes_sync
 
     settings.MEMORY_EXACT_SEARCH_MAX = 6
     mine = [memory_create(user=alice, kind="episodic", text=f"User: note {i} on {t}") for i, t in enumerate("abcdefgh")]
@@ -392,7 +393,7 @@ def test_the_index_command_builds_keeps_and_drops_per_user_indexes(alice: Any, s
 
     from django.core.management import call_command
 
-    from memory.services import user_indexes_present
+    from memory.selectors import user_indexes_present
 
     settings.MEMORY_EXACT_SEARCH_MAX = 6
     for i in range(8):
@@ -519,6 +520,7 @@ def test_the_query_is_embedded_while_tier_1_is_read(alice: Any, settings: Any) -
     from django.db import connection
 
     from memory import embedding
+    from memory.embedding import registry
 
     fact = memory_create(user=alice, kind="semantic", text="The user's home airport is LIS.", fact_key="home_airport")
     trip = memory_create(user=alice, kind="episodic", text="User: I flew to Kyoto for the honeymoon")
@@ -545,13 +547,13 @@ def test_the_query_is_embedded_while_tier_1_is_read(alice: Any, settings: Any) -
             tier1_started.set()
         return execute(sql, params, many, context)
 
-    embedding._instances["waits-for-tier-1"] = WaitsForTier1()
+    registry._instances["waits-for-tier-1"] = WaitsForTier1()
     settings.EMBEDDING_BACKEND = "waits-for-tier-1"
     try:
         with connection.execute_wrapper(watch):
             result = _retrieve(alice, "where did I fly for the honeymoon", relevance_threshold=0.0)
     finally:
-        del embedding._instances["waits-for-tier-1"]
+        del registry._instances["waits-for-tier-1"]
     assert threads and threads[0].startswith("embed-query")
     inline = _retrieve(
         alice,

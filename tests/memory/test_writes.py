@@ -48,11 +48,11 @@ def test_write_twice_writes_once(alice: Any, make_turn: Any, scripted: Any) -> N
 def test_a_copy_that_called_the_model_while_another_wrote_the_turn_writes_nothing(
     alice: Any, make_turn: Any, scripted: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from memory import services
+    from memory.services import turns
 
     turn = make_turn(alice, "I collect vintage maps", "Nice.")
     scripted.add(_facts())
-    extract = services._extract_facts
+    extract = turns.extract_facts
     calls: list[int] = []
 
     def slow_model(*, turn: Any, known_keys: list[str]) -> Any:
@@ -65,7 +65,7 @@ def test_a_copy_that_called_the_model_while_another_wrote_the_turn_writes_nothin
         Memory.objects.filter(source_turn_id=turn.pk, kind="episodic").delete()
         return [], ""
 
-    monkeypatch.setattr(services, "_extract_facts", slow_model)
+    monkeypatch.setattr(turns, "extract_facts", slow_model)
     result = turn_memories_write(turn_id=turn.pk)
 
     assert len(calls) == 2 and not result.written
@@ -304,7 +304,7 @@ def test_review_apply_that_fails_changes_nothing(
 
     import openai
 
-    from memory import embedding
+    from memory.embedding import registry
     from tests.fakes.openai_server import EMBEDDINGS_PATH, error
 
     current = memory_create(user=alice, kind="semantic", text="The user lives in Lisbon.", fact_key="home_city")
@@ -313,7 +313,7 @@ def test_review_apply_that_fails_changes_nothing(
     )
     settings.EMBEDDING_BACKEND, settings.EMBEDDING_BASE_URL = "openai", fake_openai.base_url
     settings.EMBEDDING_MODEL = "fake-embedding"
-    monkeypatch.delitem(embedding._instances, "openai", raising=False)  # built again, for this server
+    monkeypatch.delitem(registry._instances, "openai", raising=False)  # built again, for this server
     fake_openai.enqueue(dataclasses.replace(error(400, "input refused"), path=EMBEDDINGS_PATH))
 
     with pytest.raises(openai.BadRequestError, match="input refused"):

@@ -28,7 +28,7 @@ from pgvector.django import CosineDistance
 from agents.models import Agent
 from core.incoming import Unstorable, storable_datetime
 from memory.embedding import get_embedder
-from memory.models import Memory, MemoryReview
+from memory.models import MEMORY_EDITABLE_FIELDS, Memory, MemoryReview
 from memory.retrieval import memories_for_prompt, tuning
 from memory.selectors import current_q
 from memory.services import (
@@ -79,22 +79,7 @@ class CurrentFilter(admin.SimpleListFilter):
 class MemoryForm(forms.ModelForm):
     class Meta:
         model = Memory
-        fields = [
-            "user",
-            "agent",
-            "kind",
-            "text",
-            "fact_key",
-            "trigger",
-            "workflow",
-            "importance",
-            "pinned",
-            "archived",
-            "needs_review",
-            "occurred_at",
-            "valid_to",
-            "expires_at",
-        ]
+        fields = ["user", *MEMORY_EDITABLE_FIELDS]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

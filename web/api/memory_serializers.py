@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from memory.models import Memory
+from memory.models import MEMORY_CONTENT_FIELDS, Memory
 from web.api.fields import QueryBooleanField, StorableDateTimeField, StrictCharField
 
 
@@ -19,15 +19,7 @@ class MemoryOutputSerializer(serializers.ModelSerializer[Memory]):
         model = Memory
         fields = [
             "id",
-            "kind",
-            "text",
-            "fact_key",
-            "trigger",
-            "workflow",
-            "importance",
-            "pinned",
-            "archived",
-            "needs_review",
+            *MEMORY_CONTENT_FIELDS,
             "is_current",
             "source_session",
             "source_turn",

@@ -11,6 +11,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
+from core import task_names
 from core.queue import enqueue, queued_args
 from core.services import requeue_each
 from memory.models import Memory
@@ -19,7 +20,7 @@ from sessions.models import Checkpoint, Turn
 logger = logging.getLogger("memory.services")  # the name its log lines had before the split
 
 # The memory-write task (``web.tasks.memory.write_turn_memories``), sent by name: tasks are doors, above this.
-WRITE_TASK = "memory.tasks.write_turn_memories"
+WRITE_TASK = task_names.WRITE_TURN_MEMORIES
 
 
 def memory_writes_enqueue(*, turn: Turn) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 from django.db.models import QuerySet
 
 from agents.models import Agent
+from agents.workflows import available_workflow_names
 from llm.base import LLMConfigurationError
 from llm.providers import DEMO_LABEL, get_provider
 
@@ -26,8 +27,11 @@ def agent_model_label(agent: Agent) -> dict[str, Any]:
 
 
 def active_agents() -> QuerySet[Agent]:
-    """The agents people can talk to, by name: what the API's agent list and MCP's ``list_agents`` list."""
-    return Agent.objects.filter(is_active=True).order_by("name", "pk")
+    """The agents people can talk to, by name: what the API's agent list, the chat's "New chat" and MCP's
+    ``list_agents`` list. Not an agent switched off, nor one whose workflow is not available on this server (a
+    plug-in whose ``AGENT_EXTRA_*`` setting is gone: restoring it offers the agent again)."""
+    workflows = available_workflow_names() | {""}  # "": the free chat
+    return Agent.objects.filter(is_active=True, workflow__in=workflows).order_by("name", "pk")
 
 
 def active_agent(slug: str) -> Agent | None:

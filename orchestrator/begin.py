@@ -3,20 +3,24 @@ as a ``Turn`` with a checkpoint, committed before any model call (a crash never 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import IntegrityError
 from django.utils import timezone
 
+from agents.workflows import workflow_available
 from core.errors import Refusal
 from core.incoming import Unstorable
 from core.incoming import idempotency_key as valid_idempotency_key
-from orchestrator.context import AGENT_SWITCHED_OFF, FINISHED
+from orchestrator.context import AGENT_SWITCHED_OFF, AGENT_WORKFLOW_GONE, FINISHED
 from sessions.locks import SessionBusyError, SessionTurnLock, session_is_locked
 from sessions.models import ChatSession, Turn
 from sessions.selectors import session_for_turn, unfinished_turns
 from sessions.services import turn_insert
+
+logger = logging.getLogger(__name__)
 
 
 class MessageRejected(Refusal):
@@ -132,6 +136,17 @@ def _idempotency_key(key: str | None) -> str | None:
         raise MessageRejected("invalid_idempotency_key", str(exc)) from None
 
 
+def session_unavailable(session: ChatSession) -> str | None:
+    """Why ``session`` takes no new message, in words for its person (None: it takes them). Its agent switched
+    off by an operator (a misbehaving agent, a retired one), or its workflow not available on this server (a
+    plug-in whose setting is gone): its chats stay readable, and restoring the agent or the setting restores them."""
+    if not session.agent.is_active:
+        return AGENT_SWITCHED_OFF + " It takes no new messages."
+    if not workflow_available(session.workflow, session.workflow_version):
+        return AGENT_WORKFLOW_GONE.format(name=session.workflow)
+    return None
+
+
 def _begin_locked(session: ChatSession, text: str, key: str | None, lock: SessionTurnLock) -> TurnHandle:
     """``turn_begin`` once the session's lease is held: the session read again and checked, then the turn this
     message is (a replay or a resumed one under its key, else a new one saved with its checkpoint)."""
@@ -142,10 +157,10 @@ def _begin_locked(session: ChatSession, text: str, key: str | None, lock: Sessio
         raise MessageRejected("not_found", "This session was deleted; the message was not saved.", status=404) from None
     if session.status == ChatSession.Status.CLOSED:
         raise SessionClosedError("This session is closed.")
-    if not session.agent.is_active:
-        # Switched off by an operator (a misbehaving agent, a retired one): its chats stay readable and
-        # take no new message.
-        raise MessageRejected("agent_unavailable", AGENT_SWITCHED_OFF + " It takes no new messages.", status=503)
+    unavailable = session_unavailable(session)
+    if unavailable is not None:
+        logger.warning("session %s: message refused: %s", session.pk, unavailable)
+        raise MessageRejected("agent_unavailable", unavailable + " Nothing was saved.", status=503)
     same = Turn.objects.filter(session=session, idempotency_key=key).first() if key else None
     if same is not None:
         _same_message_or_refuse(same, text)

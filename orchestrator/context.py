@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from sessions.context import TurnHistory
 
 AGENT_SWITCHED_OFF = "This chat's agent has been switched off by an operator."
+# A plug-in's workflow whose setting is gone (a restart without its AGENT_EXTRA_WORKFLOWS): restoring it restores
+# the chat.
+AGENT_WORKFLOW_GONE = "This chat's agent is not available on this server now (its workflow {name!r} is not installed)."
 HANDOFF_NOTICE = "I've passed this conversation to a person on our team; they will reply here."
 UNFINISHED = TURN_UNFINISHED
 FINISHED = TURN_FINISHED

@@ -114,6 +114,21 @@ def get_workflow(name: str, version: int | None = None) -> Workflow:
     return found
 
 
+def workflow_available(name: str, version: int | None = None) -> bool:
+    """Whether ``get_workflow(name, version)`` finds it on this server (a plug-in whose setting is gone: not)."""
+    try:
+        get_workflow(name, version)
+    except UnknownWorkflowError:
+        return False
+    return True
+
+
+def available_workflow_names() -> set[str]:
+    """The names of every workflow an agent may follow here: the code's, the settings' and the packages', and the
+    active ones declared as data."""
+    return {*_registry(), *(name for name, _title in _stored_choices())}
+
+
 def state_label(name: str, version: int | None, state: str) -> str:
     """``state`` as people read it in workflow ``name`` (its label; the name in words when the workflow cannot
     be read any more, or has no label for it)."""
@@ -157,7 +172,9 @@ __all__ = [
     "Workflow",
     "WorkflowDecision",
     "WorkflowSource",
+    "available_workflow_names",
     "code_workflow_names",
+    "workflow_available",
     "configured_workflows",
     "get_workflow",
     "register",

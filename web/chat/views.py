@@ -37,6 +37,7 @@ from core.api_errors import error_body, error_response, refusal_headers, runtime
 from core.incoming import clamped_datetime
 from core.text import state_words
 from core.throttles import messages_rate_wait
+from orchestrator.begin import session_unavailable
 from sessions.locks import SessionBusyError
 from sessions.models import ChatSession, Turn
 from sessions.selectors import own_sessions
@@ -233,6 +234,7 @@ def chat(request: HttpRequest, session_id: UUID) -> HttpResponse:
         "earlier_before": shown[0].seq if len(page) > CHAT_PAGE_TURNS else None,
         "reading_earlier": older,
         "model": _model_label(session.agent),
+        "unavailable": session_unavailable(session),
         "events_since": drawn.isoformat(),
         **_panels_context(request, session),
     }

@@ -143,6 +143,9 @@
     const body = reply ? reply.querySelector(".bubble") : null;
     if (event === "turn") {
       reply.dataset.turn = data.turn_id;
+      const mine = reply.previousElementSibling;
+      if (mine && mine.classList.contains("user") && !mine.dataset.turn) mine.dataset.turn = data.turn_id;
+      sending = null;
     } else if (event === "delta") {
       const dots = body.querySelector(".typing");
       if (dots) dots.remove();
@@ -170,6 +173,8 @@
       const earlier = document.querySelector('li.msg.assistant[data-turn="' + Number(data.turn_id) + '"] .bubble');
       if (earlier) { earlier.classList.remove("muted"); show(earlier, data); }
     } else if (event === "done") {
+      // A turn still running, read where no run channel carries its events: its end comes as turn_done.
+      if (data.turn_status === "running" || data.turn_status === "pending") return;
       reply.classList.remove("streaming");
       show(body, data);
       if (!data.reply && data.status === "needs_human") {
@@ -207,6 +212,10 @@
     }
   }
 
+  function turnStatus(lines) {
+    try { return JSON.parse(lines.join("\n")).turn_status || ""; } catch (_) { return ""; }
+  }
+
   // Reads a reply's events; remembers the last event's id (a turn run by a turn worker has them) and whether
   // the stream reached its end, so that a dropped stream can be joined again where it left off.
   async function readStream(response, reply, seen) {
@@ -230,7 +239,8 @@
           else if (line.startsWith("data:")) lines.push(line.slice(5).trimStart());
         }
         if (id) seen.lastId = id;
-        if (event === "done" || event === "error") seen.ended = true;
+        if (event === "error") seen.ended = true;
+        if (event === "done" && !/^(?:running|pending)$/.test(turnStatus(lines))) seen.ended = true;
         if (lines.length) handle(event, JSON.parse(lines.join("\n")), reply);
       }
     }
@@ -252,10 +262,14 @@
     return seen.ended;
   }
 
+  // The message this tab is sending, until its turn's id is known: the events below must not draw it twice.
+  let sending = null;
+
   form.addEventListener("submit", async function (e) {
     e.preventDefault();
     const message = input.value;
     if (!message.trim()) return;
+    sending = message;
     errorBox.hidden = true;
     send.disabled = true;
     input.disabled = true;
@@ -323,11 +337,68 @@
     } catch (err) {
       showError("The connection was lost: " + err.message + ". Reload the page to see the saved reply.");
     } finally {
+      sending = null;
       send.disabled = false;
       input.disabled = false;
       input.focus();
     }
   });
+
+  // A turn this page did not send (another tab, the API, MCP, a page loaded while it ran): its message, and its
+  // reply followed live from the turn's events (/api/turns/<id>/events/, from the first); a turn that cannot be
+  // followed is filled when it ends (turn_done).
+  function drawTurn(data) {
+    const id = Number(data.turn_id);
+    let reply = turns.querySelector('li.msg.assistant[data-turn="' + id + '"]');
+    if (reply) return reply;
+    const mine = bubble("user", data.message || "");
+    mine.dataset.turn = id;
+    reply = bubble("assistant", "");
+    reply.dataset.turn = id;
+    return reply;
+  }
+  // A reply filled from a turn_done event (what is saved), not from the turn's own stream.
+  function finish(li, data) {
+    const bubbleEl = li.querySelector(".bubble");
+    const dots = bubbleEl.querySelector(".typing");
+    if (dots) dots.remove();
+    li.classList.remove("streaming");
+    if (data.reply) {
+      bubbleEl.classList.remove("muted");
+      show(bubbleEl, data);
+    } else if (data.status === "completed") {
+      bubbleEl.classList.add("muted");
+      bubbleEl.textContent = HANDED_OVER;
+    }
+    if (data.status === "failed") li.classList.add("failed");
+    li.dataset.done = "1";
+    reveal(li);
+    refreshPanels();
+  }
+  async function follow(reply) {
+    if (reply.dataset.following === "1" || reply.dataset.done === "1") return;
+    reply.dataset.following = "1";
+    reply.classList.add("streaming");
+    const body = reply.querySelector(".bubble");
+    body.classList.remove("muted");
+    body.textContent = "";
+    typing(reply);
+    const seen = { lastId: "", ended: false };
+    reply.following = new AbortController();
+    try {
+      const response = await fetch("/api/turns/" + Number(reply.dataset.turn) + "/events/", {
+        credentials: "same-origin",
+        headers: { Accept: "text/event-stream" },
+        signal: reply.following.signal,
+      });
+      if (response.ok) await readStream(response, reply, seen);
+    } catch (_) { /* stopped by its turn_done, or failed: its turn_done fills it */ }
+    reply.following = null;
+    reply.dataset.following = "";
+    if (seen.ended) await refreshPanels();
+    else if (reply.dataset.done !== "1") reply.classList.remove("streaming");
+  }
+  turns.querySelectorAll('li.msg.assistant[data-running="1"]').forEach(function (li) { follow(li); });
 
   // What happens in this chat elsewhere, as it happens (server-sent events): a person's replies, the chat
   // handed to a person or back, a turn finished by another request. EventSource reconnects by itself, telling
@@ -358,15 +429,26 @@
       if (withPerson) withPerson.hidden = data.status !== "needs_human";
       handle("state", data, null);
     });
+    source.addEventListener("turn_started", function (e) {
+      const data = JSON.parse(e.data);
+      if (turns.querySelector('li.msg.assistant[data-turn="' + Number(data.turn_id) + '"]')) return;
+      if (sending !== null && sending === data.message) return; // this tab's own: its stream draws it
+      follow(drawTurn(data));
+    });
     source.addEventListener("turn_done", function (e) {
       const data = JSON.parse(e.data);
-      const li = document.querySelector('li.msg.assistant[data-turn="' + Number(data.turn_id) + '"]');
-      const bubbleEl = li && li.querySelector(".bubble");
-      if (!bubbleEl || li.dataset.done === "1" || li.classList.contains("streaming")) return;
-      if (bubbleEl.classList.contains("muted") && data.reply) {
-        bubbleEl.classList.remove("muted");
-        bubbleEl.textContent = data.reply;
+      let li = turns.querySelector('li.msg.assistant[data-turn="' + Number(data.turn_id) + '"]');
+      if (!li) {
+        if (sending !== null && sending === data.message) return;
+        li = drawTurn(data);
       }
+      if (li.dataset.done === "1") return;
+      if (li.dataset.following === "1") {
+        if (li.following) li.following.abort(); // what is saved is the whole reply
+      } else if (li.classList.contains("streaming")) {
+        return; // this tab's own, still streaming: its stream ends it
+      }
+      finish(li, data);
     });
     source.addEventListener("gone", function () { source.close(); });
   }

@@ -16,6 +16,7 @@ import pytest
 
 from agents.models import Agent
 from llm.providers import DEMO_LABEL
+from tests.test_mcp import mcp_url  # noqa: F401 - the MCP server over HTTP, a fixture of this module too
 from tests.world import make_agent
 
 # Playwright's sync API runs an event loop in this thread; Django would otherwise refuse the ORM calls
@@ -240,11 +241,12 @@ def test_the_page_fills_a_recovered_answer_and_says_when_a_person_has_the_chat(
 
     page.reload()
     cut_off = page.locator(f'li.msg.assistant[data-turn="{orphan.pk}"] .bubble')
-    assert "Still being answered" in cut_off.inner_text()
+    # Followed from its events, it says a reply is being written (the typing dots), not an empty bubble.
+    assert page.locator(f'li.msg.assistant[data-turn="{orphan.pk}"] .typing').count() == 1
     _send(page, "from London to Paris")
     orphan.refresh_from_db()
     assert orphan.status == Turn.Status.COMPLETED and orphan.assistant_message
-    assert "Still being answered" not in cut_off.inner_text() and cut_off.inner_text().strip()
+    assert "Being answered" not in cut_off.inner_text() and cut_off.inner_text().strip()
 
     ChatSession.objects.filter(pk=session.pk).update(status=ChatSession.Status.NEEDS_HUMAN)
     reply = _send(page, "Can a person help me?")
@@ -815,4 +817,88 @@ def test_a_20000_character_message_is_clamped_with_show_all_and_the_side_panels_
     assert toggle.inner_text() == "Show less"
     # A short message has no button.
     assert page.locator("li.msg.user", has_text="Question 11").locator("button.expand").count() == 0
+    context.close()
+
+
+def test_every_open_tab_shows_every_turn_from_every_door(
+    browser: Any,
+    live_server: Any,
+    alice: Any,
+    mcp_url: str,  # noqa: F811
+) -> None:
+    """One chat open in two tabs: a message sent from either, from the API and from MCP appears in both, with its
+    reply, within 2 s of its end; a page loaded while a turn runs shows that turn's reply when it ends, without
+    a reload (issue 55: the second tab showed nothing, not live and not later)."""
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    from orchestrator.runtime import turn_stream
+    from sessions.models import ChatSession
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.test_mcp import _run
+
+    make_agent("chat")
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    first = context.new_page()
+    _sign_in(first, live_server.url, "alice", "alice-pass-123")
+    _start_chat(first, "Chat")
+    session = ChatSession.objects.get(user=alice)
+    second = context.new_page()
+    second.goto(first.url)
+    second.wait_for_selector("#composer")
+
+    def shows(page: Any, message: str) -> None:
+        # The message, and a finished reply under it, within 2 s.
+        page.wait_for_function(
+            """m => [...document.querySelectorAll("li.msg.user")].some(li => li.innerText.includes(m)
+                 && li.nextElementSibling && li.nextElementSibling.dataset.done === "1"
+                 && li.nextElementSibling.innerText.trim().length > 0)""",
+            arg=message,
+            timeout=2_000,
+        )
+
+    _send(first, "Hello from the first tab")
+    shows(second, "Hello from the first tab")
+    _send(second, "And hello from the second")
+    shows(first, "And hello from the second")
+
+    api = APIClient()
+    api.force_authenticate(alice)
+    assert (
+        api.post(
+            f"/api/sessions/{session.pk}/messages/", {"message": "Sent through the API"}, format="json"
+        ).status_code
+        == 201
+    )
+    shows(first, "Sent through the API")
+    shows(second, "Sent through the API")
+
+    token = Token.objects.create(user=alice).key
+    with ThreadPoolExecutor(max_workers=1) as pool:  # its own event loop, beside Playwright's in this thread
+        sent = pool.submit(
+            _run,
+            mcp_url,
+            token,
+            lambda client: client.call_tool(
+                "send_message", {"message": "Sent over MCP", "session_id": str(session.pk)}
+            ),
+        ).result()
+    assert not sent.is_error
+    shows(first, "Sent over MCP")
+    shows(second, "Sent over MCP")
+
+    # A page loaded while a turn runs: the turn saved and answering, then the page, then the turn's end.
+    running = turn_stream(session=session, message="A question asked while a page loads")
+    next(running)  # the turn is saved and has begun
+    third = context.new_page()
+    third.goto(first.url)
+    third.wait_for_selector("#composer")
+    for _event in running:
+        pass
+    shows(third, "A question asked while a page loads")
+    for page in (first, second):
+        shows(page, "A question asked while a page loads")
+    for page in (first, second, third):
+        assert page.locator("li.msg.user", has_text="Hello from the first tab").count() == 1  # never drawn twice
     context.close()

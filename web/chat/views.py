@@ -42,6 +42,7 @@ from sessions.locks import SessionBusyError
 from sessions.models import ChatSession, Turn
 from sessions.selectors import own_sessions
 from sessions.services import session_create, session_delete
+from web.chat.rendering import markdown_to_safe_html
 from web.chat.streaming import idempotency_key_from, is_asgi, turn_event_response
 from web.selectors import memory_panel_lists
 
@@ -261,27 +262,28 @@ def signed_in_or_401(view: Callable[..., HttpResponseBase]) -> Callable[..., Htt
     return wrapper
 
 
-# How long one events request waits for news while a person has the chat (or a turn is being answered), and
-# how soon the page asks again (EventSource reconnects by itself): while nothing can happen, it asks rarely,
-# so an open chat does not hold a server thread for nothing.
+# How long one events request waits for news, and how soon the page asks again (EventSource reconnects by
+# itself). Anything can happen to an open chat at any time (a message from another tab, the API or MCP, a staff
+# reply), so every open page waits for news: under ASGI with a run channel the wait holds no thread (a change
+# signal wakes it); under WSGI it holds a thread and reads the database each second.
 EVENTS_HOLD_SECONDS = 15.0
 EVENTS_POLL_SECONDS = 1.0
-EVENTS_RETRY_IDLE_MS = 15000
-EVENTS_RETRY_LIVE_MS = 1000
-# At most this many held events requests per user at once (each holds a server thread): more get an answer
-# at once and ask again later, so no one can tie up the server's threads by opening tabs.
+EVENTS_RETRY_MS = 1000
+# At most this many held events requests per user at once: more get an answer at once and ask again a second
+# later, so no one can tie up the server by opening tabs. Under WSGI each holds a server thread.
 EVENTS_HELD_PER_USER = 2
+EVENTS_HELD_PER_USER_ASGI = 8
 # News is looked for this far before the cursor: a staff reply's time is taken before its commit, and a look
 # between the two must not skip it (the page ignores what it has shown already).
 EVENTS_LOOKBACK = timedelta(seconds=5)
 
 
-def _events_slot(user_pk: object) -> str | None:
-    """Take one of the user's ``EVENTS_HELD_PER_USER`` slots for a held events request: its cache key, or None
-    when all are taken. ``cache.add`` is atomic in every cache backend (a unique key in the database table,
+def _events_slot(user_pk: object, held: int = EVENTS_HELD_PER_USER) -> str | None:
+    """Take one of the user's ``held`` slots for a held events request: its cache key, or None when all are
+    taken. ``cache.add`` is atomic in every cache backend (a unique key in the database table,
     SET NX in Redis), so many requests at once cannot all count themselves under the limit. A slot that its
     request never gave back (a killed process) expires after four holds."""
-    for number in range(EVENTS_HELD_PER_USER):
+    for number in range(held):
         key = f"chat-events-slot:{user_pk}:{number}"
         if cache.add(key, 1, timeout=int(EVENTS_HOLD_SECONDS * 4)):
             return key
@@ -298,29 +300,44 @@ def _since(request: HttpRequest) -> datetime:
     return clamped_datetime(parsed)
 
 
-def _news(session_id: UUID, since: datetime) -> tuple[list[dict[str, Any]], bool]:
+def _news(session_id: UUID, since: datetime) -> list[dict[str, Any]]:
     """What changed in the session after ``since``: its status or state, staff replies, turns finished (the
-    ones another request answered, or a recovery). And whether anything can still happen soon."""
+    ones another request answered, or a recovery)."""
     row = (
         ChatSession.objects.filter(pk=session_id)
         .values("status", "state", "updated_at", "workflow", "workflow_version")
         .first()
     )
     if row is None:
-        return [{"event": "gone"}], False
+        return [{"event": "gone"}]
     since = since - EVENTS_LOOKBACK
     events: list[dict[str, Any]] = []
-    running = Turn.objects.filter(session_id=session_id, status__in=(Turn.Status.RUNNING, Turn.Status.PENDING))
-    live = row["status"] == ChatSession.Status.NEEDS_HUMAN or running.exists()
-    if row["updated_at"] <= since and not Turn.objects.filter(session_id=session_id, completed_at__gt=since).exists():
-        return events, live
+    recent = Turn.objects.filter(session_id=session_id)
+    if (
+        row["updated_at"] <= since
+        and not recent.filter(completed_at__gt=since).exists()
+        and not recent.filter(created_at__gt=since).exists()
+    ):
+        return events
     label = state_label(row["workflow"], row["workflow_version"], row["state"])
     events.append({"event": "status", "status": row["status"], "state": row["state"], "label": label})
-    for turn in Turn.objects.filter(session_id=session_id).order_by("-seq")[:5][::-1]:
+    for turn in recent.order_by("-seq")[:5][::-1]:
+        mine = {"turn_id": turn.pk, "seq": turn.seq, "message": turn.user_message}
         if turn.completed_at and turn.completed_at > since:
+            # Sent from anywhere (this tab, another, the API, MCP) and finished: every open page shows it whole.
+            answer = turn.agent_message
             events.append(
-                {"event": "turn_done", "turn_id": turn.pk, "reply": turn.agent_message, "status": turn.status}
+                {
+                    "event": "turn_done",
+                    **mine,
+                    "reply": answer,
+                    "html": markdown_to_safe_html(answer),
+                    "status": turn.status,
+                }
             )
+        elif turn.created_at > since and turn.status in (Turn.Status.RUNNING, Turn.Status.PENDING):
+            # Sent and being answered: the page draws it and follows its events (/api/turns/<id>/events/).
+            events.append({"event": "turn_started", **mine})
         for reply in turn.staff_replies or []:
             at = datetime.fromisoformat(str(reply.get("at")))
             if at > since:
@@ -333,7 +350,7 @@ def _news(session_id: UUID, since: datetime) -> tuple[list[dict[str, Any]], bool
                         "at": reply.get("at"),
                     }
                 )
-    return events, live
+    return events
 
 
 @signed_in_or_401
@@ -354,21 +371,20 @@ def chat_events(request: HttpRequest, session_id: UUID) -> HttpResponseBase:
         may_hold = slot is not None
         try:
             deadline = time.monotonic() + (EVENTS_HOLD_SECONDS if may_hold else 0)
-            live = True
             while True:
                 checked = timezone.now()
-                events, live = _news(session.pk, since)
+                events = _news(session.pk, since)
                 since = checked
                 lines, gone = _event_lines(events, since)
                 yield from lines
                 if gone:
                     return
-                if not live or time.monotonic() >= deadline:
+                if time.monotonic() >= deadline:
                     break
                 # A comment each second: a closed tab shows up as a failed write, not after the whole hold.
                 yield b": waiting\n\n"
                 time.sleep(EVENTS_POLL_SECONDS)
-            yield _retry_line(since, live=live and may_hold)
+            yield _retry_line(since)
         finally:
             if slot is not None:
                 cache.delete(slot)
@@ -388,9 +404,9 @@ def _event_lines(events: list[dict[str, Any]], since: datetime) -> tuple[list[by
     return lines, False
 
 
-def _retry_line(since: datetime, *, live: bool) -> bytes:
-    """A held stream's end: soon again while something can happen, rarely while nothing can."""
-    return f"id: {since.isoformat()}\nretry: {EVENTS_RETRY_LIVE_MS if live else EVENTS_RETRY_IDLE_MS}\n\n".encode()
+def _retry_line(since: datetime) -> bytes:
+    """A stream's end: where the page's knowledge ends, and ask again in a second."""
+    return f"id: {since.isoformat()}\nretry: {EVENTS_RETRY_MS}\n\n".encode()
 
 
 def _event_stream_response(body: Iterator[bytes] | AsyncIterator[bytes]) -> StreamingHttpResponse:
@@ -408,7 +424,7 @@ async def _signalled_events(user_pk: object, session_id: UUID, since: datetime) 
     """``chat_events`` under ASGI: the same events and holds, with no thread while it waits. The database is read
     once at the start and once per change signal (``core.events.session_changed``); a change whose signal is
     lost is found when the page asks again, as with the polled stream."""
-    slot = await sync_to_async(_events_slot)(user_pk)
+    slot = await sync_to_async(_events_slot)(user_pk, EVENTS_HELD_PER_USER_ASGI)
     may_hold = slot is not None
     try:
         deadline = time.monotonic() + (EVENTS_HOLD_SECONDS if may_hold else 0)
@@ -416,15 +432,13 @@ async def _signalled_events(user_pk: object, session_id: UUID, since: datetime) 
         after = await run_channel.asession_last(session_id)
         while True:
             checked = timezone.now()
-            events, live = await sync_to_async(_news)(session_id, since)
+            events = await sync_to_async(_news)(session_id, since)
             since = checked
             lines, gone = _event_lines(events, since)
             for line in lines:
                 yield line
             if gone:
                 return
-            if not live:
-                break
             signal = None
             while signal is None and (left := deadline - time.monotonic()) > 0:
                 signal = await run_channel.session_wait(
@@ -435,7 +449,7 @@ async def _signalled_events(user_pk: object, session_id: UUID, since: datetime) 
             if signal is None:
                 break
             after = signal
-        yield _retry_line(since, live=live and may_hold)
+        yield _retry_line(since)
     finally:
         if slot is not None:
             await sync_to_async(cache.delete)(slot)

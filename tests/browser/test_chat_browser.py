@@ -829,13 +829,13 @@ def test_every_open_tab_shows_every_turn_from_every_door(
     """One chat open in two tabs: a message sent from either, from the API and from MCP appears in both, with its
     reply, within 2 s of its end; a page loaded while a turn runs shows that turn's reply when it ends, without
     a reload (issue 55: the second tab showed nothing, not live and not later)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from rest_framework.authtoken.models import Token
     from rest_framework.test import APIClient
 
     from orchestrator.runtime import turn_stream
     from sessions.models import ChatSession
-    from concurrent.futures import ThreadPoolExecutor
-
     from tests.test_mcp import _run
 
     make_agent("chat")

@@ -97,3 +97,22 @@ def test_a_type_that_cannot_be_resolved_is_named_when_the_tool_is_defined() -> N
     uses_local.__annotations__["arg"] = "Local"  # as ``from __future__ import annotations`` leaves it
     with pytest.raises(ValueError, match="cannot be resolved"):
         tool_from_function(uses_local)
+
+
+def test_the_sample_in_extending_md_runs_as_written(django_user_model: Any, db: Any) -> None:
+    """docs/extending.md's ``shop/tools.py`` once called an undefined ``find_order`` and had ``...`` as a body."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "extending.md").read_text()
+    sample = re.search(r"```python\n(# shop/tools\.py.*?)```", page, re.S)
+    assert sample is not None
+    names: dict[str, Any] = {}
+    exec(compile(sample.group(1), "shop/tools.py", "exec"), names)
+    registry = ToolRegistry([names["order_status"], names["refund_request"]])
+    assert _run(registry, "order_status", '{"order_id": "A1001"}').content.startswith("Order A1001: rain jacket")
+    missing = _run(registry, "order_status", '{"order_id": "B2002"}')
+    assert not missing.ok and "no order" in missing.content
+    user = django_user_model(username="dora", pk=7)
+    refund = _run(registry, "refund_request", '{"order_id": "A1001", "reason": "too small"}', user=user)
+    assert refund.ok and refund.content.startswith("Refund R-") and refund.content.endswith("is on its way.")

@@ -130,3 +130,14 @@ def person_erase(*, user: Any, actor: Any = None) -> ErasureResult:
     rate_counters_forget(user.pk)
     logger.info("erased the data of user %s (by %s): %s", user.pk, getattr(actor, "pk", None), counts)
     return result
+
+
+def account_delete(*, user: Any) -> ErasureResult:
+    """A person deletes their account: everything kept about them is erased (``person_erase``), then the account
+    itself, with its API tokens and sign-in sessions. The erasure's record stays, with the account's id and the
+    counts (its actor, the account, becomes blank). ``SessionBusyError`` as ``person_erase``."""
+    result = person_erase(user=user, actor=user)
+    with transaction.atomic():
+        user.delete()  # its tokens (authtoken) and admin log rows go with it; the Erasure row's actor is set null
+    logger.info("deleted the account of user %s at their request", result.subject_id)
+    return result

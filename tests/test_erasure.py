@@ -229,3 +229,46 @@ def test_the_erasure_deletes_the_event_streams_that_carry_the_persons_words(alic
         assert events.read(turn.pk, block_seconds=0.2) == []
         assert result.counts["event_streams"] == 2
         assert Erasure.objects.get().counts["event_streams"] == 2
+
+
+@pytest.mark.django_db
+def test_a_person_deletes_their_account_through_the_api(alice: Any, bob: Any, chat_agent: Agent) -> None:
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    _life(alice, chat_agent)
+    _life(bob, chat_agent)
+    token = Token.objects.create(user=alice)
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    refused = api.post("/api/me/delete/", {"confirm": "erase my data"}, format="json")
+    assert refused.status_code == 400 and get_user_model().objects.filter(pk=alice.pk).exists()
+    response = api.post("/api/me/delete/", {"confirm": "delete my account"}, format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["deleted"] is True and response.json()["erased"]["sessions"] == 1
+    assert not get_user_model().objects.filter(pk=alice.pk).exists()
+    assert not Token.objects.filter(key=token.key).exists()
+    assert api.get("/api/me/").status_code == 401  # the token went with the account
+    erasure = Erasure.objects.get(subject_id=alice.pk)
+    assert erasure.actor_id is None and erasure.counts["sessions"] == 1  # the record stays, without the account
+    assert ChatSession.objects.filter(user=bob).count() == 1  # nobody else's
+
+
+@pytest.mark.django_db
+def test_a_person_deletes_their_account_from_its_page(alice: Any, chat_agent: Agent) -> None:
+    from django.contrib.auth import get_user_model
+
+    _life(alice, chat_agent)
+    client = Client()
+    client.force_login(alice)
+    page = client.get("/account/")
+    assert page.status_code == 200 and "Delete my account" in page.content.decode()
+    wrong = client.post("/account/", {"confirm": "yes"}, follow=True)
+    assert "Nothing was deleted" in wrong.content.decode() and get_user_model().objects.filter(pk=alice.pk).exists()
+    done = client.post("/account/", {"confirm": "delete my account"}, follow=True)
+    assert done.redirect_chain[-1][0].startswith("/accounts/login/")
+    assert "were deleted" in done.content.decode()
+    assert not get_user_model().objects.filter(pk=alice.pk).exists()
+    assert client.get("/").status_code == 302  # signed out
+    anonymous = Client().get("/account/")
+    assert anonymous.status_code == 302 and "/accounts/login/" in anonymous["Location"]

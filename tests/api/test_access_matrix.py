@@ -73,6 +73,8 @@ CASES: list[tuple[str, str, dict[str, Any] | None, dict[str, int]]] = [
     ("delete", "/api/memories/{memory}/", None, {ANON: 401, ALICE: 204, BOB: 404, STAFF: 404}),
     # Each erases their own data only: Bob's or staff's erasure leaves Alice's things as they were.
     ("post", "/api/me/erase/", {"confirm": "erase my data"}, {ANON: 401, ALICE: 200, BOB: 200, STAFF: 200}),
+    # Each deletes their own account only.
+    ("post", "/api/me/delete/", {"confirm": "delete my account"}, {ANON: 401, ALICE: 200, BOB: 200, STAFF: 200}),
 ]
 
 
@@ -112,7 +114,7 @@ def test_access_matrix(
         assert Turn.objects.filter(session=world.session).count() == 1
     else:
         assert response.status_code == want, (response.status_code, response.content[:300])
-        if template == "/api/me/erase/" and persona != ALICE:
+        if template in ("/api/me/erase/", "/api/me/delete/") and persona != ALICE:
             assert ChatSession.objects.filter(pk=world.session.pk).exists()
             assert Memory.objects.filter(pk=world.memory.pk).exists()
 

@@ -14,6 +14,7 @@ from rest_framework.test import APIClient
 EXPECTED_PATHS = {
     "/api/me/": {"get"},
     "/api/me/erase/": {"post"},
+    "/api/me/delete/": {"post"},
     "/api/me/export/": {"get"},
     "/api/me/import/": {"post"},
     "/api/metrics/": {"get"},

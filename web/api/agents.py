@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth import logout
 from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
@@ -23,7 +24,7 @@ from agents.models import Agent
 from agents.selectors import active_agents
 from core.api_errors import error_body
 from core.parsers import RawTextParser
-from people.erasure import person_erase
+from people.erasure import account_delete, person_erase
 from people.portability import ImportRejected, mem0_records, parse_export, person_export, person_import
 from web.api.agents_serializers import AgentOutputSerializer
 
@@ -45,6 +46,7 @@ class AgentDetailApi(generics.RetrieveAPIView[Agent]):
 
 
 ERASE_CONFIRMATION = "erase my data"
+DELETE_CONFIRMATION = "delete my account"
 
 
 @extend_schema_field({"type": "string", "enum": [ERASE_CONFIRMATION]})
@@ -76,6 +78,41 @@ class EraseMeApi(APIView):
         EraseMeInputSerializer(data=request.data).is_valid(raise_exception=True)
         result = person_erase(user=request.user, actor=request.user)
         return Response({"erased": result.counts, "erasure_id": result.erasure_id})
+
+
+@extend_schema_field({"type": "string", "enum": [DELETE_CONFIRMATION]})
+class DeletePhraseField(serializers.CharField):
+    """The phrase, in the schema as the one value it may be."""
+
+
+class DeleteMeInputSerializer(serializers.Serializer[Any]):
+    confirm = DeletePhraseField(help_text=f'Exactly "{DELETE_CONFIRMATION}": it cannot be undone.', max_length=50)
+
+    def validate_confirm(self, value: str) -> str:
+        if value != DELETE_CONFIRMATION:
+            raise serializers.ValidationError(f'Send "confirm": "{DELETE_CONFIRMATION}" to delete your account.')
+        return value
+
+
+@extend_schema(
+    tags=["me"],
+    summary="Delete my account: everything kept about me is erased, then the account and its tokens",
+    request=DeleteMeInputSerializer,
+    responses=inline_serializer(
+        "Deleted",
+        {
+            "deleted": serializers.BooleanField(),
+            "erased": serializers.DictField(child=serializers.IntegerField()),
+            "erasure_id": serializers.IntegerField(),
+        },
+    ),
+)
+class DeleteMeApi(APIView):
+    def post(self, request: Request) -> Response:
+        DeleteMeInputSerializer(data=request.data).is_valid(raise_exception=True)
+        result = account_delete(user=request.user)
+        logout(request)
+        return Response({"deleted": True, "erased": result.counts, "erasure_id": result.erasure_id})
 
 
 @extend_schema(

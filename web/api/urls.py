@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path, re_path
 
-from web.api.agents import AgentDetailApi, AgentListApi, EraseMeApi, ExportMeApi, ImportMeApi
+from web.api.agents import AgentDetailApi, AgentListApi, DeleteMeApi, EraseMeApi, ExportMeApi, ImportMeApi
 from web.api.core import api_not_found, metrics, whoami
 from web.api.memory import MemoryDetailApi, MemoryListApi, MemorySearchApi
 from web.api.sessions import (
@@ -21,6 +21,7 @@ from web.api.sessions import (
 urlpatterns = [
     path("me/", whoami, name="api-me"),
     path("me/erase/", EraseMeApi.as_view(), name="api-me-erase"),
+    path("me/delete/", DeleteMeApi.as_view(), name="api-me-delete"),
     path("me/export/", ExportMeApi.as_view(), name="api-me-export"),
     path("me/import/", ImportMeApi.as_view(), name="api-me-import"),
     path("metrics/", metrics, name="api-metrics"),

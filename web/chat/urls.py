@@ -2,10 +2,11 @@ from __future__ import annotations
 
 from django.urls import path
 
-from web.chat import views
+from web.chat import account, views
 
 urlpatterns = [
     path("", views.home, name="home"),
+    path("account/", account.account, name="account"),
     path("chats/new/", views.chat_new, name="chat-new"),
     path("chats/<uuid:session_id>/", views.chat, name="chat"),
     path("chats/<uuid:session_id>/panels/", views.chat_panels, name="chat-panels"),

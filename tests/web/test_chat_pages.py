@@ -492,7 +492,7 @@ def test_the_chat_events_say_what_staff_did_since_the_page_was_drawn(
     from django.utils import timezone
 
     from orchestrator.runtime import handoff_reply, handoff_request
-    from web.chat import views
+    from web.chat import events as views
 
     monkeypatch.setattr(views, "EVENTS_HOLD_SECONDS", 0.0)  # one look, then the page asks again
     session = _with_a_turn(session_create(user=alice, agent=chat_agent))
@@ -548,7 +548,7 @@ def test_one_user_holds_at_most_two_event_streams_at_once_on_the_database_cache(
     from django.core.cache import caches
 
     from orchestrator.runtime import handoff_request
-    from web.chat import views
+    from web.chat import events as views
 
     settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "app_cache"}}
     caches._settings = caches.settings = settings.CACHES  # type: ignore[attr-defined]
@@ -581,7 +581,7 @@ def test_one_user_holds_at_most_two_event_streams_at_once_on_the_database_cache(
 def test_a_cursor_at_the_ends_of_time_is_taken_not_a_500(
     alice: Any, chat_agent: Agent, monkeypatch: Any, cursor: str
 ) -> None:
-    from web.chat import views
+    from web.chat import events as views
 
     monkeypatch.setattr(views, "EVENTS_HOLD_SECONDS", 0.0)
     session = _with_a_turn(session_create(user=alice, agent=chat_agent))

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from web.chat import account, views
+from web.chat import account, events, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -11,6 +11,6 @@ urlpatterns = [
     path("chats/<uuid:session_id>/", views.chat, name="chat"),
     path("chats/<uuid:session_id>/panels/", views.chat_panels, name="chat-panels"),
     path("chats/<uuid:session_id>/stream/", views.chat_stream, name="chat-stream"),
-    path("chats/<uuid:session_id>/events/", views.chat_events, name="chat-events"),
+    path("chats/<uuid:session_id>/events/", events.chat_events, name="chat-events"),
     path("chats/<uuid:session_id>/delete/", views.chat_delete, name="chat-delete"),
 ]

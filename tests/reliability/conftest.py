@@ -115,6 +115,7 @@ class ServerProcess:
                     "120",
                     "--graceful-timeout",
                     "2",
+                    "--no-control-socket",  # several servers at once; none shares ~/.gunicorn/gunicorn.ctl
                     *self.extra_args,
                 ],
                 cwd=ROOT,

@@ -81,6 +81,9 @@ def _web_child(bind: str, workers: int, shared_model: dict[str, str]) -> Child:
             "300",
             "--graceful-timeout",
             "10",
+            # Its control socket in this app's data folder, not ~/.gunicorn/ (shared by every copy on a machine).
+            "--control-socket",
+            str(settings.DATA_DIR / "gunicorn.ctl"),
         ],
         env=pooled,
     )

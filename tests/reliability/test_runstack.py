@@ -114,7 +114,7 @@ def test_a_killed_worker_comes_back_and_ctrl_c_stops_everything(
     # beat and taken by the worker (the worker's log says it received it; the task's own result is not logged).
     assert "broker:   embedded Valkey in " in log.read_text(errors="replace")
     wait_for(
-        lambda: re.search(r"Task config\.tasks\.record_worker_heartbeat\[[0-9a-f-]+\] received", log.read_text()),
+        lambda: re.search(r"Task web\.tasks\.core\.record_worker_heartbeat\[[0-9a-f-]+\] received", log.read_text()),
         "a task through the broker",
         within=60,
     )

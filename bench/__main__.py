@@ -58,11 +58,29 @@ def main(argv: list[str]) -> int:
 
     ensure_configured()
     status = 0
-    for name in names or list(PARTS):
-        print(f"== bench {name} ==", flush=True)
-        module = importlib.import_module(PARTS[name])
-        status = max(status, int(module.main(rest)))
+    try:
+        for name in names or list(PARTS):
+            print(f"== bench {name} ==", flush=True)
+            module = importlib.import_module(PARTS[name])
+            status = max(status, int(module.main(rest)))
+    finally:
+        _stop_what_this_run_started()
     return status
+
+
+def _stop_what_this_run_started() -> None:
+    """The embedded PostgreSQL and broker, when this run started them (a `make run` started later would adopt
+    them, and leave them running after its Ctrl-C); never what was running before."""
+    from django.conf import settings
+    from django.db import connections
+
+    from core import embedded_broker, embedded_db
+
+    connections.close_all()
+    if embedded_broker.started_by_this_process and settings.EMBEDDED_BROKER_DIR is not None:
+        embedded_broker.stop_embedded_valkey(settings.EMBEDDED_BROKER_DIR)
+    if embedded_db.started_by_this_process and not settings.DATABASE_URL:
+        embedded_db.stop_embedded_postgres(settings.DATA_DIR / "pg")
 
 
 if __name__ == "__main__":

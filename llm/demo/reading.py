@@ -68,8 +68,16 @@ def asks_for_person(text: str) -> bool:
 
 
 def keywords(text: str) -> set[str]:
-    """The words of ``text`` that say something (no stopwords, none shorter than three letters), lowercased."""
-    return {w.lower() for w in WORD.findall(text) if w.lower() not in STOPWORDS and len(w) > 2}
+    """The words of ``text`` that say something (no stopwords, none shorter than three letters), lowercased and
+    without a possessive or a plural's s ("dog's" and "dogs" are "dog")."""
+    found = set()
+    for word in WORD.findall(text.replace("\u2019", "'")):
+        word = word.lower().removesuffix("'s").rstrip("'")
+        if len(word) > 4 and word.endswith("s") and not word.endswith("ss"):
+            word = word[:-1]
+        if word not in STOPWORDS and len(word) > 2:
+            found.add(word)
+    return found
 
 
 def clip_words(text: str, limit: int) -> str:

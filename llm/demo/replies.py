@@ -45,7 +45,9 @@ _MACHINE_LINE = re.compile(
 
 
 def default_reply(messages: list[Message]) -> str:
-    """A deterministic reply that says what it is, then quotes the context most related to the user's words."""
+    """A deterministic reply that says what it is, then quotes what it remembers about the user and what was said
+    earlier in the chat, the most related to the user's words first: never its own instructions (the agent's
+    prompt, a workflow's lines), never the same sentence twice."""
     user_text = next((text_of(m) for m in reversed(messages) if m.get("role") == "user"), "")
     last = messages[-1] if messages else {}
     lines = [f"{DEMO_REPLY_PREFIX} I am the offline demo model: I quote what I was given instead of thinking."]
@@ -53,45 +55,76 @@ def default_reply(messages: list[Message]) -> str:
         lines.append(f"The tool answered: {clip_words(text_of(last), 60)}")
         return " ".join(lines)
     query = keywords(user_text)
-    context = [m for m in messages if m is not last and m.get("role") in ("system", "assistant", "tool", "user")]
-    scored: list[tuple[int, int, str]] = []
-    position = 0
-    for message in context:
-        text = text_of(message)
-        if message.get("role") == "system":
-            text = _without_workflow_section(text)
-        for sentence in split_sentences(text):
-            if _MACHINE_LINE.match(sentence):
-                continue  # the prompt's own lines (a workflow's state, its data): not for the user to read
-            position += 1
-            overlap = len(query & keywords(sentence))
-            if overlap:
-                scored.append((overlap, -position, sentence))
-    best = sorted(scored, reverse=True)[:2]
+    scored: dict[str, tuple[int, int, str, str]] = {}
+    for position, (intro, sentence) in enumerate(_quotable(messages, last)):
+        overlap = len(query & keywords(sentence))
+        key = " ".join(sorted(keywords(sentence))) or sentence.lower()
+        if overlap and key not in scored:
+            scored[key] = (overlap, -position, intro, sentence)
+    best = sorted(scored.values(), reverse=True)[:2]
     if user_text:
         lines.append(f"You said: \u201c{clip_words(user_text, 40)}\u201d.")
     if best:
-        # Quote in their original order so the reply reads naturally.
-        quoted = [s for _, _, s in sorted(best, key=lambda item: -item[1])]
-        lines.append("Related to that, I was told: " + " ".join(clip_words(s, 40) for s in quoted))
+        # Quoted in their original order so the reply reads naturally, each source named once.
+        quoted, said = [], ""
+        for _, _, intro, sentence in sorted(best, key=lambda item: -item[1]):
+            quoted.append(
+                f"{intro} {clip_words(sentence, 40)}" if intro and intro != said else clip_words(sentence, 40)
+            )
+            said = intro or said
+        lines.append("Related to that: " + " ".join(quoted))
     else:
-        lines.append("I found nothing related in what I was given.")
+        lines.append("Nothing I remember or that was said here matches that.")
     lines.append("Set LLM_BASE_URL and LLM_MODEL to talk to a real model.")
     return " ".join(lines)
 
 
-# The header of the prompt's workflow section (``llm.prompt.HEADER_WORKFLOW``; that package imports this one,
-# through ``llm.providers``).
-_WORKFLOW_HEADER = "## Current workflow step"
+# A sentence of the agent's prompt addressed to the model: an instruction, not something to quote to the user.
+_TO_THE_MODEL = re.compile(
+    r"^(?:you\b|your\b|be\b|always\b|never\b|do not\b|don'?t\b|answer\b|reply\b|respond\b|keep\b|use\b|act\b|"
+    r"help\b|please\b|avoid\b|ask\b|make sure\b|if the user\b|when the user\b)",
+    re.IGNORECASE,
+)
+
+# The prompt's sections the demo may quote (``llm.prompt.rendering``'s headers; that package imports this one,
+# through ``llm.providers``): what is remembered about the user, and the summary of the chat.
+_QUOTABLE_HEADERS = {
+    "## What you remember about the user": "I remember:",
+    "## Earlier in this conversation (summary)": "Earlier:",
+}
 
 
-def _without_workflow_section(text: str) -> str:
-    """A system prompt without its workflow section: instructions to the model, never quoted to the user."""
-    kept: list[str] = []
-    skipping = False
-    for line in text.splitlines():
-        if line.startswith("## "):
-            skipping = line.strip() == _WORKFLOW_HEADER
-        if not skipping:
-            kept.append(line)
-    return "\n".join(kept)
+# Instructions to the model: a workflow's step (its machine lines), the procedures it follows.
+_NOT_QUOTED_HEADERS = {"## Current workflow step", "## Procedures"}
+
+
+def _quotable(messages: list[Message], last: Message) -> list[tuple[str, str]]:
+    """(how it is introduced, sentence) for each sentence the demo may quote: the remembered facts and the summary
+    from the system prompt, and the earlier messages of the chat (the user's and its own)."""
+    found: list[tuple[str, str]] = []
+    for message in messages:
+        if message is last:
+            continue
+        role = message.get("role")
+        if role == "system":
+            # The agent's own prompt (before the app's sections, and its own headers): its statements (a shop's
+            # hours) may be quoted, not its instructions to the model ("You are a helpful assistant", "Be brief").
+            section: str | None = ""
+            for line in text_of(message).splitlines():
+                if line.startswith("## "):
+                    header = line.strip()
+                    section = None if header in _NOT_QUOTED_HEADERS else _QUOTABLE_HEADERS.get(header, "")
+                    continue
+                if section is None or not line.strip():
+                    continue
+                sentences = split_sentences(line.strip().removeprefix("- "))
+                if section == "":
+                    sentences = [s for s in sentences if not _TO_THE_MODEL.match(s) and not _MACHINE_LINE.match(s)]
+                found += [(section, s) for s in sentences]
+        elif role in ("user", "assistant"):
+            intro = "Earlier you said:" if role == "user" else ""
+            text = text_of(message)
+            if role == "assistant" and text.startswith(DEMO_REPLY_PREFIX):
+                continue  # its own quoting, quoted again, was how it came to repeat itself
+            found += [(intro, s) for s in split_sentences(text) if not _MACHINE_LINE.match(s)]
+    return found

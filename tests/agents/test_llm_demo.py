@@ -217,3 +217,36 @@ def test_extractive_summary_keeps_what_the_user_said_about_themselves_and_drops_
     summary = extractive_summary(turns, max_tokens=60)
     assert "allergic to peanuts" in summary
     assert "How many passengers" not in summary
+
+
+def test_the_default_reply_quotes_what_it_remembers_and_what_was_said_never_its_instructions() -> None:
+    """Issue 55: it said "I found nothing related" beside a matching memory ("dog's" against "dog"), quoted the
+    agent's own prompt as something it "was told", and repeated a fact it had in two places."""
+    from llm.demo import default_reply
+
+    messages = [
+        {
+            "role": "system",
+            "content": "You are a helpful assistant. Be kind about dogs.\n\n## What you remember about the user\n"
+            "- The user's dog is called Rex.\n- I'm vegetarian.",
+        },
+        {"role": "user", "content": "I'm vegetarian."},
+        {"role": "assistant", "content": "Noted."},
+        {"role": "user", "content": "What is my dog's name? And am I vegetarian?"},
+    ]
+    reply = default_reply(messages)
+    assert "I remember: The user's dog is called Rex." in reply
+    assert reply.count("I'm vegetarian.") == 1  # a fact it had in two places, quoted once
+    assert "helpful assistant" not in reply and "Be kind" not in reply
+    recent = default_reply(
+        [
+            {"role": "user", "content": "My sister lives in Lyon."},
+            {"role": "assistant", "content": "Ok."},
+            {"role": "user", "content": "Where does my sister live?"},
+        ]
+    )
+    assert "Earlier you said: My sister lives in Lyon." in recent
+    nothing = default_reply(
+        [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Which assistant?"}]
+    )
+    assert "Nothing I remember or that was said here matches that." in nothing

@@ -14,7 +14,8 @@ class AgentsConfig(AppConfig):
         from agents.endpoints import forget_stored_profiles, stored_profile
         from agents.models import EndpointCapability, ModelEndpoint
         from agents.routing import RouteDecision, demo_route
-        from agents.tools.registry import default_registry, set_invocation_recorder
+        from agents.tools.execution import set_invocation_recorder
+        from agents.tools.registry import default_registry
         from agents.workflow_store import StoredWorkflows
         from agents.workflows import WorkflowDecision, registered_workflows, set_workflow_source
         from agents.workflows.demo import demo_decision, workflow_reply

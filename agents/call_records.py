@@ -18,7 +18,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agents.models import EndpointCapability, LLMCall, ToolInvocation
-from agents.tools.registry import ToolContext, ToolResult
+from agents.tools.execution import ToolResult
+from agents.tools.registry import ToolContext
 from core.db import reconnect_if_broken
 from core.text import storable_text
 from llm.capabilities import EndpointKey, LearnedMode

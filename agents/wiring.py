@@ -19,7 +19,8 @@ from agents.call_records import capability_load, capability_save, llm_call_save,
 from agents.endpoints import forget_stored_profiles, stored_profile
 from agents.models import EndpointCapability, ModelEndpoint
 from agents.routing import RouteDecision, demo_route
-from agents.tools.registry import default_registry, set_invocation_recorder
+from agents.tools.execution import set_invocation_recorder
+from agents.tools.registry import default_registry
 from agents.workflow_store import StoredWorkflows
 from agents.workflows import WorkflowDecision, registered_workflows, set_workflow_source
 from agents.workflows.demo import demo_decision, workflow_reply

@@ -15,7 +15,7 @@ from typing import Any
 
 from agents.call_records import llm_calls_summary, tool_invocation_insert
 from agents.tools import TOOL_ERROR_POLICY, ToolContext, run_tool_call, tool_specs
-from agents.tools.registry import record_invocation
+from agents.tools.execution import record_invocation
 from llm.base import HANDOFF_TOOL, LLMError, Message, ToolCallRequest, ToolSpec, TruncatedOutputError
 from llm.continuation import (
     CONTINUE_INSTRUCTION,

@@ -17,19 +17,17 @@ from agents.tools.errors import (
     ToolPayloadError,
     ToolTimeout,
 )
+from agents.tools.execution import TOOL_ERROR_PREFIX, ToolResult, run_tool_call
 from agents.tools.registry import (
-    TOOL_ERROR_PREFIX,
     Tool,
     ToolContext,
     ToolOutput,
     ToolRegistry,
-    ToolResult,
     default_registry,
-    parameters_schema,
-    run_tool_call,
     tool_names,
     tool_specs,
 )
+from agents.tools.schemas import parameters_schema
 
 # Seed pattern 1: the model must recognise a failed tool call and not loop on it forever.
 TOOL_ERROR_POLICY = (

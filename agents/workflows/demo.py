@@ -26,7 +26,8 @@ from typing import Any
 from django.utils import timezone
 from pydantic import BaseModel
 
-from agents.workflows.base import REFUSED_PREFIX, Workflow, WorkflowDecision, workflow_of
+from agents.workflows.base import Workflow, WorkflowDecision, workflow_of
+from agents.workflows.prompts import QUESTION_LINE, REFUSED_LINE, collected_in
 from llm.base import Message, ToolCallRequest, ToolSpec
 from llm.demo import DemoReply, asks_for_person, requested_schema
 
@@ -34,9 +35,6 @@ from llm.demo import DemoReply, asks_for_person, requested_schema
 FAILED_ATTEMPT = "That did not work:"
 
 _STATE_LINE = re.compile(r"^CURRENT_STATE:\s*(\S+)\s*$", re.MULTILINE)
-_COLLECTED_LINE = re.compile(r"^COLLECTED:\s*(\{.*\})\s*$", re.MULTILINE)
-_QUESTION_LINE = re.compile(r"^Next question:\s*(.+?)\s*$", re.MULTILINE)
-_REFUSED_LINE = re.compile(rf"^{re.escape(REFUSED_PREFIX)}\s*(.+?)\. Tell the user", re.MULTILINE)
 
 _START_OVER = re.compile(r"\b(?:start (?:over|again|afresh)|restart|from scratch|reset)\b", re.IGNORECASE)
 _YES = re.compile(
@@ -276,18 +274,18 @@ def _state_asking_about(workflow: Workflow, state: str, message: str) -> str | N
 def demo_decision(messages: Sequence[Mapping[str, Any]]) -> WorkflowDecision | None:
     """The demo model's decision for a workflow with no script of its own (registered for ``WorkflowDecision``;
     a workflow's own handler, for a subclass, takes precedence). None for a prompt that is not a decision's."""
-    system = next((_text(m) for m in messages if m.get("role") == "system"), "")
+    system = next((message_text(m) for m in messages if m.get("role") == "system"), "")
     current = _STATE_LINE.search(system)
     if current is None:
         return None
-    user = next((_text(m) for m in reversed(messages) if m.get("role") == "user"), "")
+    user = next((message_text(m) for m in reversed(messages) if m.get("role") == "user"), "")
     state = current.group(1)
     workflow = workflow_of(requested_schema())
     if asks_for_person(user) or workflow is None or state not in workflow.specs:
         # Asking for a person is the decision's ``wants_person``: the turn hands off, the state stays.
         return _stay(state, wants_person=asks_for_person(user))
-    last_reply = next((_text(m) for m in reversed(messages) if m.get("role") == "assistant"), "")
-    target, slots, why = propose(workflow, state=state, data=_collected(system), message=user, last_reply=last_reply)
+    last_reply = next((message_text(m) for m in reversed(messages) if m.get("role") == "assistant"), "")
+    target, slots, why = propose(workflow, state=state, data=collected_in(system), message=user, last_reply=last_reply)
     decision: WorkflowDecision = workflow.decision_schema.model_validate(
         {"next_state": target, "slots": slots, "confidence": 0.9, "reasoning": f"demo model: {why}"}
     )
@@ -309,21 +307,21 @@ def workflow_reply(messages: list[Message], tools: list[ToolSpec] | None) -> Dem
     """The demo's reply in a workflow with no script of its own (registered as a fallback reply handler): the
     tool's result, the action's tool call, else what was refused, what was noted and the state's question.
     None for a prompt with no workflow step to answer from (a free chat keeps the default reply)."""
-    system = "\n".join(_text(m) for m in messages if m.get("role") == "system")
+    system = "\n".join(message_text(m) for m in messages if m.get("role") == "system")
     if _STATE_LINE.search(system) is None:
         return None
-    collected = _collected(system)
-    results = _tool_results(messages)
+    collected = collected_in(system)
+    results = turn_tool_results(messages)
     if results:
         return DemoReply(text=_report_tool(results[-1]))
     forced = next((t for t in tools or [] if t.forced), None)
     if forced is not None:
         return _action_call(forced, collected)
-    question = _QUESTION_LINE.search(system)
-    refused = _REFUSED_LINE.search(system)
+    question = QUESTION_LINE.search(system)
+    refused = REFUSED_LINE.search(system)
     if question is None and refused is None and not collected:
         return None
-    user = next((_text(m) for m in reversed(messages) if m.get("role") == "user"), "")
+    user = next((message_text(m) for m in reversed(messages) if m.get("role") == "user"), "")
     parts = [f"I could not use that: {refused.group(1)}." if refused else "", _noted(user, collected)]
     if question is not None:
         parts.append(question.group(1))
@@ -364,29 +362,19 @@ def _words(slot: str) -> str:
     return slot.replace("_", " ")
 
 
-def _tool_results(messages: list[Message]) -> list[str]:
-    # Only the tool results after the latest user message belong to this turn.
+def turn_tool_results(messages: list[Message]) -> list[str]:
+    """The tool results of this turn: those after the latest user message."""
     results: list[str] = []
     for message in reversed(messages):
         if message.get("role") == "user":
             break
         if message.get("role") == "tool":
-            results.append(_text(message))
+            results.append(message_text(message))
     return results[::-1]
 
 
-def _collected(system: str) -> dict[str, Any]:
-    found = _COLLECTED_LINE.search(system)
-    if found is None:
-        return {}
-    try:
-        loaded = json.loads(found.group(1))
-    except ValueError:
-        return {}
-    return loaded if isinstance(loaded, dict) else {}
-
-
-def _text(message: Mapping[str, Any]) -> str:
+def message_text(message: Mapping[str, Any]) -> str:
+    """A message's text: its content, or the text parts of a content list."""
     content = message.get("content")
     if isinstance(content, str):
         return content

@@ -28,16 +28,14 @@ from typing import Any
 
 from django.utils import timezone
 
-from agents.workflows.base import REFUSED_PREFIX
+from agents.workflows.demo import message_text, turn_tool_results
+from agents.workflows.prompts import QUESTION_LINE, REFUSED_LINE, collected_in
 from examples.booking.slot_parsing import extract_slots
 from examples.booking.workflow import FLIGHT_BOOKING, BookingDecision, trip_summary
 from llm.base import Message, ToolCallRequest, ToolSpec
 from llm.demo import DemoReply, asks_for_person, register_reply_handler, register_structured_handler
 
 _STATE_LINE = re.compile(r"^CURRENT_STATE:\s*(\w+)\s*$", re.MULTILINE)
-_COLLECTED_LINE = re.compile(r"^COLLECTED:\s*(\{.*\})\s*$", re.MULTILINE)
-_QUESTION_LINE = re.compile(r"^Next question:\s*(.+?)\s*$", re.MULTILINE)
-_REFUSED_LINE = re.compile(rf"^{re.escape(REFUSED_PREFIX)}\s*(.+?)\. Tell the user", re.MULTILINE)
 _WORKFLOW_LINE = re.compile(rf"^WORKFLOW:\s*{FLIGHT_BOOKING.name}\b", re.MULTILINE)
 
 _START_OVER = re.compile(
@@ -72,21 +70,12 @@ _LABELS = {
 }
 
 
-def _text(message: Message) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return ""
-
-
 def _system_text(messages: list[Message]) -> str:
-    return "\n".join(_text(m) for m in messages if m.get("role") == "system")
+    return "\n".join(message_text(m) for m in messages if m.get("role") == "system")
 
 
 def _last_user_text(messages: list[Message]) -> str:
-    return next((_text(m) for m in reversed(messages) if m.get("role") == "user"), "")
+    return next((message_text(m) for m in reversed(messages) if m.get("role") == "user"), "")
 
 
 def read_prompt_state(text: str) -> tuple[str, dict[str, Any]] | None:
@@ -96,15 +85,7 @@ def read_prompt_state(text: str) -> tuple[str, dict[str, Any]] | None:
     state_match = _STATE_LINE.search(text)
     if not state_match or state_match.group(1) not in FLIGHT_BOOKING.specs:
         return None
-    collected: dict[str, Any] = {}
-    data_match = _COLLECTED_LINE.search(text)
-    if data_match:
-        try:
-            loaded = json.loads(data_match.group(1))
-        except ValueError:
-            loaded = {}
-        collected = loaded if isinstance(loaded, dict) else {}
-    return state_match.group(1), collected
+    return state_match.group(1), collected_in(text)
 
 
 # --- the structured decision ----------------------------------------------------------------------------
@@ -190,7 +171,7 @@ def booking_decision(messages: list[Message]) -> BookingDecision | None:
     if found is None:
         return None
     state, collected = found
-    last_reply = next((_text(m) for m in reversed(messages) if m.get("role") == "assistant"), "")
+    last_reply = next((message_text(m) for m in reversed(messages) if m.get("role") == "assistant"), "")
     return propose_decision(
         state=state,
         collected=collected,
@@ -206,17 +187,6 @@ def _acknowledge(user_message: str, state: str, collected: Mapping[str, Any]) ->
     said = extract_slots(user_message, asking=asking, today=timezone.localdate())
     noted = [f"{_LABELS.get(k, k)} {v}" for k, v in said.items() if k in collected and collected[k] == v]
     return f"Got it: {', '.join(noted)}." if noted else ""
-
-
-def _tool_results(messages: list[Message]) -> list[str]:
-    # Only tool results after the latest user message belong to this turn.
-    results: list[str] = []
-    for message in reversed(messages):
-        if message.get("role") == "user":
-            break
-        if message.get("role") == "tool":
-            results.append(_text(message))
-    return list(reversed(results))
 
 
 def _book_call(collected: Mapping[str, Any]) -> ToolCallRequest:
@@ -259,7 +229,7 @@ def booking_reply(messages: list[Message], tools: list[ToolSpec] | None) -> Demo
     if found is None:
         return None
     state, collected = found
-    results = _tool_results(messages)
+    results = turn_tool_results(messages)
     if results:
         return DemoReply(text=_report_tool(results[-1]))
     user_message = _last_user_text(messages)
@@ -274,13 +244,13 @@ def booking_reply(messages: list[Message], tools: list[ToolSpec] | None) -> Demo
             text=f"Your trip ({trip_summary(collected)}) is booked, reference {ref}. "
             "Would you like to book another trip?"
         )
-    refused = _REFUSED_LINE.search(_system_text(messages))
+    refused = REFUSED_LINE.search(_system_text(messages))
     not_used = f"I could not use that: {refused.group(1)}." if refused else ""
     if state == "CONFIRMING":
         confirm = (
             f"Here is your trip: {trip_summary(collected)}. Shall I book it? (Say yes, or tell me what to change.)"
         )
-        last_reply = next((_text(m) for m in reversed(messages) if m.get("role") == "assistant"), "")
+        last_reply = next((message_text(m) for m in reversed(messages) if m.get("role") == "assistant"), "")
         if BOOKING_FAILED in last_reply:
             # Back from a failed booking with nothing changed: booking it as it is would fail the same way.
             why = last_reply.split(BOOKING_FAILED, 1)[1].split(" Nothing was booked.", 1)[0].strip()
@@ -296,7 +266,7 @@ def booking_reply(messages: list[Message], tools: list[ToolSpec] | None) -> Demo
             text="Sorry — something went wrong several times, so I stopped. "
             f"What I have so far: {known}. Would you like to pick up where we left off, or start over?"
         )
-    question = _QUESTION_LINE.search(_system_text(messages))
+    question = QUESTION_LINE.search(_system_text(messages))
     if question:
         ack = _acknowledge(user_message, state, collected)
         return DemoReply(text=" ".join(p for p in (not_used, ack, question.group(1)) if p))

@@ -304,7 +304,7 @@ def test_rows_that_are_not_one_conversation_have_no_neighbours(
 
 
 def test_search_memory_tool_never_returns_another_users_memory(alice: Any, bob: Any) -> None:
-    from agents.tools.registry import ToolContext, run_tool_call
+    from agents.tools import ToolContext, run_tool_call
     from llm.base import ToolCallRequest
 
     memory_create(user=alice, kind="semantic", text="Alice's door code is 8812", fact_key="door_code")

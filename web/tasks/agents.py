@@ -23,7 +23,7 @@ def recover_turn(turn_id: int) -> bool:
 # reserved, and the broker keeps what a dead one held. The lease is the one guard of exactly-once: the run claims
 # it under an owner of its own, a worker that dies stops extending it, and the sweep resumes the turn within
 # TURN_LEASE_SECONDS + TURN_SWEEP_SECONDS; a task that was lost before a worker claimed its lease is found by the
-# sweep too (orchestrator.runtime.lost_turns_let_go). A late redelivery finds the turn finished, and does nothing.
+# sweep too (orchestrator.recovery.lost_turns_let_go). A late redelivery finds the turn finished, and does nothing.
 @background_task(acks_late=True)
 def run_turn(turn_id: int, owner: str, orphan_ids: list[int], resumed: bool, checkpoint_fresh: bool) -> str:
     """Run a submitted turn under the lease it was handed, its events on the run channel."""

@@ -1,0 +1,105 @@
+"""Transitions: whether a decision may be applied (``step_result``, what ``Workflow.step`` returns as a
+``StepResult``), and what is wrong with where a definition sends an action's failures (``recovery_problems``).
+
+Pure: nothing here touches the database (``sessions.services.transition_apply`` persists a step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import date
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agents.workflows.base import Workflow
+    from agents.workflows.decision import WorkflowDecision
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What ``Workflow.step`` decided: the state and data after the decision, and why anything was refused."""
+
+    applied: bool
+    from_state: str
+    to_state: str
+    data: dict[str, Any]
+    errors: list[str] = field(default_factory=list)
+    slot_errors: list[str] = field(default_factory=list)
+
+    @property
+    def changed_state(self) -> bool:
+        return self.applied and self.to_state != self.from_state
+
+
+def step_result(
+    workflow: Workflow,
+    *,
+    state: str,
+    data: Mapping[str, Any],
+    decision: WorkflowDecision,
+    today: date | None = None,
+) -> StepResult:
+    """Whether ``decision`` may be applied in ``state`` with ``data`` (``Workflow.step`` says how)."""
+    target = decision.next_state
+    merged, slot_errors = workflow.merge_slots(data, decision.slots, today=today)
+    errors: list[str] = []
+    if target not in workflow.specs:
+        errors.append(f"unknown state {target!r}")
+    elif not workflow.can_transition(state, target):
+        errors.append(f"transition {state} -> {target} is not allowed")
+    else:
+        missing = [] if workflow.clears_data_on_entry(state, target) else workflow.missing_for(target, merged)
+        if missing:
+            errors.append(f"{target} needs {', '.join(missing)} first")
+    if errors:
+        return StepResult(False, state, state, dict(data), errors=errors + slot_errors, slot_errors=slot_errors)
+    if (
+        state in workflow.terminal_states
+        and state != workflow.failed_state
+        and target != workflow.initial_state
+        and not workflow.clears_data_on_entry(state, target)
+    ):
+        # A finished run (a booked trip) is never changed by later text: only leaving it (a new run) can.
+        changed = sorted(k for k in merged if merged.get(k) != data.get(k))
+        slot_errors = slot_errors + [
+            f"{name}: the {workflow.title.lower()} is finished, so it is not changed; start a new one to change it"
+            for name in changed
+        ]
+        merged = dict(data)
+    if workflow.clears_data_on_entry(state, target):
+        merged = {}
+    return StepResult(True, state, target, merged, errors=list(slot_errors), slot_errors=slot_errors)
+
+
+def recovery_problems(
+    *,
+    state: str,
+    failure: str,
+    requires: Sequence[str],
+    failure_requires: Sequence[str],
+    failure_targets: frozenset[str] | set[str],
+    ends: frozenset[str] | set[str],
+) -> list[str]:
+    """What is wrong with sending the failures of ``state``'s action to ``failure``, for people (empty: nothing).
+
+    A failure that stays in the action state repeats the same attempt unchanged; a state where the failure is
+    fixed (anything but a terminal, failed or handoff state) must take the data the action had (its
+    ``requires`` no more than the action's), and must lead back to the action."""
+    if failure in ends:
+        return []
+    if failure == state:
+        return [f"the failures of {state}'s action go back to {state}: the same attempt would be repeated unchanged"]
+    problems = []
+    extra = [slot for slot in failure_requires if slot not in requires]
+    if extra:
+        problems.append(
+            f"the failures of {state}'s action go to {failure}, which requires {', '.join(extra)} that {state} "
+            "does not: the data of a failed attempt could not enter it"
+        )
+    if state not in failure_targets:
+        problems.append(
+            f"the failures of {state}'s action go to {failure}, which has no transition back to {state}: "
+            "what is fixed there could not be tried again"
+        )
+    return problems

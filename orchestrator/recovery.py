@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db.models import QuerySet
 
 from core import events as run_channel
+from core import task_names
 from core.queue import enqueue, queued_args
 from core.services import requeue_each
 from orchestrator.begin import TurnHandle

@@ -26,6 +26,9 @@ class AtomicRateMixin(SimpleRateThrottle):
     """``allow_request`` on an atomic counter per window (see the module's docstring)."""
 
     _wait_seconds: float = 0.0
+    # Set by DRF's ``SimpleRateThrottle`` from the rate ("30/min": 30 requests, 60 seconds).
+    num_requests: int
+    duration: int
 
     def allow_request(self, request: Any, view: Any) -> bool:
         if self.rate is None:
@@ -84,7 +87,8 @@ def rate_counters_forget(user_pk: Any) -> None:
     """Delete a person's rate counters (an erasure), for every scope, this window and the one before."""
     keys = []
     for scope in _SCOPES:
-        rate = settings.REST_FRAMEWORK.get("DEFAULT_THROTTLE_RATES", {}).get(scope)
+        rates: Any = settings.REST_FRAMEWORK.get("DEFAULT_THROTTLE_RATES") or {}
+        rate = rates.get(scope)
         if not rate:
             continue
         duration = {"s": 1, "m": 60, "h": 3600, "d": 86400}[rate.split("/")[1][0]]

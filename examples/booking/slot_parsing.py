@@ -362,8 +362,8 @@ def extract_correction(text: str, current: Mapping[str, Any]) -> dict[str, str]:
             if slot and new and new.lower() != str(current.get(slot) or "").lower():
                 return {slot: new}
     for slot, pattern in _NAMED_SLOT:
-        match = pattern.search(text)
-        if match and (new := _place_words(match.group("new"))):
+        named = pattern.search(text)
+        if named and (new := _place_words(named.group("new"))):
             return {slot: new}
     if not _CHANGE_WORDS.search(text):
         return {}

@@ -18,7 +18,7 @@ from core.db import release_connection
 from orchestrator.context import FINISHED, TurnEvent, done_event, error_event
 from sessions.models import ChatSession, Turn
 
-logger = logging.getLogger("orchestrator.runtime")
+logger = logging.getLogger(__name__)
 
 
 def turn_end_publish(turn: Turn) -> None:

@@ -31,7 +31,7 @@ from sessions.summaries import summary_request_if_due
 if TYPE_CHECKING:
     from sessions.context import TurnHistory
 
-logger = logging.getLogger("orchestrator.runtime")
+logger = logging.getLogger(__name__)
 
 
 def complete_turn(

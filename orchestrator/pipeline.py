@@ -45,7 +45,7 @@ from orchestrator.steps import (
 from sessions.locks import TurnLockLost
 from sessions.models import ChatSession, Turn
 
-logger = logging.getLogger("orchestrator.runtime")
+logger = logging.getLogger(__name__)
 
 # The steps of every turn, in order; a step that ends the turn (refused, handed off, answered) sets ctx.done.
 PIPELINE: tuple[Callable[[TurnContext], Iterator[TurnEvent]], ...] = (

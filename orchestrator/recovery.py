@@ -25,7 +25,7 @@ from sessions.locks import SessionTurnLock, unclaimed_leases_let_go
 from sessions.models import Turn
 from sessions.selectors import orphaned_turns_find, unclaimed_lease_owners
 
-logger = logging.getLogger("orchestrator.runtime")
+logger = logging.getLogger(__name__)
 
 
 def turn_recover(*, turn_id: int) -> bool:

@@ -31,7 +31,7 @@ from orchestrator.finish import complete_turn, fail_turn, mark_step_limit
 from orchestrator.steps import handoff
 from sessions.services import transition_apply, turn_failure_record
 
-logger = logging.getLogger("orchestrator.runtime")
+logger = logging.getLogger(__name__)
 
 
 def reply(ctx: TurnContext) -> Iterator[TurnEvent]:

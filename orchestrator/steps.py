@@ -30,7 +30,7 @@ from sessions.context import turn_history
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import TransitionOutcome, checkpoint_record, transition_apply, turn_failure_record
 
-logger = logging.getLogger("orchestrator.runtime")
+logger = logging.getLogger(__name__)
 
 
 def refuse_if_switched_off(ctx: TurnContext) -> Iterator[TurnEvent]:

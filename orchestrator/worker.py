@@ -25,7 +25,7 @@ from orchestrator.pipeline import turn_events
 from sessions.locks import SessionTurnLock, lease_let_go
 from sessions.models import Turn
 
-logger = logging.getLogger("orchestrator.runtime")
+logger = logging.getLogger(__name__)
 
 
 def turn_runner() -> str:

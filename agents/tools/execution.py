@@ -43,7 +43,7 @@ from agents.tools.registry import Tool, ToolContext, ToolOutput, ToolRegistry, d
 from core.text import storable_json, storable_text
 from llm.base import Message, ToolCallRequest
 
-logger = logging.getLogger("agents.tools")
+logger = logging.getLogger(__name__)
 
 TOOL_ERROR_PREFIX = "TOOL_ERROR"
 # A tool's output goes into the prompt; past this it is cut (and marked) so one tool cannot flood the context.

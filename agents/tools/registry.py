@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from agents.models import Agent
     from sessions.models import ChatSession, Turn
 
-logger = logging.getLogger("agents.tools")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from llm.providers import get_provider
 from memory.schemas import ExtractedFacts, Fact
 from sessions.models import Turn
 
-logger = logging.getLogger("memory.services")  # the name its log lines had before the split
+logger = logging.getLogger(__name__)
 
 
 EXTRACTION_SYSTEM_PROMPT = (

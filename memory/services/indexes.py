@@ -13,7 +13,7 @@ from django.db.models import Count
 from memory.models import Memory
 from memory.selectors import forget_user_indexes, user_index_name, user_indexes_present
 
-logger = logging.getLogger("memory.services")  # the name its log lines had before the split
+logger = logging.getLogger(__name__)
 
 # A user with fewer than MEMORY_EXACT_SEARCH_MAX memories is searched exactly (memory.retrieval.vector). A bigger
 # history gets an HNSW index of its own: a partial index (WHERE user_id = <id>) holds only that user's

@@ -17,7 +17,7 @@ from core.services import requeue_each
 from memory.models import Memory
 from sessions.models import Checkpoint, Turn
 
-logger = logging.getLogger("memory.services")  # the name its log lines had before the split
+logger = logging.getLogger(__name__)
 
 # The memory-write task (``web.tasks.memory.write_turn_memories``), sent by name: tasks are doors, above this.
 WRITE_TASK = task_names.WRITE_TURN_MEMORIES

@@ -13,7 +13,7 @@ from observability.selectors.dashboard import summaries_pending
 from observability.selectors.indicators import indicators, relative_change
 
 # The name the selectors have always logged under.
-logger = logging.getLogger("observability.selectors")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from sessions.services.checkpoints import checkpoint_number_taken, checkpoint_re
 from sessions.services.versioned import compare_and_set, compare_and_set_with_checkpoint
 
 # The name the session's services have always logged under.
-logger = logging.getLogger("sessions.services")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

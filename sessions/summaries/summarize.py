@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from llm.base import LLMProvider
 
 # The name summaries have always logged under.
-logger = logging.getLogger("sessions.summaries")
+logger = logging.getLogger(__name__)
 
 SUMMARIZE_INSTRUCTIONS = """You maintain the running summary of a conversation between a user and an assistant.
 Merge the existing summary and the new turns into one updated summary.

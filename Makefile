@@ -48,7 +48,7 @@ $(LLM)/.installed: requirements-llm.txt
 
 ## The app against a real local model server (not part of make test).
 test-llm: install-dev $(LLM)/.installed
-	LLAMA_SERVER_PYTHON=$(LLM)/bin/python $(PY) -m pytest -m llm tests/llm $(PYTEST_ARGS)
+	LLAMA_SERVER_PYTHON=$(LLM)/bin/python $(PY) -m pytest -m llm tests/real_model $(PYTEST_ARGS)
 
 ## The pictures of docs/img/: the browser tests that take them, run against their throwaway test database.
 SHOTS := long_chat or curation_desk or staff_reply_arrives or staff_live_chat or expired_sign_in or context_inspector or cut_off

@@ -20,7 +20,7 @@ what the user got on each cut-off turn, judged apart from the app's own rules: `
 data (facts stated early that are in neither what the model read at the last turn nor the collected data).
 
 ``run_app`` takes another model too: ``gallery_real_model`` puts the same faults on a real OpenAI-compatible
-endpoint (``tests/llm/test_real_gallery.py``, in ``make test-llm``).
+endpoint (``tests/real_model/test_real_gallery.py``, in ``make test-llm``).
 
 ``python -m bench gallery [-- --turns N]`` runs it in a throwaway database, prints the table and writes
 ``bench/results/gallery.json``.
@@ -836,7 +836,7 @@ def main(argv: list[str]) -> int:
         "--real-model",
         type=Path,
         default=None,
-        help="a real-model run's result (tests/llm/test_real_gallery.py with GALLERY_REAL_OUTPUT): its column too",
+        help="a real-model run's result (tests/real_model/test_real_gallery.py with GALLERY_REAL_OUTPUT): its column too",
     )
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (docs/reliability.md)")
     args, _ = parser.parse_known_args(argv)  # options after "--" are shared by every part

@@ -10,7 +10,7 @@ Three turns of a conversation that has already begun (two turns before the count
   row, the move to COMPLETED, the reply).
 
 ``count_turn_statements()`` needs a database with the app's tables (the bench's own, or a test's); it
-creates a user and two agents and leaves them there. ``tests/agents/test_turn_statements.py`` pins the counts.
+creates a user and two agents and leaves them there. ``tests/orchestrator/test_turn_statements.py`` pins the counts.
 """
 
 from __future__ import annotations

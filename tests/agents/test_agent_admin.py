@@ -12,6 +12,7 @@ from django.urls import reverse
 from rest_framework.test import APIClient
 
 from agents.models import Agent
+from sessions.models import ChatSession
 from tests.api.conftest import assert_error, token_client
 from tests.world import make_agent
 
@@ -97,8 +98,10 @@ def test_an_agent_with_an_unknown_workflow_is_unavailable_not_a_500(alice: Any) 
     assert_error(api.post("/api/sessions/", {"agent": agent.slug}, format="json"), 503, "agent_unavailable")
     web = Client()
     web.force_login(alice)
-    page = web.post("/chats/new/", {"agent": str(agent.pk)}, follow=True)
-    assert page.status_code == 200 and "workflow is not available" in page.content.decode()
+    assert f'value="{agent.pk}"' not in web.get("/").content.decode()  # not offered (issue 55)
+    page = web.post("/chats/new/", {"agent": str(agent.pk)}, follow=True)  # a stale form that still had it
+    assert page.status_code == 200 and "That agent is not available now" in page.content.decode()
+    assert not ChatSession.objects.filter(agent=agent).exists()
 
 
 def test_the_admin_never_shows_a_whole_api_token(staff_client: Client, alice: Any) -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from agents.models import Agent
 from llm.providers import DEMO_LABEL
-from tests.test_mcp import mcp_url  # noqa: F401 - the MCP server over HTTP, a fixture of this module too
+from tests.web.test_mcp import mcp_url  # noqa: F401 - the MCP server over HTTP, a fixture of this module too
 from tests.world import make_agent
 
 # Playwright's sync API runs an event loop in this thread; Django would otherwise refuse the ORM calls
@@ -836,7 +836,7 @@ def test_every_open_tab_shows_every_turn_from_every_door(
 
     from orchestrator.runtime import turn_stream
     from sessions.models import ChatSession
-    from tests.test_mcp import _run
+    from tests.web.test_mcp import _run
 
     make_agent("chat")
     context = browser.new_context(viewport={"width": 1280, "height": 900})

@@ -33,11 +33,6 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def chat_agent(db: Any) -> Agent:
-    return make_agent("chat")
-
-
-@pytest.fixture
 def booking_agent(db: Any) -> Agent:
     return make_agent(
         name="Booker",

@@ -93,7 +93,7 @@ def test_a_client_error_is_not_retried(alice: Any, chat_agent: Agent, remote_mod
         stream("This answer never", finish_reason=None),  # [DONE] without a finish reason
         stream("This answer is dropped mid way through", cut_after=4),  # the connection dies
     ],
-    # (A reply cut by the token limit is continued instead: tests/agents/test_long_replies.py.)
+    # (A reply cut by the token limit is continued instead: tests/orchestrator/test_long_replies.py.)
     ids=["no-finish-reason", "connection-dropped"],
 )
 def test_a_reply_cut_off_is_not_used_and_the_next_turn_succeeds(

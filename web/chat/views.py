@@ -178,13 +178,20 @@ class NewChatForm(forms.Form):
     title = forms.CharField(max_length=200, required=False)
 
 
+def _an_agent_not_offered(value: str) -> bool:
+    return value.isascii() and value.isdigit() and len(value) <= 18 and Agent.objects.filter(pk=int(value)).exists()
+
+
 @login_required
 @require_POST
 def chat_new(request: HttpRequest) -> HttpResponse:
     form = NewChatForm(request.POST)
     if not form.is_valid():
         # The form is two fields on the home page: its errors go back there as one message.
-        if "agent" in form.errors:
+        if "agent" in form.errors and _an_agent_not_offered(request.POST.get("agent", "")):
+            # A page that still offered it: switched off, or its workflow gone, since.
+            messages.error(request, "That agent is not available now: choose another one.")
+        elif "agent" in form.errors:
             messages.error(request, "Choose an agent to talk to.")
         else:
             messages.error(request, " ".join(str(e) for errors in form.errors.values() for e in errors))

@@ -20,12 +20,6 @@ from orchestrator.runtime import turn_run
 from people.erasure import person_erase
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import session_create
-from tests.world import make_agent
-
-
-@pytest.fixture
-def chat_agent(db: Any) -> Agent:
-    return make_agent("chat")
 
 
 def _life(user: Any, agent: Agent) -> ChatSession:

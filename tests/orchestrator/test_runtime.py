@@ -45,11 +45,6 @@ def booking_agent(db: Any) -> Agent:
 
 
 @pytest.fixture
-def chat_agent(db: Any) -> Agent:
-    return make_agent("chat")
-
-
-@pytest.fixture
 def scripted(use_provider: Any) -> ScriptedProvider:
     """The remote model, scripted: every runtime call goes to it (the edge of the world)."""
     provider = ScriptedProvider()

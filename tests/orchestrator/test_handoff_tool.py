@@ -78,7 +78,7 @@ def test_an_endpoint_that_refuses_tools_is_asked_again_without_them_and_remember
 
 def test_a_refusal_of_tools_the_reply_needs_still_fails_the_turn(alice: Any, remote_model: Any, settings: Any) -> None:
     settings.TURN_DECISION_IN_REPLY = (
-        False  # routed by a call of its own (the one-call path: tests/agents/test_one_call.py)
+        False  # routed by a call of its own (the one-call path: tests/orchestrator/test_one_call.py)
     )
     agent = make_agent("tools", slug="flights")
     remote_model.enqueue(

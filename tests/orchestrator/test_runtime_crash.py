@@ -21,7 +21,6 @@ from sessions.locks import session_is_locked
 from sessions.models import Checkpoint, Turn
 from sessions.services import session_create
 from tests.fakes.openai_server import hang
-from tests.world import make_agent
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,7 +36,7 @@ def _start_child(session_id: str, message: str, fake_openai: Any) -> subprocess.
         }
     )
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.agents.crash_child", session_id, message],
+        [sys.executable, "-m", "tests.orchestrator.crash_child", session_id, message],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -66,11 +65,6 @@ def _kill_mid_call(session: Any, message: str, fake_openai: Any) -> Turn:
     # The dead process's heartbeat stopped: its turn lease runs out (TURN_LEASE_SECONDS, 5 s in the tests).
     wait_for(lambda: not session_is_locked(session.pk), timeout=30, message="the dead process's lock to be released")
     return turn
-
-
-@pytest.fixture
-def chat_agent(db: Any) -> Agent:
-    return make_agent("chat")
 
 
 @pytest.mark.django_db(transaction=True)

@@ -24,14 +24,8 @@ from people.erasure import person_erase
 from people.portability import person_export
 from sessions.models import ChatSession, Turn
 from sessions.services import session_create
-from tests.world import make_agent
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def chat_agent(db: Any) -> Agent:
-    return make_agent("chat")
 
 
 def _life(user: Any, agent: Agent) -> None:

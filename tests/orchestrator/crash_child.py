@@ -1,6 +1,6 @@
-"""A process that runs one turn and is killed mid-call by tests/agents/test_runtime_crash.py.
+"""A process that runs one turn and is killed mid-call by tests/orchestrator/test_runtime_crash.py.
 
-Run as ``python -m tests.agents.crash_child <session_id> <message>`` with DATABASE_URL pointing at the
+Run as ``python -m tests.orchestrator.crash_child <session_id> <message>`` with DATABASE_URL pointing at the
 test database and LLM_PROFILES_JSON pointing at a fake server that hangs.
 """
 

@@ -1,4 +1,4 @@
-"""Fixtures of the agent tests."""
+"""Fixtures of the turn's tests."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from llm.providers import get_provider
 from llm.tokens import counter_for
 from observability.logging import log_context
 from observability.tracing import span
-from orchestrator.begin import TurnHandle
+from orchestrator.begin import TurnHandle, session_unavailable
 from orchestrator.context import (
     TurnContext,
     TurnEvent,
@@ -29,7 +29,7 @@ from orchestrator.context import (
     reload_session,
     state_event,
 )
-from orchestrator.finish import fail_turn
+from orchestrator.finish import fail_turn, refuse_turn
 from orchestrator.reply import reply
 from orchestrator.steps import (
     act,
@@ -37,7 +37,6 @@ from orchestrator.steps import (
     describe,
     error_code,
     hand_off_if_the_workflow_says,
-    refuse_if_switched_off,
     retrieve,
     route,
     stop_if_handed_off,
@@ -49,7 +48,6 @@ logger = logging.getLogger(__name__)
 
 # The steps of every turn, in order; a step that ends the turn (refused, handed off, answered) sets ctx.done.
 PIPELINE: tuple[Callable[[TurnContext], Iterator[TurnEvent]], ...] = (
-    refuse_if_switched_off,
     stop_if_handed_off,
     retrieve,
     decide,
@@ -134,6 +132,14 @@ def _run_pipeline(
     try:
         if not fresh:
             reload_session(session)
+        unavailable = session_unavailable(session)
+        if unavailable is not None:
+            # Switched off, or its workflow gone, after this message was saved (a turn the sweep or a retry
+            # resumes): kept, not answered, and said so; restoring the agent lets the next message be answered.
+            note = unavailable + " This message was saved but will not be answered."
+            refuse_turn(session, turn, note=note)
+            yield error_event("agent_unavailable", note, turn)
+            return
         agent = session.agent
         provider = get_provider(agent=agent)
         ctx = TurnContext(

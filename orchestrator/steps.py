@@ -18,29 +18,17 @@ from llm.providers import get_provider
 from memory.retrieval import RecentWindow, memories_for_prompt, retrieval_query
 from observability.tracing import memory_annotate, span
 from orchestrator.context import (
-    AGENT_SWITCHED_OFF,
     HANDOFF_NOTICE,
     TurnContext,
     TurnEvent,
     done_event,
-    error_event,
 )
-from orchestrator.finish import hand_off_turn, keep_for_person, refuse_turn
+from orchestrator.finish import hand_off_turn, keep_for_person
 from sessions.context import turn_history
 from sessions.models import ChatSession, Checkpoint, Turn
 from sessions.services import TransitionOutcome, checkpoint_record, transition_apply, turn_failure_record
 
 logger = logging.getLogger(__name__)
-
-
-def refuse_if_switched_off(ctx: TurnContext) -> Iterator[TurnEvent]:
-    """An agent switched off after this message was saved (a turn the sweep or a retry resumes): not answered."""
-    if ctx.agent.is_active:
-        return
-    note = AGENT_SWITCHED_OFF + " This message was saved but will not be answered."
-    refuse_turn(ctx.session, ctx.turn, note=note)
-    ctx.done = True
-    yield error_event("agent_unavailable", note, ctx.turn)
 
 
 def stop_if_handed_off(ctx: TurnContext) -> Iterator[TurnEvent]:

@@ -17,16 +17,9 @@ from llm.sections import DEFAULT_SHARES
 
 
 def default_section_budgets() -> dict[str, float]:
-    """Share of the prompt budget each section may use (after the response reserve and safety margin)."""
-    return {
-        "system": 0.10,
-        "workflow": 0.08,
-        "procedural": 0.05,
-        "memories": 0.20,
-        "summary": 0.12,
-        "recent": 0.35,
-        "message": 0.10,
-    }
+    """Share of the prompt budget each section may use (after the response reserve and safety margin): the
+    library's defaults (``llm.sections.DEFAULT_SHARES``); the tools' share is added where an agent has tools."""
+    return {section: share for section, share in DEFAULT_SHARES.items() if section != "tools"}
 
 
 class Agent(models.Model):

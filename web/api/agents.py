@@ -49,19 +49,24 @@ ERASE_CONFIRMATION = "erase my data"
 DELETE_CONFIRMATION = "delete my account"
 
 
-@extend_schema_field({"type": "string", "enum": [ERASE_CONFIRMATION]})
-class ErasePhraseField(serializers.CharField):
-    """The phrase, in the schema as the one value it may be (it was a free string there)."""
+def _confirmation(name: str, phrase: str, doing: str) -> type[serializers.Serializer[Any]]:
+    """A body whose ``confirm`` must be ``phrase`` exactly, in the schema as the one value it may be (it took any
+    spacing and case once)."""
 
-
-class EraseMeInputSerializer(serializers.Serializer[Any]):
-    confirm = ErasePhraseField(help_text=f'Exactly "{ERASE_CONFIRMATION}": erasing cannot be undone.', max_length=50)
-
-    def validate_confirm(self, value: str) -> str:
-        # Exactly the phrase, as the schema says (it took any spacing and case).
-        if value != ERASE_CONFIRMATION:
-            raise serializers.ValidationError(f'Send "confirm": "{ERASE_CONFIRMATION}" to erase your data.')
+    def validate_confirm(self: Any, value: str) -> str:
+        if value != phrase:
+            raise serializers.ValidationError(f'Send "confirm": "{phrase}" to {doing}.')
         return value
+
+    field = extend_schema_field({"type": "string", "enum": [phrase]})(
+        type(f"{name}Phrase", (serializers.CharField,), {})
+    )
+    confirm = field(help_text=f'Exactly "{phrase}": it cannot be undone.', max_length=50)
+    return type(name, (serializers.Serializer,), {"confirm": confirm, "validate_confirm": validate_confirm})
+
+
+EraseMeInputSerializer = _confirmation("EraseMeInputSerializer", ERASE_CONFIRMATION, "erase your data")
+DeleteMeInputSerializer = _confirmation("DeleteMeInputSerializer", DELETE_CONFIRMATION, "delete your account")
 
 
 @extend_schema(
@@ -78,20 +83,6 @@ class EraseMeApi(APIView):
         EraseMeInputSerializer(data=request.data).is_valid(raise_exception=True)
         result = person_erase(user=request.user, actor=request.user)
         return Response({"erased": result.counts, "erasure_id": result.erasure_id})
-
-
-@extend_schema_field({"type": "string", "enum": [DELETE_CONFIRMATION]})
-class DeletePhraseField(serializers.CharField):
-    """The phrase, in the schema as the one value it may be."""
-
-
-class DeleteMeInputSerializer(serializers.Serializer[Any]):
-    confirm = DeletePhraseField(help_text=f'Exactly "{DELETE_CONFIRMATION}": it cannot be undone.', max_length=50)
-
-    def validate_confirm(self, value: str) -> str:
-        if value != DELETE_CONFIRMATION:
-            raise serializers.ValidationError(f'Send "confirm": "{DELETE_CONFIRMATION}" to delete your account.')
-        return value
 
 
 @extend_schema(

@@ -341,9 +341,11 @@ class Workflow:
 
     def decision(self, *, next_state: str, slots: Mapping[str, Any] | None = None, reasoning: str = "") -> Any:
         """A decision built by code (the runtime applying a tool outcome), validated like a model's."""
-        return self.decision_schema.model_validate(
+        decision = self.decision_schema.model_validate(
             {"next_state": next_state, "slots": dict(slots or {}), "confidence": 1.0, "reasoning": reasoning}
         )
+        decision._by_action = True  # it may set the slots only actions set (transitions._decidable)
+        return decision
 
 
 # Each workflow by the decision schema it asks for (``workflow_of``); weak both ways, so that the versions of a

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from types import UnionType
 from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, field_validator
 
 from core.text import camel_case
 
@@ -26,6 +26,9 @@ class WorkflowDecision(BaseModel):
     wants_person: bool = Field(
         default=False, description="True only when the user asks to talk to a person (a human, not the assistant)."
     )
+    # Built by code from an action's result (``Workflow.decision``), never from a model's output: only such a
+    # decision may set the slots that no state collects (a booking's reference). Not in the schema; not input.
+    _by_action: bool = PrivateAttr(default=False)
 
     @field_validator("slots", mode="before")
     @classmethod

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel
+
 if TYPE_CHECKING:
     from agents.workflows.base import Workflow
     from agents.workflows.decision import WorkflowDecision
@@ -32,6 +34,18 @@ class StepResult:
         return self.applied and self.to_state != self.from_state
 
 
+def _decidable(workflow: Workflow, slots: Any) -> tuple[dict[str, Any], list[str]]:
+    """The decision's slots a decision may set, and the names of those it may not: a slot that no state collects
+    or accepts is set by the workflow's actions (a booking's reference, by the tool that booked it), so a model's
+    decision that names one ("booking_reference": "FAKE123") is refused, not stored. A workflow that declares no
+    collected slot at all leaves every slot to its decisions."""
+    raw = slots.model_dump(exclude_none=True) if isinstance(slots, BaseModel) else dict(slots or {})
+    declared = {name for spec in workflow.specs.values() for name in (*spec.collects, *spec.accepts)}
+    if not declared:
+        return raw, []
+    return {k: v for k, v in raw.items() if k in declared}, sorted(k for k in raw if k not in declared)
+
+
 def step_result(
     workflow: Workflow,
     *,
@@ -42,7 +56,13 @@ def step_result(
 ) -> StepResult:
     """Whether ``decision`` may be applied in ``state`` with ``data`` (``Workflow.step`` says how)."""
     target = decision.next_state
-    merged, slot_errors = workflow.merge_slots(data, decision.slots, today=today)
+    said, set_by_actions = (
+        (decision.slots, []) if getattr(decision, "_by_action", False) else _decidable(workflow, decision.slots)
+    )
+    merged, slot_errors = workflow.merge_slots(data, said, today=today)
+    slot_errors = [
+        f"{name}: set by the workflow's own actions, never by a decision" for name in set_by_actions
+    ] + slot_errors
     errors: list[str] = []
     if target not in workflow.specs:
         errors.append(f"unknown state {target!r}")

@@ -112,3 +112,21 @@ def test_start_over_after_a_failed_booking_is_explicit_and_drops_the_data(alice:
     turn_run(session=session, message="start over")
     session.refresh_from_db()
     assert session.state == "IDLE" and session.data == {}
+
+
+def test_a_models_decision_cannot_set_a_slot_only_the_booking_tool_sets() -> None:
+    """Issue 55 (the probe): a decision {"next_state": "CONFIRMING", "slots": {..., "booking_reference": "FAKE123"}}
+    put "booking_reference FAKE123" under Collected and into the checkpoints. No state collects that slot: only
+    the booking's own result sets it."""
+    from examples.booking.workflow import FLIGHT_BOOKING
+
+    data = {"origin": "London", "destination": "Paris", "depart_date": "2027-03-10", "passengers": 2}
+    forged = FLIGHT_BOOKING.decision_schema.model_validate(
+        {"next_state": "CONFIRMING", "slots": {"passengers": 3, "booking_reference": "FAKE123"}}
+    )
+    result = FLIGHT_BOOKING.step(state="CONFIRMING", data=data, decision=forged)
+    assert "booking_reference" not in result.data and result.data["passengers"] == 3
+    assert any(error.startswith("booking_reference: set by the workflow's own actions") for error in result.slot_errors)
+    booked = FLIGHT_BOOKING.decision(next_state="COMPLETED", slots={"booking_reference": "QK-1A2B3C"})
+    done = FLIGHT_BOOKING.step(state="BOOKING", data={**data, "flight_number": "QK7431"}, decision=booked)
+    assert done.applied and done.data["booking_reference"] == "QK-1A2B3C"

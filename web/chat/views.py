@@ -174,8 +174,13 @@ def home(request: HttpRequest) -> HttpResponse:
 class NewChatForm(forms.Form):
     """An active agent (an unknown or malformed id is "no agent") and an optional title (trimmed; NUL refused)."""
 
-    agent = forms.ModelChoiceField(queryset=active_agents())
+    agent = forms.ModelChoiceField(queryset=Agent.objects.none())
     title = forms.CharField(max_length=200, required=False)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Read now, not when the module was imported: which workflows are installed can change meanwhile.
+        self.fields["agent"].queryset = active_agents()  # type: ignore[attr-defined]
 
 
 def _an_agent_not_offered(value: str) -> bool:

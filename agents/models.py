@@ -11,6 +11,7 @@ from django.db import models
 from agents.tools.registry import tool_names
 from agents.workflows import code_workflow_names, workflow_choices
 from agents.workflows.spec import NAME_PATTERN, WorkflowSpecError, workflow_from_spec
+from core.models import Dated
 from llm.capabilities import MODE_LABELS
 from llm.providers import DEMO_PROFILE
 from llm.sections import DEFAULT_SHARES
@@ -22,7 +23,7 @@ def default_section_budgets() -> dict[str, float]:
     return {section: share for section, share in DEFAULT_SHARES.items() if section != "tools"}
 
 
-class Agent(models.Model):
+class Agent(Dated):
     """An agent operators configure in the admin: prompt, model, budgets, workflow, tools, limits."""
 
     class StepLimitBehaviour(models.TextChoices):
@@ -82,8 +83,6 @@ class Agent(models.Model):
         default=True,
         help_text="Off: not offered for new chats, and its chats take no new message (they stay readable).",
     )
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["name"]
@@ -187,7 +186,7 @@ class ToolInvocation(models.Model):
         return f"{self.name} ({'ok' if self.ok else self.error_kind})"
 
 
-class WorkflowDefinition(models.Model):
+class WorkflowDefinition(Dated):
     """A workflow an operator declares in the admin, as JSON (docs/extending.md, "Workflows as data").
 
     Saving a changed declaration makes a new ``WorkflowVersion`` (``agents.workflow_store``): new sessions
@@ -201,8 +200,6 @@ class WorkflowDefinition(models.Model):
     spec = models.JSONField(default=dict, help_text="The declaration: title, slots, states, transitions, actions.")
     version = models.PositiveIntegerField(default=0, editable=False, help_text="The latest version's number.")
     is_active = models.BooleanField(default=True, help_text="Off: no new agent may choose it; running sessions go on.")
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["name"]
@@ -299,7 +296,7 @@ def validate_endpoint_url(value: str) -> None:
         raise ValidationError("The port is not a number from 1 to 65535.") from exc
 
 
-class ModelEndpoint(models.Model):
+class ModelEndpoint(Dated):
     """A model endpoint connected from the admin (the first-run form): an endpoint profile kept in the database.
 
     Profiles from the environment (``LLM_BASE_URL``…, ``LLM_PROFILES_JSON``) win over one of the same name
@@ -331,8 +328,6 @@ class ModelEndpoint(models.Model):
         help_text="The model's context window in tokens, when known: a ceiling for the agents on this endpoint.",
     )
     last_test = models.JSONField(default=dict, blank=True, help_text="What the last Test found.")
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["name"]

@@ -343,17 +343,12 @@ def follow(run: str | int, *, after: str = "0", idle: Any = None) -> Iterator[tu
                 raise
             time.sleep(0.5)
             continue
-        if not batch:
-            final = idle() if idle is not None else None
-            if final is not None:
-                yield ("", final)
-                return
-            yield ("", {"type": KEEPALIVE})
-        for event_id, event in batch:
-            after = event_id
-            yield event_id, event
-            if event.get("type") in FINAL_TYPES:
-                return
+        final = idle() if idle is not None and not batch else None
+        events, ended = _delivered(batch, final)
+        yield from events
+        if ended:
+            return
+        after = events[-1][0] if batch else after
 
 
 async def afollow(run: str | int, *, after: str = "0", idle: Any = None) -> AsyncIterator[tuple[str, dict[str, Any]]]:
@@ -369,17 +364,26 @@ async def afollow(run: str | int, *, after: str = "0", idle: Any = None) -> Asyn
                 raise
             await asyncio.sleep(0.5)
             continue
-        if not batch:
-            final = await idle() if idle is not None else None
-            if final is not None:
-                yield ("", final)
-                return
-            yield ("", {"type": KEEPALIVE})
-        for event_id, event in batch:
-            after = event_id
-            yield event_id, event
-            if event.get("type") in FINAL_TYPES:
-                return
+        final = await idle() if idle is not None and not batch else None
+        events, ended = _delivered(batch, final)
+        for event in events:
+            yield event
+        if ended:
+            return
+        after = events[-1][0] if batch else after
+
+
+def _delivered(
+    batch: list[tuple[str, dict[str, Any]]], final: dict[str, Any] | None
+) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
+    """What a follower yields for one read, and whether it ends there: the batch up to its first final event; for
+    an empty batch, ``final`` (what ``idle`` found: the run ended some other way) or a ``KEEPALIVE`` (id "")."""
+    if not batch:
+        return ([("", final)], True) if final is not None else ([("", {"type": KEEPALIVE})], False)
+    for index, (_event_id, event) in enumerate(batch):
+        if event.get("type") in FINAL_TYPES:
+            return batch[: index + 1], True
+    return batch, False
 
 
 def backlog(queue: str) -> int | None:

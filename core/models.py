@@ -3,6 +3,16 @@ from __future__ import annotations
 from django.db import models
 
 
+class Dated(models.Model):
+    """When a row people edit (an agent, an alert rule, a workflow, an endpoint) was made and last changed."""
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        abstract = True
+
+
 class WorkerHeartbeat(models.Model):
     """Last time a Celery worker ran the heartbeat task; /healthz reads it.
 

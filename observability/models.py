@@ -4,13 +4,15 @@ from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
 
+from core.models import Dated
+
 
 def default_min_samples() -> int:
     """New rules start from ``ALERT_MIN_SAMPLES``."""
     return int(settings.ALERT_MIN_SAMPLES)
 
 
-class AlertRule(models.Model):
+class AlertRule(Dated):
     """A threshold on one death-spiral indicator over a time window, set in the admin.
 
     The rule fires when the indicator's value is above ``threshold`` (strictly). Rate and
@@ -41,8 +43,6 @@ class AlertRule(models.Model):
     enabled = models.BooleanField(default=True)
     notify_webhook = models.BooleanField(default=True, help_text="Post fired alerts to ALERT_WEBHOOK_URL.")
     description = models.TextField(blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["name"]

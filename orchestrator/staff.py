@@ -10,8 +10,9 @@ from django.utils import timezone
 
 from core import events as run_channel
 from orchestrator.begin import MessageRejected, validate_message
+from orchestrator.recovery import turn_recover
 from sessions.models import ChatSession, Turn, staff_signed
-from sessions.services import session_hand_back, session_hand_off, turn_staff_reply_append
+from sessions.services import session_hand_back, session_hand_off, turn_reopen_kept, turn_staff_reply_append
 
 
 def staff_display_name(user: Any) -> str:
@@ -52,7 +53,13 @@ def handoff_request(*, session: ChatSession, actor: Any = None, reason: str = ""
 
 
 def handoff_resume(*, session: ChatSession, actor: Any = None) -> ChatSession:
-    """Give a handed-off session back to the agent."""
+    """Give a handed-off session back to the agent. A question the user asked while a person had the chat and
+    nobody answered (its latest turn, kept with no reply) is answered now by the agent: on a turn worker, or
+    here where turns run in their request (``orchestrator.recovery.turn_recover``)."""
     session_hand_back(session=session, actor=actor)
     run_channel.session_changed(session.pk)
+    latest = session.turns.order_by("-seq").first()
+    if latest is not None and turn_reopen_kept(turn_id=latest.pk):
+        turn_recover(turn_id=latest.pk)
+        session.refresh_from_db()
     return session

@@ -129,8 +129,9 @@ def propose_decision(
         return decide(workflow.initial_state, "the user wants to start over", keep_slots=False)
     if state == "BOOKING":
         if any(collected.get(k) != v for k, v in accepted.items()):
-            # "Make it 1 passenger", "QK7431": the way out the failed attempt offered; the tool books it now.
-            return decide("BOOKING", "a change that fixes the failed booking: book it")
+            # "Make it 1 passenger", "QK7431": the way out the failed attempt offered. A change of mind is always
+            # shown and asked again: the new summary, "Shall I book it?".
+            return decide("CONFIRMING", "a change after the failed booking: confirm it again")
         recovery = workflow.recovery_state(state)
         if BOOKING_FAILED in last_reply and recovery is not None:
             # Nothing changed: the same call would fail the same way (and count towards FAILED).
@@ -205,13 +206,20 @@ def _report_tool(result: str) -> str:
         reason = result.split(":", 1)[1].strip() if ":" in result else result
         reason = reason.removeprefix("book_flight could not use these arguments:").strip().rstrip(".")
         if "seats" in reason or "full" in reason:
+            # The example is a flight the error offered (the ones with the seats), not one made up.
+            offered = re.findall(r"\b[A-Z]{2}\d{3,4}\b", reason.split("Flights that day:", 1)[-1])
+            example = f" (for example “{offered[-1]}”)" if offered else ""
             way_out = (
-                "Tell me which flight to book instead (for example “QK7431”), or change the number of passengers "
+                f"Tell me which flight to book instead{example}, or change the number of passengers "
                 "(for example “make it 1 passenger”); or say “start over”."
             )
         else:
             way_out = "Tell me what to change, say “try again”, or “start over”."
         return f"{BOOKING_FAILED} {reason}. Nothing was booked. {way_out}"
+    if result.startswith("Booked. "):
+        # The tool's own account: the reference, the flight, its times, the passengers and the price.
+        details = result.removeprefix("Booked. ")
+        return f"Your flight is booked: {details[:1].upper()}{details[1:]}"
     reference = ""
     try:
         payload = json.loads(result)

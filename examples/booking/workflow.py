@@ -145,8 +145,9 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     # The back-edges: the user saw the summary and wants to change something, or start over.
     "CONFIRMING": frozenset({"BOOKING", *_GATHERING, "IDLE"}),
     # The book_flight outcomes leave BOOKING (``action_outcomes``: COMPLETED, or CONFIRMING to fix a failure);
-    # starting over stays possible, as everywhere.
-    "BOOKING": frozenset({"IDLE"}),
+    # a change after a failed attempt goes back to the confirmation (the new summary, asked again); starting over
+    # stays possible, as everywhere.
+    "BOOKING": frozenset({"CONFIRMING", "IDLE"}),
     "COMPLETED": frozenset({"IDLE"}),
     # Resume from where the data says, or start over.
     "FAILED": frozenset({"IDLE", *_GATHERING, "CONFIRMING"}),

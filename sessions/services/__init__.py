@@ -35,6 +35,7 @@ from sessions.services.turn_rows import (
     turn_complete_write,
     turn_insert,
     turn_insert_with_checkpoint,
+    turn_reopen_kept,
     turn_write_unfinished,
 )
 from sessions.services.versioned import StaleSessionError
@@ -60,6 +61,7 @@ __all__ = [
     "turn_complete_write",
     "turn_failure_record",
     "turn_insert",
+    "turn_reopen_kept",
     "turn_insert_with_checkpoint",
     "turn_staff_reply_append",
     "turn_write_unfinished",

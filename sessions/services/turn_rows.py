@@ -166,3 +166,11 @@ def turn_complete_write(
         cursor.execute(sql, params)
         row = cursor.fetchone()
     return CompleteWrite(held=bool(row[0]), completed=bool(row[1]), session_row=tuple(row[2:]) if row[1] else ())
+
+
+def turn_reopen_kept(*, turn_id: int) -> bool:
+    """A message that was kept for a person and never answered (completed with no reply, no staff reply), opened
+    again so that the agent answers it once the chat is handed back. False when it was answered meanwhile (one
+    statement: a second hand-back cannot open it twice)."""
+    kept = Turn.objects.filter(pk=turn_id, status=Turn.Status.COMPLETED, assistant_message="", staff_replies=[])
+    return bool(kept.update(status=Turn.Status.PENDING, completed_at=None))

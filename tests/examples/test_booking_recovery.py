@@ -1,5 +1,6 @@
 """A booking that fails has a way out inside the workflow (issue 36, the walk's third major): the failure says
-why and which flights have the seats, a change ("make it 1 passenger", a flight number) is booked, "try again"
+why and which flights have the seats, a change ("make it 1 passenger", a flight number) is summarised and asked
+again, then booked on "yes", "try again"
 with nothing changed goes back to the confirmation instead of failing the same way until FAILED, and only an
 explicit "start over" drops what was collected. Real turns, on the demo model."""
 
@@ -59,9 +60,16 @@ def test_a_booking_that_fails_for_seats_offers_the_flights_and_completes_after_m
     roomy = [f.number for f in flights if f.seats_left >= 2]
     assert roomy and all(number in reply for number in roomy)
     assert "make it 1 passenger" in reply and Booking.objects.count() == 0
+    # Its example of a flight to choose is one of those offered, not one made up.
+    assert any(f"for example “{number}”" in reply for number in roomy), reply
     collected = dict(session.data)
 
-    done = turn_run(session=session, message="make it 1 passenger")
+    asked = turn_run(session=session, message="make it 1 passenger")
+    session.refresh_from_db()
+    # Issue 55: the change is shown and asked again, not booked at once.
+    assert session.state == "CONFIRMING" and "1 passenger" in asked.reply and "Shall I book it?" in asked.reply
+    assert Booking.objects.count() == 0
+    done = turn_run(session=session, message="yes")
     assert done.turn.status == "completed", done.turn.error
     session.refresh_from_db()
     booking = Booking.objects.get(session=session)
@@ -71,13 +79,18 @@ def test_a_booking_that_fails_for_seats_offers_the_flights_and_completes_after_m
     assert {k: v for k, v in session.data.items() if k not in ("passengers", "booking_reference")} == {
         k: v for k, v in collected.items() if k != "passengers"
     }
-    assert booking.reference in done.turn.assistant_message
+    # The reply names the booking: its reference, its flight, when it leaves and its price.
+    reply = done.turn.assistant_message
+    assert booking.reference in reply and booking.flight_number in reply and first.departs in reply and "EUR" in reply
 
 
 def test_choosing_an_offered_flight_books_that_flight_for_the_whole_party(alice: Any) -> None:
     session, flights, _reply = _to_a_failed_booking(alice)
     other = next(f for f in flights if f.seats_left >= 2)
-    done = turn_run(session=session, message=f"Then book {other.number} please")
+    turn_run(session=session, message=f"Then book {other.number} please")
+    session.refresh_from_db()
+    assert session.state == "CONFIRMING" and Booking.objects.count() == 0  # asked again first
+    done = turn_run(session=session, message="yes")
     session.refresh_from_db()
     booking = Booking.objects.get(session=session)
     assert session.state == "COMPLETED" and done.turn.status == "completed"

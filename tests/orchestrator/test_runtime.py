@@ -422,6 +422,36 @@ def test_handoff_session_waits_for_a_person(alice: Any, staff: Any, chat_agent: 
 
 
 @pytest.mark.django_db
+def test_a_question_asked_while_a_person_had_the_chat_is_answered_when_it_is_handed_back(
+    alice: Any, staff: Any, chat_agent: Agent
+) -> None:
+    """Issue 55: the question a user asked while a person had the chat, unanswered, was never answered after
+    "Hand back to the agent". Answered now, once; a question a person did answer is not answered again."""
+    from orchestrator.runtime import handoff_reply, handoff_request, handoff_resume
+
+    session = session_create(user=alice, agent=chat_agent)
+    assert handoff_request(session=session, actor=staff)
+    waiting = turn_run(session=session, message="What is the baggage allowance?").turn
+    assert waiting.status == "completed" and waiting.assistant_message == ""
+    handoff_resume(session=session, actor=staff)
+    waiting.refresh_from_db()
+    assert waiting.status == "completed" and "baggage allowance" in waiting.assistant_message
+    assert LLMCall.objects.filter(turn=waiting).exists()
+    session.refresh_from_db()
+    assert session.status == ChatSession.Status.ACTIVE
+    # Answered by a person: handing back does not answer it a second time.
+    assert handoff_request(session=session, actor=staff)
+    answered = turn_run(session=session, message="And for a second bag?").turn
+    handoff_reply(session=session, text="Two bags are fine.", author=staff)
+    calls = LLMCall.objects.filter(turn=answered).count()
+    handoff_resume(session=session, actor=staff)
+    answered.refresh_from_db()
+    assert LLMCall.objects.filter(turn=answered).count() == calls and "Two bags are fine." in answered.assistant_message
+    handoff_resume(session=session, actor=staff)  # twice: nothing more
+    assert Turn.objects.filter(session=session).count() == 2
+
+
+@pytest.mark.django_db
 def test_a_staff_reply_is_signed_with_a_name_never_the_username(
     alice: Any, staff: Any, chat_agent: Agent, settings: Any
 ) -> None:

@@ -13,7 +13,6 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.auth import get_user_model
 from django.contrib.postgres.search import SearchQuery, SearchRank
 from django.core.exceptions import PermissionDenied
@@ -46,6 +45,7 @@ from memory.services import (
 )
 from web.admin.desk import desk_index, desk_user
 from web.admin.lists import LogAdmin
+from web.admin.readonly import action_confirmation
 
 SEMANTIC_PREFIX = "~"
 SEMANTIC_LIMIT = 50
@@ -281,18 +281,17 @@ class MemoryAdmin(LogAdmin):
             self.message_user(request, str(exc), level=messages.ERROR)
             return None
         if request.POST.get("confirmed") != "yes":
-            context = {
-                **self.admin_site.each_context(request),
-                "title": "Merge these memories?",
-                "opts": self.model._meta,
-                "keeper": keeper,
-                "others": others,
-                "combined": text,
-                "selected": selected,
-                "action": "merge_duplicates",
-                "action_checkbox_name": ACTION_CHECKBOX_NAME,
-            }
-            return TemplateResponse(request, "admin/memory/memory/merge_confirmation.html", context)
+            return action_confirmation(
+                self,
+                request,
+                "admin/memory/memory/merge_confirmation.html",
+                title="Merge these memories?",
+                keeper=keeper,
+                others=others,
+                combined=text,
+                selected=selected,
+                action="merge_duplicates",
+            )
         try:
             kept = memories_merge(memories=selected, text=request.POST.get("combined"))
         except ValueError as exc:

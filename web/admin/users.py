@@ -6,17 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
-from django.template.response import TemplateResponse
 from rest_framework.authtoken.admin import TokenAdmin
 from rest_framework.authtoken.models import TokenProxy
 
 from people.erasure import person_erase
 from sessions.locks import SessionBusyError
+from web.admin.readonly import action_confirmation, refused_without
 from web.api.agents import export_download
 
 # What exporting and erasing a person reach: the data's own permissions, not only the user admin's.
@@ -31,10 +30,9 @@ class PersonAdmin(UserAdmin):
 
     @admin.action(description="Export the selected person's data (JSON Lines)", permissions=["view"])
     def export_person(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponseBase | None:
-        if not request.user.has_perms(EXPORT_PERMISSIONS):
-            self.message_user(
-                request, "Exporting needs the view permissions on sessions, turns and memories.", level=messages.ERROR
-            )
+        if refused_without(
+            self, request, EXPORT_PERMISSIONS, "Exporting needs the view permissions on sessions, turns and memories."
+        ):
             return None
         people = list(queryset[:2])
         if len(people) != 1:
@@ -44,21 +42,19 @@ class PersonAdmin(UserAdmin):
 
     @admin.action(description="Erase everything kept about the selected people…", permissions=["change"])
     def erase_people(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        if not request.user.has_perms(ERASE_PERMISSIONS):
-            self.message_user(
-                request, "Erasing needs the delete permissions on sessions and memories.", level=messages.ERROR
-            )
+        if refused_without(
+            self, request, ERASE_PERMISSIONS, "Erasing needs the delete permissions on sessions and memories."
+        ):
             return None
         people = list(queryset)
         if request.POST.get("confirmed") != "yes":
-            context = {
-                **self.admin_site.each_context(request),
-                "title": "Erase everything kept about these people?",
-                "opts": self.model._meta,
-                "people": people,
-                "action_checkbox_name": ACTION_CHECKBOX_NAME,
-            }
-            return TemplateResponse(request, "admin/auth/user/erase_confirmation.html", context)
+            return action_confirmation(
+                self,
+                request,
+                "admin/auth/user/erase_confirmation.html",
+                title="Erase everything kept about these people?",
+                people=people,
+            )
         erased = 0
         for person in people:
             try:

@@ -55,3 +55,14 @@ def state_words(name: Any) -> str:
     """A name as words a person reads ("GATHERING_ORIGIN" → "Gathering origin")."""
     text = str(name or "").replace("_", " ").strip().lower()
     return text[:1].upper() + text[1:]
+
+
+def title_from(message: str, limit: int = 80) -> str:
+    """A chat's title from its first message: the first line, cut at a word's end (with "…") when it is longer
+    than ``limit`` characters, never in the middle of a word."""
+    lines = message.strip().splitlines()
+    line = " ".join(lines[0].split()) if lines else ""
+    if len(line) <= limit:
+        return line
+    cut = line[: limit - 1].rsplit(" ", 1)[0] if " " in line[: limit - 1] else line[: limit - 1]
+    return cut.rstrip(" ,;:.-") + "…"

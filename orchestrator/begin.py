@@ -14,6 +14,7 @@ from agents.workflows import workflow_available
 from core.errors import Refusal
 from core.incoming import Unstorable
 from core.incoming import idempotency_key as valid_idempotency_key
+from core.text import title_from
 from orchestrator.context import AGENT_SWITCHED_OFF, AGENT_WORKFLOW_GONE, FINISHED
 from sessions.locks import SessionBusyError, SessionTurnLock, session_is_locked
 from sessions.models import ChatSession, Turn
@@ -179,7 +180,7 @@ def _begin_locked(session: ChatSession, text: str, key: str | None, lock: Sessio
         started_at=timezone.now(),
         state_before=session.state,
     )
-    title = "" if session.title else text.strip().splitlines()[0][:80]
+    title = "" if session.title else title_from(text)
     turn_insert(turn=turn, title=title)  # the turn, its before-call checkpoint and the first title
     if title:
         session.title = title

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from typing import Annotated, Any, Literal
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import close_old_connections
 from mcp.server.mcpserver import Context, MCPServer
@@ -263,6 +264,7 @@ def build_server() -> MCPServer:
     """The tools and resources, each a thin door over the selectors and services the REST API calls."""
     server = MCPServer(
         name="agents-runtime",
+        version=str(settings.SPECTACULAR_SETTINGS["VERSION"]),  # the API's version (it was empty)
         instructions="The user's memories (search, add, list, forget) and their agents (list, send a message).",
     )
     _add_memory_tools(server)

@@ -44,7 +44,10 @@ def retrieval_query(*, message: str, earlier: list[str], agent: Agent | None = N
     context = [t.strip() for t in earlier if t.strip()][-tuning.QUERY_CONTEXT_TURNS :]
     if not context:
         return RetrievalQuery(message, "message")
-    joined = " ".join(context)[-tuning.QUERY_CONTEXT_CHARS :]
+    whole = " ".join(context)
+    joined = whole[-tuning.QUERY_CONTEXT_CHARS :]
+    if len(whole) > len(joined) and not whole[-len(joined) - 1].isspace() and " " in joined:
+        joined = joined.split(" ", 1)[1]  # from a word's start, not the middle of one
     if cheap_model_configured(agent):
         listing = "\n".join(f"- {t[: tuning.QUERY_CONTEXT_CHARS]}" for t in context)
         messages = [

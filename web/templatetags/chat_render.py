@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 from django import template
+from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.timesince import timesince
 
 from core.text import state_words as words
 from web.chat.rendering import markdown_to_safe_html
@@ -46,3 +49,11 @@ def tier_words(tier: Any) -> str:
         return _TIER_WORDS.get(int(tier), "found")
     except (TypeError, ValueError):
         return "found"
+
+
+@register.filter
+def ago(moment: Any) -> str:
+    """ "3 minutes ago", or "just now" for under a minute (Django's timesince said "0 minutes")."""
+    if not isinstance(moment, datetime) or timezone.now() - moment < timedelta(minutes=1):
+        return "just now"
+    return f"{timesince(moment)} ago"

@@ -17,7 +17,7 @@ import pytest
 
 from bench.gallery import FACTS, real_model_gallery
 from llm.profiles import EndpointProfile
-from tests.llm.conftest import TOOLS_MODEL, LlamaServer
+from tests.real_model.conftest import TOOLS_MODEL, LlamaServer
 
 pytestmark = [pytest.mark.llm, pytest.mark.django_db(transaction=True)]
 

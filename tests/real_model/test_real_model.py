@@ -25,7 +25,7 @@ from memory.services import memory_writes_enqueue
 from sessions.models import ChatSession, Turn
 from sessions.services import session_create
 from sessions.summaries import summary_request_if_due
-from tests.llm.conftest import TOOLS_MODEL, LlamaServer
+from tests.real_model.conftest import TOOLS_MODEL, LlamaServer
 from tests.world import make_agent
 
 pytestmark = [pytest.mark.llm, pytest.mark.django_db]

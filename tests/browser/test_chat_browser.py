@@ -902,3 +902,25 @@ def test_every_open_tab_shows_every_turn_from_every_door(
     for page in (first, second, third):
         assert page.locator("li.msg.user", has_text="Hello from the first tab").count() == 1  # never drawn twice
     context.close()
+
+
+def test_a_change_of_mind_in_the_booking_books_the_new_city(
+    browser: Any, live_server: Any, alice: Any, booking_agent: Agent
+) -> None:
+    """Issue 55's walk, as a person does it in the page, at phone size: "Actually Paris instead of Berlin" shows
+    a Paris summary, asks again, and "yes" books Paris (it used to book Berlin)."""
+    from examples.booking.models import Booking
+
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    page = context.new_page()
+    _sign_in(page, live_server.url, "alice", "alice-pass-123")
+    _start_chat(page, "Flight booker")
+    first = _send(page, "book a flight from London to Berlin on 2027-01-15 for 2 passengers").inner_text()
+    assert "Berlin" in first and "Shall I book it?" in first
+    changed = _send(page, "Actually Paris instead of Berlin")
+    assert "Paris" in changed.inner_text() and "Shall I book it?" in changed.inner_text()
+    assert changed.is_visible() and changed.bounding_box()["y"] < 844  # in the viewport, not below it
+    booked = _send(page, "yes").inner_text()
+    booking = Booking.objects.get(session__user=alice)
+    assert booking.destination == "Paris" and booking.reference in booked
+    context.close()

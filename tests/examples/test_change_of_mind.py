@@ -102,3 +102,24 @@ def test_words_that_change_nothing_change_nothing(said: str) -> None:
 
 def test_the_table_is_the_size_the_issue_asks() -> None:
     assert len(CHANGES) >= 40 and len({said.lower() for said, _ in CHANGES}) == len(CHANGES)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_actually_paris_instead_of_berlin_books_paris_after_a_new_summary(alice: Any) -> None:
+    """The walk of issue 55, on the demo model through real turns: the change shows a Paris summary and asks
+    again; "yes" books Paris."""
+    from examples.booking.models import Booking
+    from orchestrator.runtime import turn_run
+    from sessions.services import session_create
+    from tests.world import make_agent
+
+    session = session_create(user=alice, agent=make_agent("booking", slug="booker"))
+    day = "2027-01-15"
+    first = turn_run(session=session, message=f"book a flight from London to Berlin on {day} for 2 passengers")
+    assert "Berlin" in first.reply and "Shall I book it?" in first.reply
+    changed = turn_run(session=session, message="Actually Paris instead of Berlin")
+    assert "Paris" in changed.reply and "Berlin" not in changed.reply and "Shall I book it?" in changed.reply
+    assert "I could not use that" not in changed.reply
+    turn_run(session=session, message="yes")
+    booking = Booking.objects.get(session=session)
+    assert booking.destination == "Paris" and booking.origin == "London" and booking.passengers == 2

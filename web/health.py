@@ -220,8 +220,8 @@ def _worker_part(beats: list[dict[str, Any]], *, what: str) -> dict[str, Any]:
     elif beat["seen_at"] < process.STARTED_AT:
         up = (now - process.STARTED_AT).total_seconds()
         result["error"] = (
-            f"no heartbeat since this process started {up:.0f}s ago (the last, {age:.0f}s ago, may be the "
-            "previous run's)"
+            f"waiting for a heartbeat since this process started {up:.0f}s ago (the last came {age:.0f}s ago, "
+            "before it started)"
         )
     else:
         result["ok"] = True

@@ -218,8 +218,8 @@ def _report_tool(result: str) -> str:
         return f"{BOOKING_FAILED} {reason}. Nothing was booked. {way_out}"
     if result.startswith("Booked. "):
         # The tool's own account: the reference, the flight, its times, the passengers and the price.
-        details = result.removeprefix("Booked. ")
-        return f"Your flight is booked: {details[:1].upper()}{details[1:]}"
+        details = result.removeprefix("Booked. ")  # "reference X: flight QK7431 London → Paris, departs …"
+        return f"Your flight is booked. Booking {details}" if details.startswith("reference") else f"Booked. {details}"
     reference = ""
     try:
         payload = json.loads(result)
@@ -259,7 +259,9 @@ def booking_reply(messages: list[Message], tools: list[ToolSpec] | None) -> Demo
             f"Here is your trip: {trip_summary(collected)}. Shall I book it? (Say yes, or tell me what to change.)"
         )
         last_reply = next((message_text(m) for m in reversed(messages) if m.get("role") == "assistant"), "")
-        if BOOKING_FAILED in last_reply:
+        said = extract_slots(user_message, today=timezone.localdate(), current=collected)
+        changed = any(collected.get(k) == v for k, v in said.items())
+        if BOOKING_FAILED in last_reply and not changed:
             # Back from a failed booking with nothing changed: booking it as it is would fail the same way.
             why = last_reply.split(BOOKING_FAILED, 1)[1].split(" Nothing was booked.", 1)[0].strip()
             confirm = (

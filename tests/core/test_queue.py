@@ -19,7 +19,7 @@ from core.queue import enqueue
 from observability.metrics import metrics_exposition
 from tests.reliability.test_cold_start import sent_tasks
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # A process that has sent nothing yet: Django set up, no task module imported, then 32 threads send at once.
 COLD_SENDERS = r"""

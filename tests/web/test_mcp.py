@@ -31,7 +31,7 @@ from sessions.models import ChatSession, Turn
 from tests.reliability.conftest import server_env
 from tests.world import make_agent
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db(transaction=True)
 
 

@@ -636,3 +636,28 @@ def test_the_collected_data_is_in_the_workflows_order_and_each_step_has_a_plain_
     keys = [part.split("</dt>")[0] for part in collected.split("<dt>")[1:]]
     assert keys == ["origin", "destination", "passengers", "booking_reference"]
     assert ">Passengers</li>" in page and "How many travel" not in page
+
+
+@pytest.mark.django_db
+def test_staff_who_may_read_chats_open_a_persons_chat_read_only_with_its_inspector(
+    alice: Any, bob: Any, viewer_staff: Any, django_user_model: Any, chat_agent: Agent
+) -> None:
+    """Issue 55: staff got a 404 on a user's chat and read its context only as raw JSON in the admin. With the view
+    permissions on sessions, turns and memories they read it here, read-only; nobody else does."""
+    session = session_create(user=alice, agent=chat_agent)
+    turn_run(session=session, message="<script>alert('x')</script> What is my name?")
+    url = f"/chats/{session.pk}/"
+    for other in (bob, django_user_model.objects.create_user(username="bare", password="bare-pass-123", is_staff=True)):
+        client = Client()
+        client.force_login(other)
+        assert client.get(url).status_code == 404
+    reader = Client()
+    reader.force_login(viewer_staff)
+    page = reader.get(url)
+    html = page.content.decode()
+    assert page.status_code == 200 and 'id="reading-as-staff"' in html and "alice's chat as staff" in html
+    assert 'id="inspector"' in html and 'id="composer"' not in html and "Delete chat" not in html
+    assert "<script>alert" not in html and "&lt;script&gt;alert" in html
+    own = Client()
+    own.force_login(alice)
+    assert 'id="composer"' in own.get(url).content.decode() and "as staff" not in own.get(url).content.decode()

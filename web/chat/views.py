@@ -17,7 +17,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import Exists, OuterRef, Prefetch
-from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
@@ -216,13 +216,29 @@ def chat_new(request: HttpRequest) -> HttpResponse:
 CHAT_PAGE_TURNS = 50
 
 
+# Staff who may read sessions and their turns open a person's chat read-only, with its context inspector.
+STAFF_READS_CHATS = ("chat_sessions.view_chatsession", "chat_sessions.view_turn", "memory.view_memory")
+
+
+def _session_to_read(request: HttpRequest, session_id: UUID) -> tuple[ChatSession, bool]:
+    """The person's own session; or, for staff with ``STAFF_READS_CHATS``, anyone's (and True: read-only). 404
+    otherwise, as for a session that does not exist."""
+    own = own_sessions(request.user).filter(pk=session_id).first()
+    if own is not None:
+        return own, False
+    user: Any = request.user
+    if user.is_staff and user.has_perms(STAFF_READS_CHATS):
+        return get_object_or_404(ChatSession.objects.select_related("agent", "user"), pk=session_id), True
+    raise Http404("No such chat.")
+
+
 @login_required
 @require_GET
 def chat(request: HttpRequest, session_id: UUID) -> HttpResponse:
     """The chat: its latest ``CHAT_PAGE_TURNS`` turns, and a link to the ones before (``?before=<seq>``). A
     long session rendered whole was seconds of markdown and megabytes of HTML (3,000 turns: 3.6 s, 2.5 MB).
     An earlier page is for reading: its composer is replaced by a link back to the latest turns."""
-    session = _own_session(request, session_id)
+    session, reading_as_staff = _session_to_read(request, session_id)
     drawn = timezone.now()  # before the turns are read: what finishes meanwhile comes as an event
     before = request.GET.get("before", "")
     older = before.isascii() and before.isdigit() and 0 < len(before) <= 9
@@ -239,6 +255,7 @@ def chat(request: HttpRequest, session_id: UUID) -> HttpResponse:
         "reading_earlier": older,
         "model": _model_label(session.agent),
         "unavailable": session_unavailable(session),
+        "reading_as_staff": reading_as_staff,
         "events_since": drawn.isoformat(),
         **_panels_context(request, session),
     }

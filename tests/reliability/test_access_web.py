@@ -1,6 +1,7 @@
 """The access matrix beyond /api/ (tests/api/test_access_matrix.py covers every API endpoint): the web
 chat, the staff dashboard, /metrics, the admin and the health check, for anonymous, Alice (the owner),
-Bob and staff. Someone else's chat is a 404, exactly like a missing one."""
+Bob and staff. Someone else's chat is a 404, exactly like a missing one (staff with the view permissions read the
+chat's page, read-only)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ OWNER_XHR = {ANON: 401, ALICE: 200, BOB: 404, STAFF: 404}
 SIGNED_IN = {ANON: LOGIN, ALICE: 200, BOB: 200, STAFF: 200}
 CASES = [
     ("/", SIGNED_IN),
-    ("/chats/{session}/", OWNER),
+    # Staff who may read sessions, turns and memories read a person's chat page, read-only (issue 55).
+    ("/chats/{session}/", {**OWNER, STAFF: 200}),
     ("/chats/{session}/panels/", OWNER_XHR),
     ("/chats/{session}/events/", OWNER_XHR),
     ("/ops/", STAFF_ONLY),

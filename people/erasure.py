@@ -132,6 +132,10 @@ def person_erase(*, user: Any, actor: Any = None) -> ErasureResult:
     return result
 
 
+# What a person types to delete their account (the API's body and the account page's form).
+ACCOUNT_DELETE_CONFIRMATION = "delete my account"
+
+
 def account_delete(*, user: Any) -> ErasureResult:
     """A person deletes their account: everything kept about them is erased (``person_erase``), then the account
     itself, with its API tokens and sign-in sessions. The erasure's record stays, with the account's id and the

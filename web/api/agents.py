@@ -24,7 +24,7 @@ from agents.models import Agent
 from agents.selectors import active_agents
 from core.api_errors import error_body
 from core.parsers import RawTextParser
-from people.erasure import account_delete, person_erase
+from people.erasure import ACCOUNT_DELETE_CONFIRMATION, account_delete, person_erase
 from people.portability import ImportRejected, mem0_records, parse_export, person_export, person_import
 from web.api.agents_serializers import AgentOutputSerializer
 
@@ -46,7 +46,7 @@ class AgentDetailApi(generics.RetrieveAPIView[Agent]):
 
 
 ERASE_CONFIRMATION = "erase my data"
-DELETE_CONFIRMATION = "delete my account"
+DELETE_CONFIRMATION = ACCOUNT_DELETE_CONFIRMATION
 
 
 def _confirmation(name: str, phrase: str, doing: str) -> type[serializers.Serializer[Any]]:

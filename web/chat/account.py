@@ -9,10 +9,10 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from people.erasure import account_delete
+from people.erasure import ACCOUNT_DELETE_CONFIRMATION, account_delete
 from sessions.locks import SessionBusyError
 
-DELETE_CONFIRMATION = "delete my account"
+DELETE_CONFIRMATION = ACCOUNT_DELETE_CONFIRMATION
 
 
 @login_required

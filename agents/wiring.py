@@ -23,9 +23,9 @@ from agents.tools.execution import set_invocation_recorder
 from agents.tools.registry import default_registry
 from agents.workflow_store import StoredWorkflows
 from agents.workflows import WorkflowDecision, registered_workflows, set_workflow_source
-from agents.workflows.demo import demo_decision, workflow_reply
+from agents.workflows.demo import demo_decision, reply_prompt_after, workflow_reply
 from llm.capabilities import EndpointKey, forget, install_store
-from llm.demo import register_reply_handler, register_structured_handler
+from llm.demo import register_reply_handler, register_reply_prompt_handler, register_structured_handler
 from llm.providers import set_profile_source
 from llm.recording import set_call_recorder
 
@@ -43,6 +43,7 @@ def connect() -> None:
     # The offline demo model walks a workflow it has no script for from its declaration (its own script wins).
     register_structured_handler(WorkflowDecision, demo_decision)
     register_reply_handler(workflow_reply, fallback=True)
+    register_reply_prompt_handler(reply_prompt_after)  # a decision and its reply in one call, as two would give
     register_structured_handler(RouteDecision, demo_route)
     # Built now, so that a bad AGENT_WORKFLOWS / AGENT_TOOLS entry stops the process at start-up with
     # ImproperlyConfigured naming it, instead of failing every page that lists workflows or tools.

@@ -395,7 +395,8 @@ def _faulted(base: type) -> type:
             )
             if self.window and tokens > self.window:
                 raise LLMClientError(f"context_length_exceeded: {tokens} tokens > {self.window}")
-            if schema is not None and purpose in ("slots", "route") and self.fault.free_text:
+            # Free text where a decision was asked for: its own call's, or inside the reply's (``purpose`` "reply").
+            if schema is not None and purpose in ("slots", "route", "reply") and self.fault.free_text:
                 return RawCompletion(text=self.fault.free_text, finish_reason="stop", model=self.model)
             if schema is not None or purpose != "reply":
                 return super()._request(
@@ -434,10 +435,12 @@ def _faulted(base: type) -> type:
             max_tokens: int | None,
             tools: list[Any] | None,
             purpose: str,
+            schema: Any = None,
         ) -> OpenedStream:
-            # Through ``_request`` (the faults apply there), streamed in word-sized deltas.
+            # Through ``_request`` (the faults apply there), streamed in word-sized deltas; a streamed structured
+            # reply (the decision inside the reply's call) as its JSON.
             raw = self._request(
-                messages, temperature=temperature, max_tokens=max_tokens, tools=tools, schema=None, purpose=purpose
+                messages, temperature=temperature, max_tokens=max_tokens, tools=tools, schema=schema, purpose=purpose
             )
             return OpenedStream(chunks=word_chunks(raw))
 

@@ -153,6 +153,24 @@ class LLMProvider(Protocol):
         as functions; plain text is the answer)? False: the turn decides in a structured call of its own first."""
         ...
 
+    def streams_decisions(self) -> bool:
+        """May a workflow's decision travel inside its reply's own call: one structured output, the decision's
+        fields first and the reply's text streamed while it is written (``stream_structured``)? False: the workflow
+        decides in a structured call of its own, then the reply."""
+        ...
+
+    def stream_structured(
+        self,
+        messages: list[Message],
+        *,
+        schema: type[SchemaT],
+        ctx: CallContext,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+    ) -> Any:
+        """A ``DecidedStream`` of ``schema`` (``llm.provider_base.decided``): its decision, then its reply's deltas."""
+        ...
+
 
 class LLMError(Exception):
     """Base of every error a provider raises. ``outcome`` is what the call record stores."""

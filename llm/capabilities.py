@@ -75,6 +75,7 @@ def forget_all() -> None:
     with _lock:
         _known.clear()
         _no_tools.clear()
+        _no_streamed_decisions.clear()
 
 
 def known_mode(key: EndpointKey) -> LearnedMode | None:
@@ -135,6 +136,7 @@ def forget(key: EndpointKey) -> None:
     with _lock:
         _known.pop(key, None)
         _no_tools.pop(key, None)
+        _no_streamed_decisions.pop(key, None)
 
 
 # --- tools --------------------------------------------------------------------------------------------------
@@ -173,3 +175,30 @@ def remember_refuses_tools(key: EndpointKey) -> None:
 def is_tools_refusal(status: int | None, message: str) -> bool:
     """A client error whose text names tools: the endpoint (or its model) does not take them."""
     return status is not None and status != 429 and bool(_TOOLS_REFUSAL.search(message))
+
+
+# --- streamed structured output -----------------------------------------------------------------------------
+# Endpoints whose streamed structured reply (a workflow's decision inside its reply's call) failed in a way that a
+# second try would repeat: a client error on the request, or a stream that never made one valid object. Their
+# workflow turns decide in a call of their own, then reply (two calls), for ``NO_TOOLS_SECONDS``.
+_no_streamed_decisions: dict[EndpointKey, float] = {}
+
+
+def refuses_streamed_decisions(key: EndpointKey) -> bool:
+    with _lock:
+        since = _no_streamed_decisions.get(key)
+        if since is not None and time.monotonic() - since > NO_TOOLS_SECONDS:
+            del _no_streamed_decisions[key]
+            return False
+        return since is not None
+
+
+def remember_refuses_streamed_decisions(key: EndpointKey, why: str) -> None:
+    with _lock:
+        _no_streamed_decisions[key] = time.monotonic()
+    logger.info(
+        "endpoint %s (%s) cannot decide inside a streamed reply (%s): its workflows decide in a call of their own",
+        key.profile,
+        key.model,
+        why[:300],
+    )

@@ -42,8 +42,10 @@ from llm.capabilities import (
     is_tools_refusal,
     known_mode,
     modes_to_try,
+    refuses_streamed_decisions,
     refuses_tools,
     remember,
+    remember_refuses_streamed_decisions,
     remember_refuses_tools,
     response_format,
 )
@@ -139,9 +141,19 @@ class OpenAICompatibleProvider(BaseProvider):
     def decides_in_reply(self) -> bool:
         """An OpenAI-compatible endpoint takes tools in a streamed call unless it was seen refusing them (then the
         turn decides in a structured call of its own, as before: ``llm.capabilities.refuses_tools``)."""
-        return not refuses_tools(
-            EndpointKey(profile=self.profile.name, base_url=self.profile.base_url, model=self.model)
-        )
+        return not refuses_tools(self._key())
+
+    def streams_decisions(self) -> bool:
+        """An OpenAI-compatible endpoint streams structured output (in the format it takes, ``llm.capabilities``)
+        unless its streamed decision was seen failing (``streamed_decision_failed``)."""
+        return not refuses_streamed_decisions(self._key())
+
+    def streamed_decision_failed(self, why: str) -> None:
+        """Its streamed decision failed in a way a second try would repeat: decide in a call of its own for a while."""
+        remember_refuses_streamed_decisions(self._key(), self._scrub(why))
+
+    def _key(self) -> EndpointKey:
+        return EndpointKey(profile=self.profile.name, base_url=self.profile.base_url, model=self.model)
 
     # --- transport ----------------------------------------------------------------------------------
     def _with_retries(self, send: Callable[[], T]) -> tuple[T, int]:
@@ -267,10 +279,13 @@ class OpenAICompatibleProvider(BaseProvider):
             retries=retries,
         )
 
-    def _structured_request(self, messages: list[Message], asked: RequestParams) -> tuple[Any, int]:
+    def _structured_request(
+        self, messages: list[Message], asked: RequestParams, *, stream: bool = False
+    ) -> tuple[Any, int]:
         """Ask in the format this endpoint is known to take; on a refusal of the format, the next one
-        (``llm.capabilities``). What worked is remembered for the endpoint."""
-        key = EndpointKey(profile=self.profile.name, base_url=self.profile.base_url, model=self.model)
+        (``llm.capabilities``). What worked is remembered for the endpoint. ``stream``: a streamed reply
+        (``stream_structured``), opened the same way."""
+        key = self._key()
         learned = known_mode(key)
         modes = modes_to_try(
             pinned=self.profile.structured_output,
@@ -280,8 +295,11 @@ class OpenAICompatibleProvider(BaseProvider):
         refusals: list[str] = []
         for index, mode in enumerate(modes):
             params = self._params(messages, asked, mode)
+            send: Callable[[], Any] = partial(self._client.chat.completions.create, **params)
+            if stream:
+                send = partial(_open_raw_stream, self._client, self._streamed(params))
             try:
-                response, retries = self._with_retries(partial(self._client.chat.completions.create, **params))
+                response, retries = self._with_retries(send)
             except LLMClientError as exc:
                 if index + 1 < len(modes) and is_format_refusal(exc.status, str(exc)):
                     logger.info("endpoint %s refused response_format %s: %s", self.profile.name, mode, exc)
@@ -295,14 +313,24 @@ class OpenAICompatibleProvider(BaseProvider):
 
     def _open_stream(self, messages: list[Message], **params: Unpack[StreamParams]) -> OpenedStream:
         # Only opening the stream is retried: once deltas have reached the caller, a retry would repeat them.
-        raw, retries = self._create_with_tools(messages, {**params, "schema": None}, stream=True)
+        if params["schema"] is not None:
+            raw, retries = self._structured_request(messages, {**params, "tools": None}, stream=True)
+        else:
+            raw, retries = self._create_with_tools(messages, params, stream=True)
         return OpenedStream(chunks=self._chunks(raw), retries=retries)
+
+    def _streamed(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``params`` asking for a streamed reply (with its usage, where the profile says the endpoint sends it)."""
+        params["stream"] = True
+        if self.profile.stream_usage:
+            params["stream_options"] = {"include_usage": True}
+        return params
 
     def _create_with_tools(self, messages: list[Message], asked: RequestParams, *, stream: bool) -> tuple[Any, int]:
         """One completion request, with no schema (retried as ``_with_retries`` says). Optional tools
         (``ToolSpec.optional``) are left out for an endpoint known to refuse tools; a refusal that names tools,
         when every tool offered was optional, is remembered and the request made again without them."""
-        key = EndpointKey(profile=self.profile.name, base_url=self.profile.base_url, model=self.model)
+        key = self._key()
         tools = asked["tools"]
         optional_only = bool(tools) and all(tool.optional for tool in tools or [])
         if optional_only and refuses_tools(key):
@@ -311,10 +339,7 @@ class OpenAICompatibleProvider(BaseProvider):
             params = self._params(messages, {**asked, "tools": tools, "schema": None})
             send: Callable[[], Any] = partial(self._client.chat.completions.create, **params)
             if stream:
-                params["stream"] = True
-                if self.profile.stream_usage:
-                    params["stream_options"] = {"include_usage": True}
-                send = partial(_open_raw_stream, self._client, params)
+                send = partial(_open_raw_stream, self._client, self._streamed(params))
             try:
                 return self._with_retries(send)
             except LLMClientError as exc:
@@ -423,8 +448,10 @@ def stream_chunk(event: dict[str, Any]) -> StreamChunk:
 
 def _with_instruction(messages: list[Message], instruction: str) -> list[Message]:
     # Into the first system message when there is one: several local chat templates accept only one,
-    # and only first.
+    # and only first. A prompt that holds it already (a reply's own prompt, built and counted with it) is sent as is.
     if messages and messages[0].get("role") == "system" and isinstance(messages[0].get("content"), str):
+        if instruction in messages[0]["content"]:
+            return messages
         first = {**messages[0], "content": f"{messages[0]['content']}\n\n{instruction}"}
         return [first, *messages[1:]]
     return [{"role": "system", "content": instruction}, *messages]

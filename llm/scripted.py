@@ -61,9 +61,11 @@ class ScriptedProvider(BaseProvider):
         model: str = "scripted",
         default: ScriptItem = None,
         decides_in_reply: bool = False,
+        streams_decisions: bool = False,
     ) -> None:
         super().__init__(model=model)
         self._decides_in_reply = decides_in_reply
+        self._streams_decisions = streams_decisions
         self._queue: deque[ScriptItem] = deque(items)
         self._default = default
         self._lock = threading.Lock()
@@ -71,6 +73,9 @@ class ScriptedProvider(BaseProvider):
 
     def decides_in_reply(self) -> bool:
         return self._decides_in_reply
+
+    def streams_decisions(self) -> bool:
+        return self._streams_decisions
 
     def add(self, *items: ScriptItem) -> ScriptedProvider:
         with self._lock:
@@ -112,7 +117,7 @@ class ScriptedProvider(BaseProvider):
         )
 
     def _open_stream(self, messages: list[Message], **params: Unpack[StreamParams]) -> OpenedStream:
-        reply = self._next(ScriptedRequest(list(messages), schema=None, streamed=True, **params))
+        reply = self._next(ScriptedRequest(list(messages), streamed=True, **params))
         chunks: list[StreamChunk] = [StreamChunk(text=piece) for piece in _pieces(reply.text)]
         for index, call in enumerate(reply.tool_calls):
             chunks.append(StreamChunk(tool_call_deltas=[ToolCallDelta(index=index, id=call.id, name=call.name)]))

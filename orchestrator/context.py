@@ -86,6 +86,8 @@ class TurnContext:
     # The decision travels inside the reply's own call (one model call for a turn that needs no tool): the tools
     # and the hand-off are offered to it as functions (``orchestrator.steps.route``).
     decision_in_reply: bool = False
+    # The workflow's decision was taken inside the reply's call this turn (``orchestrator.decided``).
+    decided: bool = False
     composition_extra: dict[str, Any] = field(default_factory=dict)
     done: bool = False
 

@@ -29,6 +29,7 @@ from orchestrator.context import (
     reload_session,
     state_event,
 )
+from orchestrator.decided import decide_in_reply
 from orchestrator.finish import fail_turn, refuse_turn
 from orchestrator.reply import reply
 from orchestrator.steps import (
@@ -50,6 +51,7 @@ logger = logging.getLogger(__name__)
 PIPELINE: tuple[Callable[[TurnContext], Iterator[TurnEvent]], ...] = (
     stop_if_handed_off,
     retrieve,
+    decide_in_reply,
     decide,
     act,
     hand_off_if_the_workflow_says,

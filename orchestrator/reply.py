@@ -52,7 +52,7 @@ def reply(ctx: TurnContext) -> Iterator[TurnEvent]:
             return
         steps += 1
         with span("context.build"):
-            inputs = _prompt_inputs(ctx, offer.specs, tool_messages)
+            inputs = prompt_inputs(ctx, offer.specs, tool_messages)
             built = build_prompt(inputs=inputs, budget=budget, counter=ctx.counter)
         streamed = yield from _streamed_step(ctx, built, budget, offer.specs, step=steps)
         continuations += streamed.continuations
@@ -68,7 +68,7 @@ def reply(ctx: TurnContext) -> Iterator[TurnEvent]:
     text = streamed.text if not reply_parts else "\n\n".join([*reply_parts, streamed.text]).strip()
     if ctx.decision_in_reply:  # what the reply's call decided: to answer, or to use tools first
         ctx.composition_extra["route"]["action"] = "use_tools" if steps > 1 else "answer"
-    yield from _answered(ctx, built, text, steps=steps, continuations=continuations, truncated=streamed.truncated)
+    yield from answered(ctx, built, text, steps=steps, continuations=continuations, truncated=streamed.truncated)
 
 
 @dataclass
@@ -132,7 +132,7 @@ def _tool_calls(
             yield ctx.state_event()
 
 
-def _answered(
+def answered(
     ctx: TurnContext, built: BuiltPrompt | None, text: str, *, steps: int, continuations: int, truncated: bool
 ) -> Iterator[TurnEvent]:
     """The reply is whole (or cut off and marked): the turn completed with what its prompt was made of."""
@@ -311,7 +311,7 @@ def _released(news: str, *, held: bool) -> Iterator[TurnEvent]:
         yield {"type": "delta", "text": news}
 
 
-def _prompt_inputs(ctx: TurnContext, specs: list[Any], tool_messages: list[Message]) -> PromptInputs:
+def prompt_inputs(ctx: TurnContext, specs: list[Any], tool_messages: list[Message]) -> PromptInputs:
     # The window plus any turns that left it but are not in the summary yet: the builder keeps those
     # when they fit and degrades them (visibly) when they do not.
     session, retrieved = ctx.session, ctx.retrieved

@@ -75,10 +75,8 @@ def decide(ctx: TurnContext) -> Iterator[TurnEvent]:
     """The workflow's decision for this message (structured output only), applied or refused; the slot
     values it refused are kept for the reply to explain."""
     session, workflow = ctx.session, ctx.workflow
-    if workflow.is_free_chat or not workflow.decides_in(session.state):
+    if ctx.decided or not decides_now(ctx):
         return
-    if ctx.resumed and session.checkpoints.filter(turn=ctx.turn, reason=Checkpoint.Reason.TRANSITION).exists():
-        return  # decided before this turn was cut off and resumed
     if ctx.history is not None:  # read by retrieval already
         recent = [(t.user, t.assistant) for t in ctx.history.newest[-3:]]
     else:
@@ -108,20 +106,36 @@ def decide(ctx: TurnContext) -> Iterator[TurnEvent]:
         # Asking for a person is a routing outcome of the decision, in every workflow: a person takes over.
         yield from handoff(ctx, reason="the user asked for a person")
         return
-    threshold = ctx.agent.routing_confidence_threshold
-    if getattr(decision, "confidence", 1.0) < threshold:
-        # Below the threshold the safe default is to stay where we are (and keep what we have).
-        checkpoint_record(
-            session=session,
-            reason=Checkpoint.Reason.INVALID_TRANSITION,
-            turn=ctx.turn,
-            detail=f"decision confidence {decision.confidence:.2f} below {threshold:.2f}: not applied",
-        )
-        ctx.reload()
-        yield ctx.state_event()
+    if getattr(decision, "confidence", 1.0) < ctx.agent.routing_confidence_threshold:
+        yield from stay_unsure(ctx, decision)
         return
-    outcome = yield from _apply(ctx, decision)
+    outcome = yield from apply_decision(ctx, decision)
     ctx.refused = list(outcome.slot_errors)
+
+
+def decides_now(ctx: TurnContext) -> bool:
+    """Does this turn's workflow decide on this message (not a free chat; a state that decides; not decided before
+    this turn was cut off and resumed)?"""
+    session, workflow = ctx.session, ctx.workflow
+    if workflow.is_free_chat or not workflow.decides_in(session.state):
+        return False
+    if ctx.resumed and session.checkpoints.filter(turn=ctx.turn, reason=Checkpoint.Reason.TRANSITION).exists():
+        return False  # decided before this turn was cut off and resumed
+    return True
+
+
+def stay_unsure(ctx: TurnContext, decision: Any) -> Iterator[TurnEvent]:
+    """A decision under the agent's confidence threshold: the safe default is to stay where we are (and keep what
+    we have), recorded with why."""
+    threshold = ctx.agent.routing_confidence_threshold
+    checkpoint_record(
+        session=ctx.session,
+        reason=Checkpoint.Reason.INVALID_TRANSITION,
+        turn=ctx.turn,
+        detail=f"decision confidence {decision.confidence:.2f} below {threshold:.2f}: not applied",
+    )
+    ctx.reload()
+    yield ctx.state_event()
 
 
 def act(ctx: TurnContext) -> Iterator[TurnEvent]:
@@ -143,10 +157,10 @@ def act(ctx: TurnContext) -> Iterator[TurnEvent]:
             logger.exception("turn %s: action %s failed", ctx.turn.pk, name)
             target, slots, why = failure, {}, f"{name} failed (see the log)"
     decision = workflow.decision(next_state=target, slots=slots, reasoning=why[:1000])
-    yield from _apply(ctx, decision)
+    yield from apply_decision(ctx, decision)
 
 
-def _apply(ctx: TurnContext, decision: Any) -> Generator[TurnEvent, None, TransitionOutcome]:
+def apply_decision(ctx: TurnContext, decision: Any) -> Generator[TurnEvent, None, TransitionOutcome]:
     """Apply a decision to the session and report the state (with what was refused, if it was)."""
     # The session as written (``transition_apply`` mirrors what it writes on the instance, under the version
     # check); the checkpoint it wrote holds the state the next model call starts from.
@@ -198,14 +212,26 @@ def route(ctx: TurnContext) -> Iterator[TurnEvent]:
 
 def decision_path(agent: Any) -> str:
     """How ``agent``'s turn decides, as ``route`` and ``decide`` would now (``/ops/`` shows it): "in_reply" (one model
-    call for a turn that needs no tool), "route_call" (a routing call, then the reply), "workflow_call" (the
-    workflow's structured decision, then the reply), or "none" (a free chat without tools: the reply, with the
-    hand-off offered in it)."""
-    if not get_workflow(agent.workflow).is_free_chat:
-        return "workflow_call"
+    call for a turn that needs no tool), "route_call" (a routing call, then the reply), "workflow_in_reply" (the
+    workflow's decision first in the reply's own call), "workflow_call" (the workflow's structured decision, then
+    the reply), or "none" (a free chat without tools: the reply, with the hand-off offered in it)."""
+    workflow = get_workflow(agent.workflow)
+    if not workflow.is_free_chat:
+        in_reply = workflow_decides_in_reply(agent, workflow, get_provider(agent=agent))
+        return "workflow_in_reply" if in_reply else "workflow_call"
     if not [t for t in (agent.tools or []) if isinstance(t, str)]:
         return "none"
     return "in_reply" if _decides_in_reply(get_provider(agent=agent)) else "route_call"
+
+
+def workflow_decides_in_reply(agent: Any, workflow: Any, provider: Any) -> bool:
+    """May a workflow turn of ``agent`` decide inside its reply's call (``orchestrator.decided``)? The setting on, an
+    endpoint that streams structured output, and no tool the reply would offer (the agent's tools other than the
+    workflow's own actions, which run in their states): a reply that may call a tool keeps the separate decision."""
+    if not getattr(settings, "TURN_DECISION_IN_REPLY", True) or not provider.streams_decisions():
+        return False
+    actions = {a for a in workflow.action_states.values() if isinstance(a, str)}
+    return all(not isinstance(t, str) or t in actions for t in agent.tools or [])
 
 
 def _decides_in_reply(provider: Any) -> bool:

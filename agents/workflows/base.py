@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from agents.workflows import prompts
-from agents.workflows.decision import WorkflowDecision, decision_schema_for
+from agents.workflows.decision import WorkflowDecision, decided_reply_schema, decision_schema_for
 from agents.workflows.slots import slots_merge
 from agents.workflows.transitions import StepResult, recovery_problems, step_result
 from core.errors import Refusal
@@ -160,6 +160,9 @@ class Workflow:
             # Off only to load a version saved before this check (its sessions keep running on it).
             self._check_recovery()
         _WORKFLOW_OF_SCHEMA[self.decision_schema] = weakref.ref(self)
+        # The decision with the reply after it, for a turn that decides inside its reply's call.
+        self.reply_schema = decided_reply_schema(self.decision_schema)
+        _WORKFLOW_OF_SCHEMA[self.reply_schema] = weakref.ref(self)
 
     def __repr__(self) -> str:
         return f"<Workflow {self.name}>"
@@ -318,6 +321,11 @@ class Workflow:
         return prompts.decision_messages(
             self, state=state, data=data, user_message=user_message, recent_turns=recent_turns
         )
+
+    def decided_reply_guide(self, *, state: str, data: Mapping[str, Any]) -> str:
+        """What the prompt of a turn that decides inside its reply's call adds to the workflow section: how to
+        decide, then how to reply in the state chosen (``prompts.decided_reply_guide``)."""
+        return prompts.decided_reply_guide(self, state=state, data=data)
 
     def action_tool(self, state: str) -> str | None:
         """The tool an action state offers the model (None: no action, or a Python one)."""

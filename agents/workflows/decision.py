@@ -60,6 +60,23 @@ def decision_schema_for(name: str, states: Sequence[str], slots_model: type[Base
     )
 
 
+def decided_reply_schema(decision_schema: type[WorkflowDecision]) -> type[WorkflowDecision]:
+    """The decision with the reply after it: one structured output for a turn whose decision travels inside its
+    reply's call (``BaseProvider.stream_structured``): the decision's fields first, then ``reply``, the text the user
+    reads, streamed while it is written (``llm.provider_base.decided.REPLY_FIELD``)."""
+    return create_model(
+        f"{decision_schema.__name__}AndReply",
+        __base__=decision_schema,
+        reply=(
+            str,
+            Field(
+                max_length=20000,
+                description="Your reply to the user, written after the decision, as the state you chose asks.",
+            ),
+        ),
+    )
+
+
 def _loose(annotation: Any) -> Any:
     """The JSON type a model writes for a slot of type ``annotation``, optional (see ``decision_schema_for``)."""
     base = annotation

@@ -27,7 +27,7 @@ from django.utils import timezone
 from pydantic import BaseModel
 
 from agents.workflows.base import Workflow, WorkflowDecision, workflow_of
-from agents.workflows.prompts import QUESTION_LINE, REFUSED_LINE, collected_in
+from agents.workflows.prompts import GUIDE_END, GUIDE_START, QUESTION_LINE, REFUSED_LINE, collected_in
 from llm.base import Message, ToolCallRequest, ToolSpec
 from llm.demo import DemoReply, asks_for_person, requested_schema
 
@@ -300,6 +300,35 @@ def _stay(state: str, *, wants_person: bool) -> WorkflowDecision:
     return WorkflowDecision(
         next_state=state, slots=_NoSlotsRead(), reasoning="demo model: it stays", wants_person=wants_person
     )
+
+
+# --- the reply after a decision in the same call ------------------------------------------------------------
+# The workflow section of a prompt (its first line to its COLLECTED line), and the guide a turn that decides inside
+# its reply's call adds after it (``prompts.decided_reply_guide``).
+_SECTION = re.compile(r"^WORKFLOW: .*?^COLLECTED: [^\n]*$", re.MULTILINE | re.DOTALL)
+_GUIDE = re.compile(rf"\s*^{re.escape(GUIDE_START)}.*?^{re.escape(GUIDE_END)}$", re.MULTILINE | re.DOTALL)
+
+
+def reply_prompt_after(messages: list[Message], decision: BaseModel) -> list[Message] | None:
+    """The demo model's reply prompt after ``decision`` in a prompt that asks for both (registered with
+    ``llm.demo.register_reply_prompt_handler``): the same messages, the guide left out and the workflow section as
+    the separate reply's prompt would hold it once the decision is applied, so that one call answers as two would.
+    None for a prompt that holds no guide."""
+    workflow = workflow_of(requested_schema())
+    first = messages[0] if messages and messages[0].get("role") == "system" else None
+    system = message_text(first) if first is not None else ""
+    current = _STATE_LINE.search(system)
+    if workflow is None or GUIDE_START not in system or current is None or current.group(1) not in workflow.specs:
+        return None
+    state, data = current.group(1), collected_in(system)
+    step = workflow.step(
+        state=state, data=data, decision=workflow.decision_schema.model_validate(decision.model_dump())
+    )
+    section = workflow.resume_instruction(
+        step.to_state if step.applied else state, step.data if step.applied else data, refused=step.slot_errors
+    )
+    text = _SECTION.sub(lambda _match: section, _GUIDE.sub("", system), count=1)
+    return [{**messages[0], "content": text}, *messages[1:]]
 
 
 # --- the reply -------------------------------------------------------------------------------------------

@@ -139,6 +139,39 @@ def decision_messages(
     return messages
 
 
+# The first and last lines of the guide a turn that decides inside its reply's call adds to the workflow section
+# (``decided_reply_guide``); a reader of the prompt (the demo model) finds it, and the section, between them.
+GUIDE_START = "DECIDE, THEN REPLY (one JSON object):"
+GUIDE_END = "END OF DECIDE, THEN REPLY."
+
+
+def decided_reply_guide(workflow: Workflow, *, state: str, data: Mapping[str, Any]) -> str:
+    """How to decide this turn and then reply in the state chosen, in one JSON object (the decision's fields
+    first, ``reply`` last): the states allowed next, the slots, and what each allowed state's reply does."""
+    allowed = sorted(workflow.transitions.get(state, frozenset()) | {state})
+    slots_help = ", ".join(
+        f"{name} ({f.description or f.annotation})" for name, f in workflow.slots_model.model_fields.items()
+    )
+    lines = [
+        GUIDE_START,
+        f"ALLOWED_NEXT_STATES: {', '.join(allowed)}",
+        f"Slots: {slots_help}.",
+        "First the decision: put in `slots` only values the user stated in the latest message (dates as "
+        "YYYY-MM-DD), the rest null; choose `next_state` from ALLOWED_NEXT_STATES: the first step whose "
+        "information is still missing, or the confirmation step when everything is known; `wants_person` true "
+        "only when the user asks for a person.",
+        *_recovery_lines(workflow, state),
+        "Then `reply`: your answer to the user in the state you chose. What each state's reply does:",
+    ]
+    for target in allowed:
+        action = " (an action runs first: leave `reply` empty)" if target in workflow.action_states else ""
+        question = workflow.next_question(target, data)
+        asks = f" Ask: {question}" if question and not action else ""
+        lines.append(f"- {target}: {_instruction(workflow, target, data)}{action}{asks}")
+    lines.append(GUIDE_END)
+    return "\n".join(lines)
+
+
 def _instruction(workflow: Workflow, state: str, data: Mapping[str, Any]) -> str:
     fields = _Defaulting({k: v for k, v in data.items() if v not in (None, "")})
     if workflow.describe is not None:

@@ -7,6 +7,8 @@ instance. Other parts of the app teach it their domain through a small registry:
 
 - ``register_structured_handler(schema, fn)``: ``fn(messages)`` returns an instance of ``schema``
   (or ``None`` to decline); used for that schema and its subclasses.
+- ``register_reply_prompt_handler(fn)``: for a structured reply (decision first, then the reply's text),
+  ``fn(messages, decision)`` returns the messages of the reply that follows the decision (or ``None``);
 - ``register_reply_handler(fn)``: ``fn(messages, tools)`` returns a ``DemoReply`` (or ``None``);
   handlers are tried in registration order and the first answer wins; ``fallback=True`` ones (the generic
   workflow reply) after all the others.
@@ -31,8 +33,10 @@ from llm.demo.registry import (
     DEMO_REPLY_PREFIX,
     DemoReply,
     ReplyHandler,
+    ReplyPromptHandler,
     StructuredHandler,
     register_reply_handler,
+    register_reply_prompt_handler,
     register_structured_handler,
     requested_schema,
     unregister_reply_handler,
@@ -49,6 +53,7 @@ __all__ = [
     "DemoModel",
     "DemoReply",
     "ReplyHandler",
+    "ReplyPromptHandler",
     "StructuredHandler",
     "asks_for_person",
     "default_reply",
@@ -56,6 +61,7 @@ __all__ = [
     "extractive_summary",
     "generic_instance",
     "register_reply_handler",
+    "register_reply_prompt_handler",
     "register_structured_handler",
     "requested_schema",
     "split_sentences",

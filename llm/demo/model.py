@@ -32,6 +32,9 @@ class DemoModel(BaseProvider):
     def decides_in_reply(self) -> bool:
         return True  # its replies call the tools they are offered (the hand-off, a workflow's action)
 
+    def streams_decisions(self) -> bool:
+        return True  # a structured reply streams as its JSON (``llm.demo.structured``: the decision, then the reply)
+
     def _request(self, messages: list[Message], **params: Unpack[RequestParams]) -> RawCompletion:
         schema, max_tokens = params["schema"], params["max_tokens"]
         if schema is not None:
@@ -59,7 +62,8 @@ class DemoModel(BaseProvider):
         return RawCompletion(text=text, finish_reason=finish, model=self.model, tool_calls=reply.tool_calls)
 
     def _open_stream(self, messages: list[Message], **params: Unpack[StreamParams]) -> OpenedStream:
-        raw = self._request(messages, **params, schema=None)
+        # A streamed structured reply (``stream_structured``) is its instance's JSON, streamed like any text.
+        raw = self._request(messages, **params)
         return OpenedStream(chunks=word_chunks(raw))
 
 

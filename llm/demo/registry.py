@@ -5,6 +5,7 @@ domain: structured handlers (by schema) and reply handlers (in registration orde
 from __future__ import annotations
 
 import contextvars
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,11 +28,17 @@ class DemoReply:
 
 StructuredHandler = Callable[[list[Message]], BaseModel | None]
 ReplyHandler = Callable[[list[Message], list[ToolSpec] | None], DemoReply | None]
+# For a structured reply (its decision first, then the reply: ``llm.provider_base.decided``): the messages of the reply
+# a separate call would be asked for once ``decision`` is applied (None: not this handler's prompt).
+ReplyPromptHandler = Callable[[list[Message], BaseModel], list[Message] | None]
+
+logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _structured_handlers: dict[type[BaseModel], StructuredHandler] = {}
 _reply_handlers: list[ReplyHandler] = []
 _fallback_reply_handlers: list[ReplyHandler] = []
+_reply_prompt_handlers: list[ReplyPromptHandler] = []
 # The schema of the structured request being answered, for handlers registered for a base class of many.
 _requested_schema: contextvars.ContextVar[type[BaseModel] | None] = contextvars.ContextVar(
     "demo_requested_schema", default=None
@@ -57,6 +64,18 @@ def register_reply_handler(handler: ReplyHandler, *, fallback: bool = False) -> 
         handlers = _fallback_reply_handlers if fallback else _reply_handlers
         if handler not in handlers:
             handlers.append(handler)
+
+
+def register_reply_prompt_handler(handler: ReplyPromptHandler) -> None:
+    """Teach the demo the reply that follows a decision (``ReplyPromptHandler``); registering twice is a no-op."""
+    with _lock:
+        if handler not in _reply_prompt_handlers:
+            _reply_prompt_handlers.append(handler)
+
+
+def reply_prompt_handlers() -> tuple[ReplyPromptHandler, ...]:
+    with _lock:
+        return tuple(_reply_prompt_handlers)
 
 
 def unregister_structured_handler(schema: type[BaseModel]) -> None:
@@ -88,5 +107,23 @@ def answer_structured(handler: StructuredHandler, schema: type[BaseModel], messa
     token = _requested_schema.set(schema)
     try:
         return handler(messages)
+    finally:
+        _requested_schema.reset(token)
+
+
+def reply_prompt_after(schema: type[BaseModel], messages: list[Message], decided: BaseModel) -> list[Message] | None:
+    """The first registered ``ReplyPromptHandler``'s prompt after ``decided`` (None: none knows this prompt); the
+    handlers read ``schema`` with ``requested_schema()`` meanwhile."""
+    token = _requested_schema.set(schema)
+    try:
+        for handler in reply_prompt_handlers():
+            try:
+                prompt = handler(messages, decided)
+            except Exception:
+                logger.exception("demo reply prompt handler %r failed", handler)
+                continue
+            if prompt is not None:
+                return prompt
+        return None
     finally:
         _requested_schema.reset(token)

@@ -15,13 +15,38 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from llm.base import Message
-from llm.demo.registry import answer_structured, structured_handlers
+from llm.demo.registry import answer_structured, reply_prompt_after, structured_handlers
+from llm.demo.replies import demo_reply
+from llm.provider_base.decided import REPLY_FIELD, streams_reply
 
 logger = logging.getLogger(__name__)
 
 
 def structured_instance(schema: type[BaseModel], messages: list[Message]) -> BaseModel:
-    """A registered handler's instance of ``schema`` (or of a base class it inherits), else a generic one."""
+    """A registered handler's instance of ``schema`` (or of a base class it inherits), else a generic one. A
+    structured reply (``streams_reply``): the decision a handler gives, then the reply the demo would give to the
+    prompt that follows it (``register_reply_prompt_handler``)."""
+    if streams_reply(schema):
+        return _decided_reply(schema, messages)
+    return _handled(schema, messages) or generic_instance(schema)
+
+
+def _decided_reply(schema: type[BaseModel], messages: list[Message]) -> BaseModel:
+    """A handler's decision (else the schema's generic fields), then the demo's reply to the prompt that would
+    follow it (a registered ``ReplyPromptHandler``'s, else the prompt as it is)."""
+    decided = _handled(schema, messages, validate=False)
+    prompt = reply_prompt_after(schema, messages, decided) if decided is not None else None
+    reply = demo_reply(prompt if prompt is not None else messages, None)
+    fields = decided.model_dump(mode="json") if decided is not None else generic_instance(schema).model_dump()
+    try:
+        return schema.model_validate({**fields, REPLY_FIELD: reply.text})
+    except ValidationError:
+        logger.exception("the demo's structured reply does not fit %s", schema.__name__)
+        return generic_instance(schema)
+
+
+def _handled(schema: type[BaseModel], messages: list[Message], *, validate: bool = True) -> BaseModel | None:
+    """A registered handler's instance (as a model's JSON would give it, when ``validate``), else None."""
     handlers = structured_handlers()
     for klass in schema.__mro__:
         handler = handlers.get(klass) if isinstance(klass, type) else None
@@ -32,15 +57,15 @@ def structured_instance(schema: type[BaseModel], messages: list[Message]) -> Bas
         except Exception:
             logger.exception("demo structured handler for %s failed", klass.__name__)
             break
-        if result is None:
-            break
+        if result is None or not validate:
+            return result
         try:
             # Round-trip through JSON so the caller gets exactly what a model's JSON would give.
             return schema.model_validate_json(result.model_dump_json())
         except ValidationError:
             logger.exception("demo structured handler for %s returned an invalid object", klass.__name__)
             break
-    return generic_instance(schema)
+    return None
 
 
 def generic_instance(schema: type[BaseModel]) -> BaseModel:

@@ -10,9 +10,11 @@ Its modules:
   (``RawCompletion``, ``OpenedStream`` of ``StreamChunk``);
 - ``provider``: ``BaseProvider``, the public calls and their records;
 - ``structured``: the schema instruction, the schemas built once, decoding a reply, the repair request;
-- ``streaming``: ``RecordedStream``, a streamed reply read, joined and recorded.
+- ``streaming``: ``RecordedStream``, a streamed reply read, joined and recorded;
+- ``decided``: ``DecidedStream``, a structured reply whose decision comes first and whose text is streamed.
 """
 
+from llm.provider_base.decided import REPLY_FIELD, Decided, DecidedStream, streams_reply
 from llm.provider_base.primitives import (
     INCOMPLETE,
     TRUNCATING_FINISH_REASONS,
@@ -29,6 +31,10 @@ from llm.provider_base.structured import json_schema_of, parse_structured, schem
 
 __all__ = [
     "INCOMPLETE",
+    "REPLY_FIELD",
+    "Decided",
+    "DecidedStream",
+    "streams_reply",
     "TRUNCATING_FINISH_REASONS",
     "BaseProvider",
     "OpenedStream",

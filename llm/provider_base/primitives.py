@@ -23,18 +23,18 @@ INCOMPLETE = "incomplete"
 
 
 class StreamParams(TypedDict):
-    """The keywords of ``_open_stream``, every one given: what the reply is asked with, and why (the purpose)."""
+    """The keywords of ``_open_stream``, every one given: what the reply is asked with, why (the purpose), and the
+    schema a structured reply must validate against (a streamed one: ``BaseProvider.stream_structured``)."""
 
     temperature: float | None
     max_tokens: int | None
     tools: list[ToolSpec] | None
     purpose: str
+    schema: type[BaseModel] | None
 
 
 class RequestParams(StreamParams):
-    """The keywords of ``_request``: a stream's, and the schema a structured reply must validate against."""
-
-    schema: type[BaseModel] | None
+    """The keywords of ``_request``: the same as a stream's."""
 
 
 @dataclass

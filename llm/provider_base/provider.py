@@ -21,6 +21,7 @@ from llm.base import (
     ToolSpec,
     TruncatedOutputError,
 )
+from llm.provider_base.decided import DecidedStream
 from llm.provider_base.primitives import (
     TRUNCATING_FINISH_REASONS,
     OpenedStream,
@@ -72,7 +73,7 @@ class BaseProvider:
     # --- public calls -----------------------------------------------------------------------------
     def complete(self, messages: list[Message], *, ctx: CallContext, **options: Unpack[ReplyOptions]) -> Completion:
         """One reply. Raises ``TruncatedOutputError`` when cut off, an ``LLMError`` subclass on failure."""
-        params = RequestParams(**_stream_params(ctx, options), schema=None)
+        params = RequestParams(**_stream_params(ctx, options))
         raw, latency_ms = self._timed_request(messages, ctx=ctx, params=params)
         completion = self._completion(messages, raw, latency_ms=latency_ms, tools=params["tools"])
         if raw.finish_reason in TRUNCATING_FINISH_REASONS:
@@ -88,6 +89,31 @@ class BaseProvider:
     def stream(self, messages: list[Message], *, ctx: CallContext, **options: Unpack[ReplyOptions]) -> RecordedStream:
         """A reply as token deltas; the request is made when iteration starts (see ``LLMProvider.stream``)."""
         return RecordedStream(self, list(messages), ctx=ctx, params=_stream_params(ctx, options))
+
+    def stream_structured(
+        self,
+        messages: list[Message],
+        *,
+        schema: type[SchemaT],
+        ctx: CallContext,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+    ) -> DecidedStream[SchemaT]:
+        """A structured reply streamed while it is written (``llm.provider_base.decided``): ``schema`` ends with the
+        text the user reads; its decision fields come first. One call, no repair attempt."""
+        params = StreamParams(
+            temperature=temperature, max_tokens=max_tokens, tools=None, purpose=ctx.purpose, schema=schema
+        )
+        return DecidedStream(RecordedStream(self, list(messages), ctx=ctx, params=params), schema)
+
+    def streams_decisions(self) -> bool:
+        """May a workflow's decision travel inside its reply's own call (``stream_structured``)? Not unless a provider
+        says its endpoint streams structured output."""
+        return False
+
+    def streamed_decision_failed(self, why: str) -> None:
+        """A streamed decision of this endpoint failed in a way a second try would repeat (``streams_decisions``
+        may say False for a while); nothing to remember by default."""
 
     def structured(
         self, messages: list[Message], *, schema: type[SchemaT], ctx: CallContext, max_tokens: int | None = None
@@ -248,4 +274,5 @@ def _stream_params(ctx: CallContext, options: ReplyOptions) -> StreamParams:
         max_tokens=options.get("max_tokens"),
         tools=options.get("tools"),
         purpose=ctx.purpose,
+        schema=None,
     )

@@ -21,6 +21,9 @@ from llm.provider_base.primitives import (
 )
 from llm.redaction import redact
 
+# The finish reason recorded for a reply its caller ended on purpose (``RecordedStream.stop``).
+STOPPED = "stopped"
+
 if TYPE_CHECKING:
     from llm.provider_base.provider import BaseProvider
 
@@ -37,13 +40,24 @@ class RecordedStream:
         self._params = params
         self._tools = params["tools"]
         self._started = False
+        self._stopped = False
+        self._iterator: Iterator[str] | None = None
         self.completion: Completion | None = None
 
     def __iter__(self) -> Iterator[str]:
         if self._started:
             raise RuntimeError("a reply stream can be iterated only once")
         self._started = True
-        return self._run()
+        self._iterator = self._run()
+        return self._iterator
+
+    def stop(self) -> None:
+        """End the reply here, on purpose (what was read is all the caller needs): recorded with finish reason
+        "stopped", not as a failure; the connection is closed."""
+        self._stopped = True
+        close = getattr(self._iterator, "close", None)
+        if close is not None:
+            close()
 
     def _run(self) -> Iterator[str]:
         provider = self._provider
@@ -62,10 +76,18 @@ class RecordedStream:
                 yield got.flush_held()
             finished = True
         except GeneratorExit:
-            # The consumer stopped reading (a client went away): record what was spent, then stop.
-            provider._record(
-                self._ctx, self._partial(got), outcome="error", error="stream abandoned by the caller before its end"
-            )
+            # The consumer stopped reading: on purpose (``stop``), or a client went away. What was spent is recorded.
+            if self._stopped:
+                got.finish_reason = STOPPED
+                self.completion = self._partial(got)
+                provider._record(self._ctx, self.completion, outcome="ok")
+            else:
+                provider._record(
+                    self._ctx,
+                    self._partial(got),
+                    outcome="error",
+                    error="stream abandoned by the caller before its end",
+                )
             raise
         except LLMError as exc:
             self._record_failed(got, exc)

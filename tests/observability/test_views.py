@@ -127,11 +127,12 @@ def test_the_dashboard_says_how_each_agent_decides_and_what_its_turns_cost(
     rows = {row["agent"].slug: row for row in response.context["decisions"]}
     assert (rows["helper"]["path"], rows["booker"]["path"], rows["plain"]["path"]) == (
         "in_reply",
-        "workflow_call",
+        "workflow_in_reply",
         "none",
     )
     assert rows["helper"]["turns"] == 2 and rows["helper"]["turn_calls_per_turn"] == 1.0
-    assert rows["booker"]["turn_calls_per_turn"] == 2.0  # the workflow's decision, then the reply
+    assert rows["booker"]["turn_calls_per_turn"] == 1.0  # the workflow's decision inside the reply's call
     assert "turns" not in rows["plain"] and chat.slug == "plain"
     html = response.content.decode()
     assert 'data-path="in_reply"' in html and "one call when no tool is needed" in html
+    assert 'data-path="workflow_in_reply"' in html and "the reply streamed after it" in html

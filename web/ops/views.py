@@ -128,7 +128,10 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 DECISION_PATHS = {
     "in_reply": "inside the reply's call (tools and hand-off as functions): one call when no tool is needed",
     "route_call": "a routing call, then the reply: two calls (the endpoint takes no tools, or it is switched off)",
-    "workflow_call": "the workflow's structured decision, then the reply: two calls",
+    "workflow_in_reply": "the workflow's decision first in the reply's own call, the reply streamed after it: one call "
+    "when the decision stands (a second only to explain a refused one or report an action)",
+    "workflow_call": "the workflow's structured decision, then the reply: two calls (the endpoint cannot stream "
+    "structured output, the agent's reply may call a tool, or it is switched off)",
     "none": "the reply alone (the hand-off offered in it)",
 }
 

@@ -5,7 +5,9 @@ tokens:
 - a streamed call sends its first word after ``ttft`` seconds and the rest of a fixed ~60-word reply evenly
   until ``latency``, then the usage chunk and ``[DONE]``;
 - a call with ``response_format`` of type ``json_schema`` answers, after ``latency``, the smallest instance of
-  the schema (``schema_instance``: the first choice of an enum, required fields only, ``confidence`` 0.9);
+  the schema (``schema_instance``: the first choice of an enum, required fields only, ``confidence`` 0.9, and
+  the reply's text in a ``reply`` field); streamed, that JSON goes out word by word like a text reply, evenly
+  over ``latency`` (a decision's fields first, as the schema orders them, then the reply);
 - any other call answers the reply's text after ``latency``.
 
 It never reads what it is sent beyond that, so it measures the app's handling of many slow calls, not a model.
@@ -63,7 +65,7 @@ def schema_instance(schema: dict[str, Any], defs: dict[str, Any] | None = None, 
     if kind == "boolean":
         return False
     if kind == "string":
-        return "x" * int(schema.get("minLength", 0))
+        return REPLY if key == "reply" else "x" * int(schema.get("minLength", 0))
     return None
 
 
@@ -136,14 +138,14 @@ def _handler_for(model: StandInModel) -> type[BaseHTTPRequestHandler]:
                 return
             model.count()
             started = time.monotonic()
-            if body.get("stream"):
-                self._stream(started)
-                return
             text = REPLY
             response_format = body.get("response_format") or {}
             if response_format.get("type") == "json_schema":
                 schema = (response_format.get("json_schema") or {}).get("schema") or {}
                 text = json.dumps(schema_instance(schema))
+            if body.get("stream"):
+                self._stream(started, text)
+                return
             time.sleep(max(0.0, model.latency - (time.monotonic() - started)))
             self._json(
                 {
@@ -158,13 +160,13 @@ def _handler_for(model: StandInModel) -> type[BaseHTTPRequestHandler]:
                 }
             )
 
-        def _stream(self, started: float) -> None:
+        def _stream(self, started: float, text: str) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Connection", "close")
             self.end_headers()
-            words = REPLY.split(" ")
+            words = text.split(" ")
             pieces = [_chunk({"role": "assistant", "content": ""})]
             pieces += [_chunk({"content": (" " if i else "") + word}) for i, word in enumerate(words)]
             spread = max(0.0, model.latency - model.ttft) / len(words)

@@ -47,6 +47,9 @@ from core.db import database_url
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
 MESSAGE = "Hello! What can you do for me, and what do you remember about me?"
+# The agent every person chats with (``--agent``): ``assistant`` (free chat with tools), or ``flight-booking`` (a
+# workflow: its decision travels inside the reply's call).
+AGENT = {"slug": "assistant"}
 # A record at ERROR or above, in the JSON log format (the default) or the plain one, or a traceback.
 ERROR_RECORD = re.compile(r'"level": "(ERROR|CRITICAL)"|^\S+ \S+ (ERROR|CRITICAL) |^Traceback', re.MULTILINE)
 
@@ -74,14 +77,14 @@ class Probe:
 
 
 def _seed(people: int, run: str) -> list[tuple[str, str]]:
-    """``people`` new users with an API token and a chat with the assistant: [(token, session id), ...]."""
+    """``people`` new users with an API token and a chat with the agent (``AGENT``): [(token, session id), ...]."""
     from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token
 
     from agents.models import Agent
     from sessions.services import session_create
 
-    agent = Agent.objects.get(slug="assistant")
+    agent = Agent.objects.get(slug=AGENT["slug"])
     seeded = []
     for i in range(people):
         user = get_user_model().objects.create_user(username=f"crowd-{run}-{i}", password=uuid.uuid4().hex)
@@ -445,6 +448,7 @@ def run(
     return {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": " ".join(["python -m bench concurrency", *(["--", *argv] if argv else [])]),
+        "agent": AGENT["slug"],
         "model_latency_s": latency,
         "model_ttft_s": ttft,
         "embedder": embedder or "the default (make run's)",
@@ -473,8 +477,10 @@ def main(argv: list[str]) -> int:
         default=-1,
         help="uvicorn processes of the LangGraph side (default 2 when langgraph is installed; 0: no LangGraph side)",
     )
+    parser.add_argument("--agent", default="assistant", help="the agent's slug (assistant, flight-booking)")
     parser.add_argument("--output", type=Path, default=RESULTS / "concurrency.json")
     args, _ = parser.parse_known_args(argv)
+    AGENT["slug"] = args.agent
     if args.langgraph_workers < 0:
         try:
             import langgraph.checkpoint.postgres.aio  # noqa: F401

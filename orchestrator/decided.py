@@ -52,6 +52,11 @@ def decide_and_reply(ctx: TurnContext) -> Generator[TurnEvent, None, bool]:
     budget = ContextBudget.from_agent(agent)
     schema = workflow.reply_schema
     guide = workflow.decided_reply_guide(state=session.state, data=session.data)
+    if tools := reply_tools(ctx):
+        guide += (
+            f"\nTools you may need to answer: {', '.join(tools)}. If your reply needs one of them, set `needs_tool` "
+            "to true and leave `reply` empty: the tool runs first, then you reply."
+        )
     inputs = prompt_inputs(ctx, [], [])
     inputs = dataclasses.replace(
         inputs,
@@ -119,6 +124,12 @@ def decide_and_reply(ctx: TurnContext) -> Generator[TurnEvent, None, bool]:
     return True
 
 
+def reply_tools(ctx: TurnContext) -> list[str]:
+    """The agent's tools its reply may call (a workflow's action tools run in their own states only)."""
+    actions = {a for a in ctx.workflow.action_states.values() if isinstance(a, str)}
+    return [t for t in ctx.agent.tools or [] if isinstance(t, str) and t not in actions]
+
+
 def _settle(ctx: TurnContext, fields: dict[str, Any]) -> Generator[TurnEvent, None, Verdict]:
     """Validate and apply the decision written before the reply; "reply" when the reply may be shown as written."""
     session, workflow, route = ctx.session, ctx.workflow, ctx.composition_extra["route"]
@@ -149,6 +160,9 @@ def _settle(ctx: TurnContext, fields: dict[str, Any]) -> Generator[TurnEvent, No
     if state in workflow.action_states or (state in workflow.handoff_states and state != before):
         route["decision"] = "action" if state in workflow.action_states else "handoff_state"
         return "stop"  # the action runs (or a person takes over) before anything is said
+    if fields.get("needs_tool") is True and reply_tools(ctx):
+        route["decision"] = "use_tools"
+        return "stop"  # the reply that may call the tool follows (as the agent's free chat does: call, then reply)
     return "reply"
 
 

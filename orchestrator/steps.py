@@ -225,13 +225,10 @@ def decision_path(agent: Any) -> str:
 
 
 def workflow_decides_in_reply(agent: Any, workflow: Any, provider: Any) -> bool:
-    """May a workflow turn of ``agent`` decide inside its reply's call (``orchestrator.decided``)? The setting on, an
-    endpoint that streams structured output, and no tool the reply would offer (the agent's tools other than the
-    workflow's own actions, which run in their states): a reply that may call a tool keeps the separate decision."""
-    if not getattr(settings, "TURN_DECISION_IN_REPLY", True) or not provider.streams_decisions():
-        return False
-    actions = {a for a in workflow.action_states.values() if isinstance(a, str)}
-    return all(not isinstance(t, str) or t in actions for t in agent.tools or [])
+    """May a workflow turn of ``agent`` decide inside its reply's call (``orchestrator.decided``)? The setting on, and
+    an endpoint that streams structured output. (A reply that needs one of the agent's tools says so in the decision,
+    ``needs_tool``: the call stops there and the reply that may call it follows.)"""
+    return bool(getattr(settings, "TURN_DECISION_IN_REPLY", True)) and bool(provider.streams_decisions())
 
 
 def _decides_in_reply(provider: Any) -> bool:

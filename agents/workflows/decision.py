@@ -67,6 +67,10 @@ def decided_reply_schema(decision_schema: type[WorkflowDecision]) -> type[Workfl
     return create_model(
         f"{decision_schema.__name__}AndReply",
         __base__=decision_schema,
+        needs_tool=(
+            bool,
+            Field(default=False, description="True only when your reply needs one of the tools you were told of."),
+        ),
         reply=(
             str,
             Field(

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from agents.models import Agent, LLMCall
+from agents.models import Agent, LLMCall, ToolInvocation
 from llm.capabilities import forget_all
 from orchestrator.runtime import turn_run, turn_stream
 from orchestrator.steps import decision_path
 from sessions.models import Checkpoint, Turn
 from sessions.services import session_create
-from tests.fakes.openai_server import error, json_reply, stream
+from tests.fakes.openai_server import error, json_reply, stream, tool_call, tool_names
 from tests.world import make_agent
 
 pytestmark = pytest.mark.django_db
@@ -190,3 +190,29 @@ def test_an_endpoint_that_cannot_stream_structured_output_falls_back_to_two_call
     )
     assert turn_run(session=session, message="to Oslo").reply == "When?"
     assert len(remote_model.chat_requests()) == 7
+
+
+def test_a_reply_that_needs_a_tool_says_so_in_the_decision_and_the_tool_runs_before_the_reply(
+    alice: Any, remote_model: Any
+) -> None:
+    flights = make_agent("booking", slug="flights-booker", tools=["search_flights"])
+    needs = {k: v for k, v in json.loads(decided("GATHERING_DESTINATION", "", origin="Lisbon")).items() if k != "reply"}
+    args = {"origin": "Lisbon", "destination": "Oslo", "date": "2031-06-01"}
+    remote_model.enqueue(
+        stream(json.dumps({**needs, "needs_tool": True, "reply": "I will make something up"})),
+        stream(tool_calls=[tool_call("search_flights", args)], finish_reason="tool_calls"),
+        stream("Two flights leave Lisbon that day. Where to?"),
+    )
+    session = session_create(user=alice, agent=flights)
+    events = list(turn_stream(session=session, message="From Lisbon: which flights are there on 1 June 2031?"))
+
+    assert "make something up" not in _deltas(events)
+    requests = remote_model.chat_requests()
+    assert "search_flights" in requests[0].messages[0]["content"]  # the guide names the tools it may need
+    assert tool_names(requests[1]) == ["search_flights"] and "response_format" not in requests[1].body
+    turn = Turn.objects.get(session=session)
+    assert turn.assistant_message == "Two flights leave Lisbon that day. Where to?"
+    assert turn.composition["route"]["decision"] == "use_tools" and len(requests) == 3
+    assert ToolInvocation.objects.filter(turn=turn, name="search_flights").count() == 1
+    session.refresh_from_db()
+    assert session.state == "GATHERING_DESTINATION"  # the decision stands; the tool ran once

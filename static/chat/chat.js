@@ -142,6 +142,8 @@
   function handle(event, data, reply) {
     const body = reply ? reply.querySelector(".bubble") : null;
     if (event === "turn") {
+      // A turn run again after its worker died: what its first run streamed is not the reply; start afresh.
+      if (data.resumed && body) { body.textContent = ""; reply.dataset.deltas = "0"; }
       reply.dataset.turn = data.turn_id;
       const mine = reply.previousElementSibling;
       if (mine && mine.classList.contains("user") && !mine.dataset.turn) mine.dataset.turn = data.turn_id;

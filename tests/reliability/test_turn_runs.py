@@ -601,3 +601,52 @@ def test_open_chat_pages_wait_for_staff_replies_on_the_channel_holding_no_thread
     assert crowded_threads - idle_threads < 20, (idle_threads, crowded_threads)
     for (session, _cookies), events in zip(pages, received, strict=True):
         assert events[-1].get("text") == f"Hello from the desk, {session.user.username}.", events
+
+
+def test_a_turn_worker_killed_mid_reply_after_its_decision_resumes_the_turn_exactly_once(
+    django_user_model: Any, remote_model: FakeOpenAIServer, run_stack: Any
+) -> None:
+    """Issue 54: a workflow turn decides inside its reply's call. Killed after the decision was applied and while
+    the reply streamed, the turn is resumed by the sweep once: the decision is not taken (nor applied) again, the
+    reply is asked for once more on its own, and the turn ends with that reply alone."""
+    from tests.world import make_agent
+
+    booker = make_agent("booking", slug="killed-booker")
+    decided = json.dumps(
+        {"next_state": "GATHERING_DESTINATION", "slots": {"origin": "Lisbon"}, "confidence": 0.9, "reply": WORDS}
+    )
+    remote_model.enqueue(stream(decided, chunk_delay=0.4), stream("Where are you flying to?"))
+    stack = run_stack()
+    token, session = _chat(django_user_model, booker, "decided-crash")
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    def post() -> None:
+        with httpx.stream(
+            "POST",
+            f"{stack.url}/api/sessions/{session.pk}/messages/stream/",
+            json={"message": "I fly from Lisbon"},
+            headers=_headers(token),
+            timeout=120,
+        ) as response:
+            seen.extend(_events(response.iter_lines()))
+
+    client = threading.Thread(target=post)
+    client.start()
+    wait_for(lambda: "one two" in _text(seen), timeout=30, message="the reply streaming after its decision")
+    stack.worker.kill()
+    session.refresh_from_db()
+    assert (session.state, session.data.get("origin")) == ("GATHERING_DESTINATION", "Lisbon")  # applied, once
+
+    wait_for(lambda: stuck_turns_recover(older_than=timedelta(0)) == 1, timeout=30, message="the sweep")
+    client.join(60)
+
+    turn = Turn.objects.get(session=session)
+    assert (turn.status, turn.assistant_message) == (Turn.Status.COMPLETED, "Where are you flying to?")
+    assert seen[-1][1]["type"] == "done" and seen[-1][1]["reply"] == "Where are you flying to?"
+    # What the killed run streamed is replaced by the reply as a whole at the end (a turn run again starts with a
+    # "turn" event that says ``resumed``: the chat page starts its bubble afresh); nothing is shown twice.
+    assert _text(seen).count("Where are you flying to?") <= 1
+    assert session.checkpoints.filter(turn=turn, reason="transition").count() == 1  # decided once
+    assert len(remote_model.chat_requests()) == 2
+    assert "response_format" not in remote_model.chat_requests()[1].body  # the reply alone, not a new decision
+    assert stuck_turns_recover(older_than=timedelta(0)) == 0

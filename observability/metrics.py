@@ -26,7 +26,7 @@ from agents.models import Agent
 from core.models import TaskSendFailure
 from core.queue import queues_stats
 from observability.models import Alert
-from observability.selectors import HistogramSpec, indicators, metric_totals_by_agent
+from observability.selectors import HistogramSpec, calls_by_purpose, indicators, metric_totals_by_agent
 
 logger = logging.getLogger(__name__)
 
@@ -189,6 +189,21 @@ class DatabaseCollector(Collector):
         yield rate
         yield tokens
         yield ttft
+        # What the turns cost, by what each call was for (one call a turn when the decision travels in the reply).
+        by_purpose = {
+            key: GaugeMetricFamily(
+                f"agent_llm_{key}_15m", f"Model {what} by purpose, last 15 min.", labels=["agent", "purpose"]
+            )
+            for key, what in (
+                ("calls", "calls"),
+                ("prompt_tokens", "prompt tokens"),
+                ("completion_tokens", "completion tokens"),
+            )
+        }
+        for row in calls_by_purpose(start=start, end=end):
+            for key, family in by_purpose.items():
+                family.add_metric([str(row["slug"]), str(row["purpose"])], float(row[key]))  # type: ignore[arg-type]
+        yield from by_purpose.values()
 
 
 def metrics_exposition() -> bytes:

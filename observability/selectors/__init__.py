@@ -21,7 +21,13 @@ from observability.selectors.alerts import (
     alerts_recent,
     queue_wait_reading,
 )
-from observability.selectors.dashboard import agents_active, model_calls_per_turn, summaries_pending, window_choices
+from observability.selectors.dashboard import (
+    agents_active,
+    calls_by_purpose,
+    model_calls_per_turn,
+    summaries_pending,
+    window_choices,
+)
 from observability.selectors.indicators import (
     DEGRADED,
     Figures,
@@ -45,6 +51,7 @@ from observability.selectors.session_health import (
 )
 
 __all__ = [
+    "calls_by_purpose",
     "DEGRADED",
     "METRICS_SEAL_AFTER",
     "TOKENS_REACH_WINDOW_TURNS",

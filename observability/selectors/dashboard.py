@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from django.db.models import Count, Q
+from django.db.models import Count, Q, Sum
+from django.db.models.functions import Coalesce
 
 from agents.models import Agent, LLMCall
 from sessions.models import Turn
@@ -63,3 +64,29 @@ def model_calls_per_turn(*, start: dt.datetime, end: dt.datetime) -> dict[int, d
             "turn_calls_per_turn": round(row["turn_calls"] / count, 2),
         }
     return found
+
+
+def calls_by_purpose(*, start: dt.datetime, end: dt.datetime) -> list[dict[str, object]]:
+    """Per agent and purpose (reply, slots, route, summarize, ...), the model calls in the window and their prompt
+    and completion tokens: what turns cost, by what they were for. Rows: ``slug`` ("none" without an agent),
+    ``purpose``, ``calls``, ``prompt_tokens``, ``completion_tokens``."""
+    rows = (
+        LLMCall.objects.filter(created_at__gte=start, created_at__lt=end)
+        .values("agent__slug", "purpose")
+        .annotate(
+            calls=Count("id"),
+            prompt_tokens=Coalesce(Sum("prompt_tokens"), 0),
+            completion_tokens=Coalesce(Sum("completion_tokens"), 0),
+        )
+        .order_by("agent__slug", "purpose")
+    )
+    return [
+        {
+            "slug": row["agent__slug"] or "none",
+            "purpose": row["purpose"],
+            "calls": row["calls"],
+            "prompt_tokens": row["prompt_tokens"],
+            "completion_tokens": row["completion_tokens"],
+        }
+        for row in rows
+    ]

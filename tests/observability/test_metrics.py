@@ -121,3 +121,27 @@ def test_an_empty_database_still_exposes_valid_metrics(client: Client, settings:
     families = _families(response.content.decode())
     assert families["agent_llm_calls"].type == "counter"
     assert families["agent_llm_calls"].samples == []
+
+
+def test_metrics_count_the_calls_and_tokens_of_turns_by_purpose(client: Client, alice: Any, settings: Any) -> None:
+    """Issue 54: what turns cost, by what each call was for. A booking turn on the demo model decides inside its
+    reply's call: one "reply" call, no "slots" call."""
+    from agents.models import LLMCall
+    from orchestrator.runtime import turn_run
+    from sessions.services import session_create
+    from tests.world import make_agent as world_agent
+
+    settings.METRICS_TOKEN = "s3cret"
+    booker = world_agent("booking", slug="booker")
+    turn_run(session=session_create(user=alice, agent=booker), message="I want to fly from Lisbon to Oslo")
+    response = client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret", REMOTE_ADDR=PUBLIC)
+    families = _families(response.content.decode())
+
+    reply = LLMCall.objects.get(agent=booker, purpose="reply")
+    calls = families["agent_llm_calls_15m"]
+    assert _value(calls, "agent_llm_calls_15m", agent="booker", purpose="reply") == 1
+    assert not [s for s in calls.samples if s.labels == {"agent": "booker", "purpose": "slots"}]
+    prompt = families["agent_llm_prompt_tokens_15m"]
+    assert _value(prompt, "agent_llm_prompt_tokens_15m", agent="booker", purpose="reply") == reply.prompt_tokens > 0
+    done = families["agent_llm_completion_tokens_15m"]
+    assert _value(done, "agent_llm_completion_tokens_15m", agent="booker", purpose="reply") == reply.completion_tokens

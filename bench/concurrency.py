@@ -170,11 +170,14 @@ def _in_parallel(jobs: list[Any], work: Any) -> list[Any]:
     return results
 
 
-def phase(*, base: str, people: int, log: Path, timeout: float, langgraph_db: str = "") -> dict[str, Any]:
+def phase(
+    *, base: str, people: int, log: Path, timeout: float, model: StandInModel, langgraph_db: str = ""
+) -> dict[str, Any]:
     """N people send one message each, at once; what they saw, and what the stack logged meanwhile. With
     ``langgraph_db`` (its database's URL), against the LangGraph side: new threads, no accounts."""
     from core.models import TaskSendFailure
 
+    calls_before = model.calls
     if langgraph_db:
         seeded = [("-", str(uuid.uuid4())) for _ in range(people)]
     else:
@@ -206,8 +209,13 @@ def phase(*, base: str, people: int, log: Path, timeout: float, langgraph_db: st
     first = [c.first_token for c in chats if c.first_token is not None]
     accepted = [c.accepted for c in chats if c.accepted is not None]
     started = [c.started for c in chats if c.started is not None]
+    if langgraph_db:  # every call the stand-in answered meanwhile was a turn's (LangGraph has no background calls)
+        cost: dict[str, Any] = {"model_calls_per_turn": round((model.calls - calls_before) / people, 2)}
+    else:
+        cost = _turn_cost([session for _token, session in seeded])
     return {
         "people": people,
+        **cost,
         "wall_s": round(max(done, default=0.0), 2),
         "failures": len(failed),
         "failure_sample": [c.error for c in failed[:5]],
@@ -222,6 +230,33 @@ def phase(*, base: str, people: int, log: Path, timeout: float, langgraph_db: st
         "log_error_records": len(errors),
         "log_error_sample": error_lines[:5],
         "task_sends_failed": sum(TaskSendFailure.objects.values_list("count", flat=True)) - sends_failed_before,
+    }
+
+
+def _turn_cost(session_ids: list[str]) -> dict[str, Any]:
+    """The model calls of the turns of ``session_ids`` (those a turn makes: the reply, a routing or workflow decision;
+    not the background's memory writes and summaries), per turn and by purpose, with their tokens."""
+    from django.db.models import Count, Sum
+
+    from agents.models import LLMCall
+
+    rows = (
+        LLMCall.objects.filter(session_id__in=session_ids, purpose__in=("reply", "route", "slots"))
+        .values("purpose")
+        .annotate(calls=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"))
+    )
+    turns = max(len(session_ids), 1)
+    by_purpose = {
+        row["purpose"]: {
+            "calls": round(row["calls"] / turns, 2),
+            "prompt_tokens": round((row["prompt"] or 0) / turns),
+            "completion_tokens": round((row["completion"] or 0) / turns),
+        }
+        for row in rows
+    }
+    return {
+        "model_calls_per_turn": round(sum(v["calls"] for v in by_purpose.values()), 2),
+        "per_turn_by_purpose": by_purpose,
     }
 
 
@@ -418,7 +453,9 @@ def run(
             progress.advance(task)
             for n in people:
                 progress.update(task, description=f"{n} people at once")
-                phases.append({**phase(base=base, people=n, log=log, timeout=timeout), "floor_wall_s": floors[n]})
+                phases.append(
+                    {**phase(base=base, people=n, log=log, timeout=timeout, model=model), "floor_wall_s": floors[n]}
+                )
                 progress.advance(task)
             memory = _stack_memory_mb(stack.pid)  # after the crowds: the stack idle again, its caches grown
         finally:
@@ -436,7 +473,14 @@ def run(
                 for n in people:
                     progress.update(task, description=f"LangGraph: {n} people at once")
                     graph_phases.append(
-                        phase(base=graph_base, people=n, log=graph_log, timeout=timeout, langgraph_db=graph_db)
+                        phase(
+                            base=graph_base,
+                            people=n,
+                            log=graph_log,
+                            timeout=timeout,
+                            model=model,
+                            langgraph_db=graph_db,
+                        )
                     )
                     progress.advance(task)
             finally:
@@ -514,7 +558,7 @@ def main(argv: list[str]) -> int:
         f"{result['stack_rss_mb']} / {result['stack_pss_mb']} MB; log {result['stack_log']}"
     )
     print(
-        "people | wall s (x alone) | floor s | accepted p50/p95 | turn started p50/p95 | first token p50/p95 | done p50/p95 | failures | healthz max | pg conns | log errors | sends failed"
+        "people | wall s (x alone) | floor s | accepted p50/p95 | turn started p50/p95 | first token p50/p95 | done p50/p95 | failures | healthz max | pg conns | log errors | sends failed | model calls a turn"
     )
     for p in [*result["phases"], *result["langgraph_phases"]]:
         if p is (result["langgraph_phases"] or [None])[0]:
@@ -524,7 +568,7 @@ def main(argv: list[str]) -> int:
             f"{p['accepted_s']['p50']}/{p['accepted_s']['p95']} | {p['started_s']['p50']}/{p['started_s']['p95']} | "
             f"{p['first_token_s']['p50']}/{p['first_token_s']['p95']} | {p['done_s']['p50']}/{p['done_s']['p95']} | "
             f"{p['failures']} | {p['healthz_max_s']} s | {p['pg_connections_max']} | {p['log_error_records']} | "
-            f"{p['task_sends_failed']}"
+            f"{p['task_sends_failed']} | {p.get('model_calls_per_turn', '-')}"
         )
         for line in p["log_error_sample"] + p["failure_sample"]:
             print("   ", line)

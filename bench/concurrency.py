@@ -74,6 +74,7 @@ class Probe:
     stop: threading.Event = field(default_factory=threading.Event)
     samples: list[float] = field(default_factory=list)
     failures: int = 0
+    detail: dict[str, int] = field(default_factory=dict)
 
 
 def _seed(people: int, run: str) -> list[tuple[str, str]]:
@@ -144,15 +145,21 @@ def _stop_health_probe(prober: subprocess.Popen[str], probe: Probe) -> None:
 
 
 def _probe_connections(url: str, probe: Probe) -> None:
+    """Connections to the database every 0.25 s (this probe's own left out); at the most, who held them
+    (``application_name``: agents-web, agents-turns, agents-background, their -health, the bench's own)."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
         while not probe.stop.is_set():
-            row = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            ).fetchone()
+            rows = conn.execute(
+                "SELECT coalesce(nullif(application_name, ''), '?'), count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid() GROUP BY 1"
+            ).fetchall()
+            total = float(sum(count for _name, count in rows))
             with probe.lock:
-                probe.samples.append(float(row[0] if row else 0))
+                if total > max(probe.samples, default=-1.0):
+                    probe.detail = {str(name): int(count) for name, count in rows}
+                probe.samples.append(total)
             probe.stop.wait(0.25)
 
 
@@ -227,6 +234,7 @@ def phase(
         "healthz_probes": len(health.samples),
         "healthz_failures": health.failures,
         "pg_connections_max": int(max(connections.samples, default=0.0)),
+        "pg_connections_at_most_by_holder": connections.detail,
         "log_error_records": len(errors),
         "log_error_sample": error_lines[:5],
         "task_sends_failed": sum(TaskSendFailure.objects.values_list("count", flat=True)) - sends_failed_before,

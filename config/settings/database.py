@@ -24,6 +24,8 @@ _db["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
 # PgBouncer in transaction mode, which refuses start-up options, set it to 0 and on the database role instead.
 _options: dict[str, object] = dict(_db.get("OPTIONS") or {})  # type: ignore[call-overload]
 _options.setdefault("connect_timeout", env_int("DATABASE_CONNECT_TIMEOUT", 5, minimum=1))  # the URL's own wins
+# Who holds each connection, in pg_stat_activity (make run names its processes: agents-web, agents-turns, ...).
+_options.setdefault("application_name", env_str("DATABASE_APPLICATION_NAME") or "agents")
 STATEMENT_TIMEOUT_SECONDS = env_int("DATABASE_STATEMENT_TIMEOUT", 120, minimum=0)
 if STATEMENT_TIMEOUT_SECONDS:
     _given = str(_options.get("options", "")).strip()
@@ -56,6 +58,7 @@ if DATABASE_POOL_MAX_SIZE:
     # /healthz and /readyz read the database on a connection of their own, outside the pool: under load they
     # would otherwise wait in the pool's queue behind the requests they are meant to vouch for.
     _health_options = {k: v for k, v in _options.items() if k != "pool"}
+    _health_options["application_name"] = f"{_options['application_name']}-health"
     DATABASES["health"] = {
         **_db,
         "OPTIONS": _health_options,

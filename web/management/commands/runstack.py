@@ -61,7 +61,11 @@ def _web_child(bind: str, workers: int, shared_model: dict[str, str]) -> Child:
     # Each process shares a few database connections among its threads (DATABASE_POOL_MAX_SIZE).
     # (≤ 30 in all under make run with 2 web processes: a web process's requests are short, a turn worker's
     # threads many.)
-    pooled = {"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "6"), **shared_model}
+    pooled = {
+        "DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "6"),
+        "DATABASE_APPLICATION_NAME": "agents-web",
+        **shared_model,
+    }
     return Child(
         "web server",
         [
@@ -111,7 +115,11 @@ def _worker_children(turn_workers: int, turn_threads: int, shared_model: dict[st
             "--schedule",
             settings.CELERY_BEAT_SCHEDULE_FILENAME,
         ],
-        env={"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "4"), **shared_model},
+        env={
+            "DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "4"),
+            "DATABASE_APPLICATION_NAME": "agents-background",
+            **shared_model,
+        },
         # Memory writes, summaries and sweeps can wait a moment; people waiting on a reply cannot. Niced, the
         # background worker takes the CPU the web processes and the turn worker leave (BACKGROUND_NICE).
         nice=settings.BACKGROUND_NICE,
@@ -122,7 +130,11 @@ def _worker_children(turn_workers: int, turn_threads: int, shared_model: dict[st
 def _turn_workers(turn_workers: int, turn_threads: int, shared_model: dict[str, str]) -> list[Child]:
     """Turns: threads that wait on models (each gives its connection back before a model call), in
     TURN_WORKER_PROCESSES processes: each takes turns from the queue and runs them on one core."""
-    pooled_turns = {"DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "8"), **shared_model}
+    pooled_turns = {
+        "DATABASE_POOL_MAX_SIZE": os.environ.get("DATABASE_POOL_MAX_SIZE", "8"),
+        "DATABASE_APPLICATION_NAME": "agents-turns",
+        **shared_model,
+    }
     processes = max(1, int(turn_workers))
     threads = max(1, int(turn_threads) // processes)
     return [

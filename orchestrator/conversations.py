@@ -18,7 +18,7 @@ from agents.models import Agent
 from core.errors import Refusal
 from sessions.models import ChatSession, Turn
 from sessions.selectors import own_session
-from sessions.services import session_create, session_create_with_history
+from sessions.services import session_create, session_create_with_history, session_delete
 
 # What a client is answered for a message kept for the person who has its session (the agent does not answer it).
 KEPT_FOR_PERSON = "Your message is with a person on our team; they will reply here."
@@ -98,6 +98,13 @@ def conversation_continue(
             return found
     exchanges = [(exchange.user, exchange.assistant) for exchange in history]
     return Continuation(session=session_create_with_history(user=user, agent=agent, exchanges=exchanges), created=True)
+
+
+def conversation_abandon(continuation: Continuation) -> None:
+    """The message was refused before it was saved (a full turns queue, say): a session this request made for it
+    goes again, so that the client's retry does not leave an empty one behind (it makes its own)."""
+    if continuation.created:
+        session_delete(session=continuation.session)
 
 
 def _sessions_beginning_with(user: Any, agent: Agent, first: str) -> list[ChatSession]:

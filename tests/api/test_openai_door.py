@@ -258,3 +258,21 @@ def test_the_message_rate_limit_is_shared_with_the_api(
     assert error["type"] == "rate_limit_error" and refused["Retry-After"]
     assert client.get("/v1/models").status_code == 200  # listing models is not a message
     assert Turn.objects.count() == 2
+
+
+def test_a_message_refused_before_it_is_saved_leaves_no_session_behind(
+    alice: Any, chat_agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator import runtime
+    from orchestrator.worker import TurnsQueueFull
+
+    def full() -> None:
+        raise TurnsQueueFull()
+
+    monkeypatch.setattr(runtime, "turns_queue_check", full)
+    client = bearer(alice)
+    for stream in (False, True):
+        brought = [_user("I live in Porto."), _assistant("Nice city."), _user("Where do I live?")]
+        assert_openai_error(_ask(client, brought, stream=stream), 503, "busy")
+        assert_openai_error(_ask(client, [_user("Hello")], stream=stream), 503, "busy")
+    assert not ChatSession.objects.exists() and not Turn.objects.exists()

@@ -28,10 +28,11 @@ from rest_framework.views import APIView
 from agents.selectors import active_agent, active_agents
 from core.api_errors import api_exception_handler, openai_error_body
 from core.db import release_connection
+from core.errors import Refusal
 from core.parsers import SizeLimitedJSONParser
 from orchestrator.channel import RunStream, turn_end_event
 from orchestrator.context import FINISHED, TurnEvent
-from orchestrator.conversations import conversation_continue, reply_shown
+from orchestrator.conversations import conversation_abandon, conversation_continue, reply_shown
 from orchestrator.runtime import turn_run, turn_stream
 from sessions.locks import SessionBusyError
 from sessions.models import ChatSession, Turn
@@ -133,11 +134,16 @@ class ChatCompletionsApi(OpenAIApiView):
             if asked.stream:
                 return self._streamed(request, asked, session, iter([turn_end_event(turn)]))
             return self._whole(asked, session, turn)
-        key = _idempotency_key(request)
-        if asked.stream:
-            events = turn_stream(session=session, message=asked.message, idempotency_key=key)
-            return self._streamed(request, asked, session, events)
-        return self._whole(asked, session, turn_run(session=session, message=asked.message, idempotency_key=key).turn)
+        try:
+            key = _idempotency_key(request)
+            if asked.stream:
+                events = turn_stream(session=session, message=asked.message, idempotency_key=key)
+                return self._streamed(request, asked, session, events)
+            turn = turn_run(session=session, message=asked.message, idempotency_key=key).turn
+        except (Refusal, ValidationError):
+            conversation_abandon(found)  # refused before anything was saved: no empty session left behind
+            raise
+        return self._whole(asked, session, turn)
 
     def _whole(self, asked: CompletionRequest, session: ChatSession, turn: Turn) -> Response:
         session.refresh_from_db(fields=["status"])

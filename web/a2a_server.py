@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, Callable
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from a2a.auth.user import User
@@ -50,6 +51,7 @@ from a2a.types.a2a_pb2 import (
 )
 from a2a.utils.errors import (
     InvalidParamsError,
+    InvalidRequestError,
     PushNotificationNotSupportedError,
     TaskNotCancelableError,
     TaskNotFoundError,
@@ -68,6 +70,7 @@ from agents.models import Agent
 from agents.selectors import active_agent, active_agents
 from core.db import release_connection
 from core.errors import Refusal
+from core.throttles import messages_rate_wait
 from orchestrator.runtime import MessageRejected, turn_run, turn_stream, validate_message
 from sessions.models import ChatSession, Turn
 from sessions.selectors import own_session
@@ -206,6 +209,13 @@ def _session_for(person: Any, params: SendMessageRequest) -> ChatSession:
     return session_create(user=person, agent=agent)
 
 
+def _rate_checked(person: Any) -> None:
+    """The messages rate of every door (``API_THROTTLE_MESSAGES``, one counter per person)."""
+    wait = messages_rate_wait(SimpleNamespace(user=person, META={}))
+    if wait is not None:
+        raise InvalidRequestError(message=f"Too many messages; try again in {wait} seconds.")
+
+
 def _refused(exc: Refusal) -> InvalidParamsError:
     return InvalidParamsError(message=exc.message_for_people(), data={"code": exc.code})
 
@@ -218,6 +228,7 @@ class TurnsRequestHandler(RequestHandler):
         text = _text_of(params.message)
 
         def send() -> Task:
+            _rate_checked(person)
             session = _session_for(person, params)
             try:
                 return task_of(turn_run(session=session, message=text).turn)
@@ -231,6 +242,7 @@ class TurnsRequestHandler(RequestHandler):
     ) -> AsyncGenerator[Any, None]:
         person = _person(context)
         text = _text_of(params.message)
+        await _in_thread(_rate_checked, person)
         session = await _in_thread(_session_for, person, params)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()

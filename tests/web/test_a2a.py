@@ -34,8 +34,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def app_url(tmp_path: Path) -> Iterator[str]:
-    server = ServerProcess(env=server_env(tmp_path), log_dir=tmp_path, asgi=True).start()
+def app_url(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    env = {**server_env(tmp_path), **getattr(request, "param", {})}
+    server = ServerProcess(env=env, log_dir=tmp_path, asgi=True).start()
     yield server.url
     server.stop()
 
@@ -172,3 +173,21 @@ def test_hostile_a2a_requests_are_clear_errors_and_save_nothing(app_url: str, al
     )
     assert broken.status_code in (200, 400) and "error" in broken.json()
     assert not Turn.objects.exists() and not ChatSession.objects.exists()
+
+
+@pytest.mark.parametrize("app_url", [{"API_THROTTLE_MESSAGES": "2/min"}], indirect=True)
+def test_a2a_messages_share_the_rate_of_every_door(app_url: str, alice: Any) -> None:
+    make_agent("chat")
+    headers = {"Authorization": f"Bearer {_key(alice)}", "A2A-Version": "1.0"}
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "SendMessage",
+        "params": {
+            "message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "hi"}], "metadata": {"agent": "chat"}}
+        },
+    }
+    answers = [httpx.post(f"{app_url}/a2a/", json=body, headers=headers, timeout=30).json() for _ in range(3)]
+    assert ["result" in a for a in answers] == [True, True, False], answers
+    assert "Too many messages" in answers[2]["error"]["message"]
+    assert Turn.objects.count() == 2

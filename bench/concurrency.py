@@ -5,7 +5,8 @@ the real stack as ``make run`` starts it (``manage.py runstack``: gunicorn as co
 a Celery worker with beat, the default broker and embedder) on a throwaway database of the embedded PostgreSQL,
 then, for each N of ``--people`` (default 1, 64, 256), gives N new people a chat with the ``assistant`` agent
 and has them all send one message at once through ``POST /api/sessions/<id>/messages/stream/``, as the chat
-page does. Measured per N:
+page does, then the same crowd again through ``POST /v1/chat/completions`` (``bench.openai_door``; ``--no-openai``
+skips it). Measured per N:
 
 - wall: from the send to the last ``done`` event, and its ratio to one chat alone (the first N);
 - first token (the first ``delta`` event) and reply done, p50 and p95, per person;
@@ -40,6 +41,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.openai_door import openai_chat
 from bench.soak import LOOPBACK, free_port, percentile
 from bench.stand_in_model import StandInModel
 from core.db import database_url
@@ -93,10 +95,16 @@ def _seed(people: int, run: str) -> list[tuple[str, str]]:
     return seeded
 
 
-def _chat(base: str, token: str, session_id: str, start: threading.Barrier, t0: list[float], timeout: float) -> Chat:
+def _chat(
+    base: str, token: str, session_id: str, start: threading.Barrier, t0: list[float], timeout: float, door: str = ""
+) -> Chat:
     import httpx
 
     chat = Chat()
+    if door == "openai":
+        return openai_chat(  # type: ignore[no-any-return]
+            chat, base, token, session_id, MESSAGE, start, t0, timeout, model=AGENT["slug"]
+        )
     headers = {"Authorization": f"Token {token}", "Accept": "text/event-stream"}
     with httpx.Client(base_url=base, timeout=timeout) as client:
         start.wait()
@@ -178,10 +186,18 @@ def _in_parallel(jobs: list[Any], work: Any) -> list[Any]:
 
 
 def phase(
-    *, base: str, people: int, log: Path, timeout: float, model: StandInModel, langgraph_db: str = ""
+    *,
+    base: str,
+    people: int,
+    log: Path,
+    timeout: float,
+    model: StandInModel,
+    langgraph_db: str = "",
+    door: str = "",
 ) -> dict[str, Any]:
     """N people send one message each, at once; what they saw, and what the stack logged meanwhile. With
-    ``langgraph_db`` (its database's URL), against the LangGraph side: new threads, no accounts."""
+    ``langgraph_db`` (its database's URL), against the LangGraph side: new threads, no accounts. ``door``
+    "openai": through ``/v1/chat/completions`` instead of the native stream."""
     from core.models import TaskSendFailure
 
     calls_before = model.calls
@@ -200,7 +216,7 @@ def phase(
         sampler.start()
     t0 = [0.0]
     start = threading.Barrier(people, action=lambda: t0.__setitem__(0, time.monotonic()))
-    chats: list[Chat] = _in_parallel(seeded, lambda job: _chat(base, job[0], job[1], start, t0, timeout))
+    chats: list[Chat] = _in_parallel(seeded, lambda job: _chat(base, job[0], job[1], start, t0, timeout, door))
     time.sleep(2.0)  # what the turns' after-commit work logs lands in the next two seconds
     _stop_health_probe(prober, health)
     connections.stop.set()
@@ -431,6 +447,7 @@ def run(
     embedder: str,
     timeout: float,
     langgraph_workers: int = 0,
+    openai: bool = True,
 ) -> dict[str, Any]:
     import logging
 
@@ -446,6 +463,7 @@ def run(
     base = f"http://{LOOPBACK}:{port}"
     phases: list[dict[str, Any]] = []
     graph_phases: list[dict[str, Any]] = []
+    openai_phases: list[dict[str, Any]] = []
     with StandInModel(latency=latency, ttft=ttft) as model, Progress() as progress:
         task = progress.add_task("floor, then the stack", total=(3 if langgraph_workers else 2) * len(people) + 1)
         floors = {}
@@ -464,6 +482,10 @@ def run(
                 phases.append(
                     {**phase(base=base, people=n, log=log, timeout=timeout, model=model), "floor_wall_s": floors[n]}
                 )
+                if openai:  # the same crowd through the OpenAI-compatible door, right after
+                    openai_phases.append(
+                        phase(base=base, people=n, log=log, timeout=timeout, model=model, door="openai")
+                    )
                 progress.advance(task)
             memory = _stack_memory_mb(stack.pid)  # after the crowds: the stack idle again, its caches grown
         finally:
@@ -493,7 +515,7 @@ def run(
                     progress.advance(task)
             finally:
                 _stop_stack(server)
-    for side in (phases, graph_phases):
+    for side in (phases, openai_phases, graph_phases):
         alone = (side[0]["wall_s"] if side else 0.0) or 1.0
         for result in side:
             result["wall_ratio"] = round(result["wall_s"] / alone, 2)
@@ -511,6 +533,7 @@ def run(
         "ready_pss_mb": ready_memory["pss"],
         "stack_log": str(log),
         "phases": phases,
+        "openai_phases": openai_phases,
         "langgraph_workers": langgraph_workers,
         "langgraph_phases": graph_phases,
     }
@@ -530,6 +553,7 @@ def main(argv: list[str]) -> int:
         help="uvicorn processes of the LangGraph side (default 2 when langgraph is installed; 0: no LangGraph side)",
     )
     parser.add_argument("--agent", default="assistant", help="the agent's slug (assistant, flight-booking)")
+    parser.add_argument("--no-openai", action="store_true", help="skip the crowds through /v1/chat/completions")
     parser.add_argument("--output", type=Path, default=RESULTS / "concurrency.json")
     args, _ = parser.parse_known_args(argv)
     AGENT["slug"] = args.agent
@@ -558,6 +582,7 @@ def main(argv: list[str]) -> int:
         embedder=args.embedder,
         timeout=args.timeout,
         langgraph_workers=args.langgraph_workers,
+        openai=not args.no_openai,
     )
     connections.close_all()
     print(
@@ -568,7 +593,9 @@ def main(argv: list[str]) -> int:
     print(
         "people | wall s (x alone) | floor s | accepted p50/p95 | turn started p50/p95 | first token p50/p95 | done p50/p95 | failures | healthz max | pg conns | log errors | sends failed | model calls a turn"
     )
-    for p in [*result["phases"], *result["langgraph_phases"]]:
+    for p in [*result["phases"], *result["openai_phases"], *result["langgraph_phases"]]:
+        if p is (result["openai_phases"] or [None])[0]:
+            print("The same crowds through POST /v1/chat/completions (streamed, X-Session-Id):")
         if p is (result["langgraph_phases"] or [None])[0]:
             print(f"LangGraph (astream on AsyncPostgresSaver, uvicorn, {result['langgraph_workers']} processes):")
         print(
@@ -583,6 +610,9 @@ def main(argv: list[str]) -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.output}")
-    failed = any(p["failures"] or p["log_error_records"] or p["task_sends_failed"] for p in result["phases"])
+    failed = any(
+        p["failures"] or p["log_error_records"] or p["task_sends_failed"]
+        for p in [*result["phases"], *result["openai_phases"]]
+    )
     failed = failed or any(p["failures"] for p in result["langgraph_phases"])
     return 1 if failed else 0

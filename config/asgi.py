@@ -1,4 +1,4 @@
-"""The ASGI entry point that ``make run`` serves (gunicorn with uvicorn workers): Django, and MCP at /mcp/.
+"""The ASGI entry point that ``make run`` serves (gunicorn with uvicorn workers): Django, MCP at /mcp/ and A2A at /a2a/.
 
 Under ASGI an event stream holds no thread while it waits (a turn runs on a turn worker and its events come
 from the run channel: ``web.chat.streaming``), so one process holds thousands of open chats, and ``/healthz``
@@ -23,12 +23,14 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django_app = get_asgi_application()
 
-from web.health import PROBES, asgi_probe  # noqa: E402 - after Django is set up
+from web import a2a_server  # noqa: E402 - after Django is set up
+from web.health import PROBES, asgi_probe  # noqa: E402
 from web.mcp_server import http_app  # noqa: E402
 
 MCP_PATH = "/mcp/"
 _FOLLOW = re.compile(r"^/api/turns/\d+/events/?$|^/chats/[0-9a-fA-F-]{36}/events/?$")
 mcp_app = http_app(MCP_PATH)
+a2a_app = a2a_server.http_app()
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[Any]]
@@ -45,6 +47,9 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
         return
     if path == MCP_PATH.rstrip("/") or path.startswith(MCP_PATH):
         await mcp_app(scope, receive, send)
+        return
+    if path in (a2a_server.A2A_PATH, a2a_server.A2A_PATH.rstrip("/"), a2a_server.CARD_PATH):
+        await a2a_app(scope, receive, send)  # A2A 1.0: JSON-RPC at /a2a/, the agent card (web.a2a_server)
         return
     if _FOLLOW.match(path):
         # A re-joined stream, or a chat page's live events: Django's per-request context would keep a thread for the stream's whole life. Its

@@ -28,6 +28,8 @@ from core.parsers import PayloadTooLarge
 logger = logging.getLogger(__name__)
 
 API_PREFIX = "/api/"
+# The OpenAI-compatible door (``web.openai_api``): its errors take OpenAI's shape, which its clients read.
+OPENAI_PREFIX = "/v1/"
 # What a 503 for an unreachable database tells clients to wait before retrying (a restart takes seconds).
 DATABASE_RETRY_AFTER_SECONDS = 5
 
@@ -40,6 +42,19 @@ def error_body(code: str, message: str, details: dict[str, Any] | None = None) -
 def error_response(*, code: str, message: str, status_code: int, details: dict[str, Any] | None = None) -> JsonResponse:
     """A plain Django response in the API's error format, for code paths outside DRF views."""
     return JsonResponse(error_body(code, message, details), status=status_code)
+
+
+def openai_error_body(message: str, *, kind: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+    """An error as OpenAI's API sends it (``{"error": {"message", "type", "param", "code"}}``): what its SDKs
+    parse into ``openai.APIStatusError`` for the OpenAI-compatible door."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def openai_error_response(
+    *, message: str, status_code: int, kind: str = "invalid_request_error", code: str | None = None
+) -> JsonResponse:
+    """A plain Django response in OpenAI's error shape, for code paths outside the door's views."""
+    return JsonResponse(openai_error_body(message, kind=kind, code=code), status=status_code)
 
 
 def runtime_error_status(exc: Exception) -> tuple[str, str, int] | None:
@@ -145,6 +160,8 @@ class RequestSizeLimitMiddleware:
             message = "Send the request body with a Content-Length header; chunked transfer encoding is not accepted."
             if request.path.startswith(API_PREFIX):
                 return error_response(code="length_required", message=message, status_code=411)
+            if request.path.startswith(OPENAI_PREFIX):
+                return openai_error_response(message=message, status_code=411, code="length_required")
             return HttpResponse(message, status=411, content_type="text/plain; charset=utf-8")
         if limit is not None and length > limit:
             message = f"The request body is {length} bytes; the limit is {limit}."
@@ -155,6 +172,8 @@ class RequestSizeLimitMiddleware:
                     status_code=413,
                     details={"limit_bytes": limit},
                 )
+            if request.path.startswith(OPENAI_PREFIX):
+                return openai_error_response(message=message, status_code=413, code="payload_too_large")
             return HttpResponse(message, status=413, content_type="text/plain; charset=utf-8")
         return self.get_response(request)
 
@@ -203,7 +222,11 @@ class DatabaseUnavailableMiddleware:
         message = "The database is unavailable right now; please retry shortly."
         accept = request.META.get("HTTP_ACCEPT", "")
         response: HttpResponse
-        if request.path.startswith(API_PREFIX) or "application/json" in accept or "text/event-stream" in accept:
+        if request.path.startswith(OPENAI_PREFIX):
+            response = openai_error_response(
+                message=message, status_code=503, kind="server_error", code="database_unavailable"
+            )
+        elif request.path.startswith(API_PREFIX) or "application/json" in accept or "text/event-stream" in accept:
             response = error_response(code="database_unavailable", message=message, status_code=503)
         elif request.path.rstrip("/") == "/metrics":
             response = HttpResponse(message + "\n", status=503, content_type="text/plain; charset=utf-8")

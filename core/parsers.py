@@ -21,7 +21,7 @@ class SizeLimitedJSONParser(JSONParser):
     (chunked uploads), instead of reading an unbounded stream into memory."""
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        limit = _limit_for(parser_context)
         if stream is None or not limit:
             return self._parse_bounded_depth(stream, media_type, parser_context)
         raw = stream.read(limit + 1)
@@ -45,9 +45,7 @@ class RawTextParser(BaseParser):
     media_type = "*/*"
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:  # str
-        request = (parser_context or {}).get("request")
-        path = getattr(request, "path", "")
-        limit = getattr(settings, "LARGE_BODY_PATHS", {}).get(path, settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+        limit = _limit_for(parser_context)
         raw = stream.read(limit + 1 if limit else -1) if stream is not None else b""
         if limit and len(raw) > limit:
             raise PayloadTooLarge(f"The request body is over the limit of {limit} bytes.")
@@ -55,3 +53,11 @@ class RawTextParser(BaseParser):
             return raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise exceptions.ParseError("The body is not UTF-8 text.") from exc
+
+
+def _limit_for(parser_context: Any) -> int | None:
+    """The body limit of the request's path: its own in ``LARGE_BODY_PATHS``, else ``DATA_UPLOAD_MAX_MEMORY_SIZE``."""
+    request = (parser_context or {}).get("request")
+    path = getattr(request, "path", "")
+    limit: int | None = getattr(settings, "LARGE_BODY_PATHS", {}).get(path, settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+    return limit

@@ -21,6 +21,8 @@ urlpatterns = [
     # The split view serves its start-up script as a file of its own: no inline script (the CSP forbids it).
     path("api/docs/", login_required(SpectacularSwaggerSplitView.as_view(url_name="api-schema")), name="api-docs"),
     path("api/", include("web.api.urls")),
+    # The OpenAI-compatible door: any OpenAI SDK or chat UI talks to an agent (docs/openai-compatible.md).
+    path("v1/", include("web.openai_api.urls")),
     path("", include("web.ops.urls")),
     path("", include("web.chat.urls")),
 ]

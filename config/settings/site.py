@@ -166,7 +166,9 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 256 * 1024, minimum=1
 # Largest import file through the API (POST /api/me/import/); bigger ones: manage.py import_person.
 IMPORT_MAX_BYTES = env_int("IMPORT_MAX_BYTES", 20 * 1024 * 1024, minimum=1024)
 # Paths whose bodies may be larger than MAX_REQUEST_BYTES, and their own limits.
-LARGE_BODY_PATHS = {"/api/me/import/": IMPORT_MAX_BYTES}
+# Largest request to the OpenAI-compatible door: chat UIs send the whole conversation with every message.
+OPENAI_MAX_REQUEST_BYTES = env_int("OPENAI_MAX_REQUEST_BYTES", 4 * 1024 * 1024, minimum=1024)
+LARGE_BODY_PATHS = {"/api/me/import/": IMPORT_MAX_BYTES, "/v1/chat/completions": OPENAI_MAX_REQUEST_BYTES}
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -24,6 +24,7 @@ from sessions.services.checkpoints import (
 from sessions.services.handoff import session_hand_back, session_hand_off, turn_staff_reply_append
 from sessions.services.lifecycle import (
     session_create,
+    session_create_with_history,
     session_delete,
     session_reset,
     session_resume_from,
@@ -50,6 +51,7 @@ __all__ = [
     "checkpoint_record",
     "checkpoints_prune",
     "session_create",
+    "session_create_with_history",
     "session_delete",
     "session_hand_back",
     "session_hand_off",

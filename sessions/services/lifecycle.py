@@ -6,14 +6,17 @@ writes (``versioned``), each with its checkpoint; the old data stays in the chec
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from agents.workflows import get_workflow
 from core import events as run_channel
+from core.text import title_from
 from sessions.locks import SessionBusyError, session_lease_take_in_transaction
-from sessions.models import ChatSession, Checkpoint, SessionLease
+from sessions.models import ChatSession, Checkpoint, SessionLease, Turn
 from sessions.selectors import last_good_checkpoint
 from sessions.services.checkpoints import checkpoint_record
 from sessions.services.transitions import status_for
@@ -41,6 +44,33 @@ def session_create(*, user: Any, agent: Any, title: str = "") -> ChatSession:
         last_good_state=workflow.initial_state,
         data={},
     )
+
+
+def session_create_with_history(*, user: Any, agent: Any, exchanges: Sequence[tuple[str, str]]) -> ChatSession:
+    """A new session holding a conversation a client brought (a chat UI that sends the whole history with each
+    message, for a conversation this app does not hold: edited, branched, begun elsewhere): each (user message,
+    reply) saved as an answered turn, so the model sees them and the client's next request finds this session.
+    No memory is written from them (what was said elsewhere is not taken as told here), nor any checkpoint: the
+    workflow starts from its initial state."""
+    with transaction.atomic():
+        session = session_create(user=user, agent=agent, title=title_from(exchanges[0][0]) if exchanges else "")
+        now = timezone.now()
+        Turn.objects.bulk_create(
+            Turn(
+                session=session,
+                seq=seq,
+                user_message=said,
+                assistant_message=reply,
+                status=Turn.Status.COMPLETED,
+                state_before=session.state,
+                state_after=session.state,
+                started_at=now,
+                completed_at=now,
+                memories_written_at=now,  # brought, not told here: the memory-write sweep leaves them
+            )
+            for seq, (said, reply) in enumerate(exchanges, start=1)
+        )
+    return session
 
 
 def session_delete(*, session: ChatSession) -> None:

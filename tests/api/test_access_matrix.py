@@ -8,6 +8,7 @@ which staff allowed to view turns in the admin may read for any turn. Bare staff
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ from orchestrator.runtime import turn_run
 from sessions.models import ChatSession, Turn
 from sessions.services import session_create
 from tests.api.conftest import assert_error, token_client
+from tests.api.test_openai_door import assert_openai_error
 
 
 @dataclass
@@ -75,6 +77,25 @@ CASES: list[tuple[str, str, dict[str, Any] | None, dict[str, int]]] = [
     ("post", "/api/me/erase/", {"confirm": "erase my data"}, {ANON: 401, ALICE: 200, BOB: 200, STAFF: 200}),
     # Each deletes their own account only.
     ("post", "/api/me/delete/", {"confirm": "delete my account"}, {ANON: 401, ALICE: 200, BOB: 200, STAFF: 200}),
+    # The OpenAI-compatible door (errors in OpenAI's shape): a session named in it is its owner's only.
+    ("get", "/v1/models", None, ANY_USER),
+    ("get", "/v1/models/chatty", None, ANY_USER),
+    (
+        "post",
+        "/v1/chat/completions",
+        {
+            "model": "chatty",
+            "messages": [{"role": "user", "content": "hello"}],
+            "metadata": {"session_id": "{session}"},
+        },
+        OWNER_ONLY,
+    ),
+    (
+        "post",
+        "/v1/chat/completions",
+        {"model": "chatty", "messages": [{"role": "user", "content": "hello"}], "stream": True},
+        {ANON: 401, ALICE: 200, BOB: 200, STAFF: 200},
+    ),
 ]
 
 
@@ -103,10 +124,15 @@ def test_access_matrix(
     bare_staff: Any,
 ) -> None:
     path = template.format(agent=world.agent.pk, session=world.session.pk, turn=world.turn.pk, memory=world.memory.pk)
+    if body is not None:
+        body = json.loads(json.dumps(body).replace("{session}", str(world.session.pk)))
     client = _client(persona, {ALICE: alice, BOB: bob, STAFF: staff, BARE_STAFF: bare_staff})
     response = getattr(client, method)(path, body, format="json") if body is not None else getattr(client, method)(path)
     want = expected[BOB if persona == BARE_STAFF else persona]
-    if want >= 400:
+    if want >= 400 and path.startswith("/v1/"):
+        assert_openai_error(response, want, {401: "not_authenticated", 404: "session_not_found"}[want])
+        assert Turn.objects.filter(session=world.session).count() == 1
+    elif want >= 400:
         assert_error(response, want, {401: "not_authenticated", 404: "not_found"}[want])
         # Alice's things are untouched by a refused request.
         assert ChatSession.objects.filter(pk=world.session.pk).exists()
@@ -134,6 +160,18 @@ def test_lists_never_contain_alices_things(persona: str, world: World, alice: An
     assert "teal" not in exported and "aisle" not in exported  # an export holds its owner's things only
     metrics = client.get("/api/metrics/").json()
     assert metrics["turns"]["total"] == 0 and metrics["sessions"]["total"] == 0
+    # Through the OpenAI-compatible door: Alice's conversation resent is a new session of theirs, never hers.
+    said = [
+        {"role": "user", "content": world.turn.user_message},
+        {"role": "assistant", "content": world.turn.assistant_message},
+    ]
+    answer = client.post(
+        "/v1/chat/completions",
+        {"model": "chatty", "messages": [*said, {"role": "user", "content": "What is my favourite colour?"}]},
+        format="json",
+    ).json()
+    assert answer["session_id"] != str(world.session.pk)
+    assert Turn.objects.filter(session=world.session).count() == 1
 
 
 @pytest.mark.django_db

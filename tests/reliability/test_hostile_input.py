@@ -202,3 +202,58 @@ def test_an_api_client_cannot_smuggle_another_users_session_into_a_turn(
     response = bob_client.post(_messages_url(session), {"message": "hello", "session": str(session.pk)}, format="json")
     assert_error(response, 404, "not_found")
     assert not Turn.objects.filter(session=session).exists()
+
+
+def _completion(text: Any) -> bytes:
+    return json.dumps({"model": "chat", "messages": [{"role": "user", "content": text}]}).encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b'{"model": "chat", "messages": [{"role": "user", "content": "\xff\xfe"}]}', 400, "parse_error"),
+        (b'{"model": "chat", "messages": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", 400, "parse_error"),
+        (_completion("a\x00b"), 400, "nul_bytes"),
+        (b'{"model": "chat", "messages": [{"role": "user", "content": "a \\ud800 b"}]}', 400, None),
+        (b'{"model": "a\\u0000b", "messages": [{"role": "user", "content": "hi"}]}', 404, "model_not_found"),
+        (_completion("x" * 40_000), 413, "message_too_long"),
+        (_completion("x" * 5_000_000), 413, "payload_too_large"),
+        (_completion(["a", "list"]), 400, "unsupported_content"),
+        (_completion(12), 400, "invalid_type"),
+        (
+            json.dumps(
+                {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "metadata": {"session_id": "x\x00"}}
+            ).encode(),
+            404,
+            "session_not_found",
+        ),
+    ],
+    ids=[
+        "invalid-utf8",
+        "nested-arrays",
+        "nul",
+        "lone-surrogate",
+        "nul-model",
+        "too-long",
+        "oversize-body",
+        "list",
+        "number",
+        "nul-session",
+    ],
+)
+def test_malformed_chat_completions_are_openai_shaped_4xx_and_save_nothing(
+    body: bytes, status: int, code: str | None, alice: Any, chat_agent: Agent
+) -> None:
+    from tests.api.test_openai_door import assert_openai_error
+
+    response = token_client(alice).generic("POST", "/v1/chat/completions", body, content_type="application/json")
+    assert_openai_error(response, status, code)
+    assert not Turn.objects.exists() and not ChatSession.objects.exists()
+
+
+def test_sql_and_markup_through_the_openai_door_are_stored_verbatim(alice: Any, chat_agent: Agent) -> None:
+    client = token_client(alice)
+    for text in (SQLISH, XSS):
+        response = client.generic("POST", "/v1/chat/completions", _completion(text), content_type="application/json")
+        assert response.status_code == 200, response.content[:500]
+    assert list(Turn.objects.order_by("pk").values_list("user_message", flat=True)) == [SQLISH, XSS]

@@ -650,3 +650,55 @@ def test_a_turn_worker_killed_mid_reply_after_its_decision_resumes_the_turn_exac
     assert len(remote_model.chat_requests()) == 2
     assert "response_format" not in remote_model.chat_requests()[1].body  # the reply alone, not a new decision
     assert stuck_turns_recover(older_than=timedelta(0)) == 0
+
+
+def test_the_openai_sdk_streams_and_answers_turns_run_by_the_turn_worker(
+    django_user_model: Any, chat_agent: Agent, fake_openai: FakeOpenAIServer, run_stack: Any
+) -> None:
+    """``/v1/chat/completions`` as ``make run`` serves it: the turn on a turn worker, its events read from the run
+    channel in the event loop (``RunStream``), written as OpenAI's chunks; then a whole answer for the next message."""
+    import asyncio
+
+    import openai
+
+    fake_openai.enqueue(stream(WORDS, chunk_delay=0.05))
+    fake_openai.enqueue(stream("Thirteen."))
+    stack = run_stack()
+    person = django_user_model.objects.create_user(username="sdk-person", password="sdk-pass-123")
+    key = api_token(person)
+
+    async def streamed() -> tuple[str, Any, list[str | None]]:
+        client = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=key, max_retries=0, timeout=60)
+        chunks = await client.chat.completions.create(
+            model=chat_agent.slug,
+            messages=[{"role": "user", "content": "Count to twelve."}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        text, usage, finishes = "", None, []
+        async for chunk in chunks:
+            usage = chunk.usage or usage
+            for choice in chunk.choices:
+                text += choice.delta.content or ""
+                finishes.append(choice.finish_reason)
+        await client.close()
+        return text, usage, finishes
+
+    text, usage, finishes = asyncio.run(streamed())
+    assert text == WORDS and finishes[-1] == "stop"
+    assert usage is not None and usage.completion_tokens > 0
+    whole = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=key, max_retries=0).chat.completions.create(
+        model=chat_agent.slug,
+        messages=[
+            {"role": "user", "content": "Count to twelve."},
+            {"role": "assistant", "content": text},
+            {"role": "user", "content": "And then?"},
+        ],
+    )
+    assert whole.choices[0].message.content == "Thirteen."
+    session = ChatSession.objects.get(user=person)  # one conversation, one session
+    assert list(Turn.objects.filter(session=session).values_list("assistant_message", flat=True)) == [
+        WORDS,
+        "Thirteen.",
+    ]
+    assert len(fake_openai.chat_requests()) == 2

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Generator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 from typing import Any
 
 from django.core.handlers.asgi import ASGIRequest
@@ -25,6 +25,10 @@ from sessions.models import ChatSession
 from web.chat.rendering import markdown_to_safe_html
 
 logger = logging.getLogger(__name__)
+
+# How a door writes a turn's events as bytes: this app's SSE events by default (``_encoded``).
+Encoder = Callable[[Iterator[TurnEvent]], Generator[bytes, None, None]]
+AsyncEncoder = Callable[[RunStream], AsyncIterator[bytes]]
 
 
 def idempotency_key_from(headers: Mapping[str, str]) -> str | None:
@@ -91,9 +95,9 @@ class _EventStream:
     back, as the endpoint that does not stream does. (Left running instead, the turn was finished by the
     next message or the sweep, which asked the model again from the checkpoint and paid for it twice.)"""
 
-    def __init__(self, events: Iterator[TurnEvent]) -> None:
+    def __init__(self, events: Iterator[TurnEvent], encode: Encoder | None = None) -> None:
         self._events = events
-        self._bytes = _encoded(events)
+        self._bytes = (encode or _encoded)(events)
 
     def __iter__(self) -> Iterator[bytes]:
         return self._bytes
@@ -138,17 +142,24 @@ def is_asgi(request: Any) -> bool:
     return isinstance(getattr(request, "_request", request), ASGIRequest)
 
 
-def event_response(events: Iterator[TurnEvent] | RunStream, *, asynchronous: bool = False) -> StreamingHttpResponse:
+def event_response(
+    events: Iterator[TurnEvent] | RunStream,
+    *,
+    asynchronous: bool = False,
+    encode: Encoder | None = None,
+    aencode: AsyncEncoder | None = None,
+) -> StreamingHttpResponse:
     """``events`` as ``text/event-stream``: read in the event loop when ``asynchronous`` and they come from the run
-    channel, else iterated by the server's thread."""
+    channel, else iterated by the server's thread. ``encode`` / ``aencode`` write the events as another protocol
+    does (the OpenAI-compatible door's chunks); by default, as this app's events."""
     body: Any
     if isinstance(events, RunStream):
         # The request's work with the database is done: its connection goes back now, not when the stream ends.
         release_connection()
     if asynchronous and isinstance(events, RunStream):
-        body = _aencoded(events)
+        body = (aencode or _aencoded)(events)
     else:
-        body = _EventStream(events)
+        body = _EventStream(events, encode)
     response = StreamingHttpResponse(body, content_type="text/event-stream; charset=utf-8")
     response["Cache-Control"] = "no-cache"
     # nginx and similar proxies buffer responses unless told not to; a buffered stream is not a stream.

@@ -148,8 +148,58 @@ def test_booking_decisions_are_valid_structured_outputs(alice: Any, real_model: 
     assert response.status_code == 201, response.content
     turn = Turn.objects.get(pk=response.json()["turn"]["id"])
     assert turn.status == Turn.Status.COMPLETED, turn.error
-    decision = LLMCall.objects.filter(turn=turn, purpose="slots").order_by("pk").last()
-    assert decision is not None and decision.outcome == "ok"  # schema-valid on the first or the repair attempt
+    # The decision travels inside the reply's call (issue 54): its fields first, schema-constrained by the server.
+    route = turn.composition["route"]
+    assert route["path"] == "in_reply" and route["decision"] != "invalid", route
+    first = LLMCall.objects.filter(turn=turn, purpose="reply").order_by("pk").first()
+    assert first is not None and first.outcome == "ok"
+    assert not LLMCall.objects.filter(turn=turn, purpose="slots").exists()  # no separate decision call
+
+
+def test_one_chat_on_each_path_is_answered_and_its_figures_recorded(
+    alice: Any, real_model: LlamaServer, settings: Any
+) -> None:
+    """Issue 54's one-chat figures on the real model: a first message to ``assistant`` and to ``flight-booking``,
+    with the decision inside the reply (the default) and with TURN_DECISION_IN_REPLY off (the separate call first).
+    Each is answered; the first word and done times go to bench/results/real_model_one_chat.json (not asserted:
+    timing goals are the benchmarks')."""
+    import time
+
+    from orchestrator.runtime import turn_stream
+    from tests.real_model.conftest import ROOT
+
+    settings.LLM_PROFILES = {"default": real_model.profile(model=TOOLS_MODEL)}
+    default_agents_ensure()
+    when = (date.today() + timedelta(days=30)).isoformat()
+    asked = {
+        "assistant": "Hello! What can you do for me?",
+        "flight-booking": f"I want to fly from London to Paris on {when} with 2 passengers.",
+    }
+    figures: dict[str, Any] = {}
+    for in_reply in (False, True):
+        settings.TURN_DECISION_IN_REPLY = in_reply
+        for slug, message in asked.items():
+            agent = Agent.objects.get(slug=slug)
+            session = session_create(user=alice, agent=agent)
+            started, first = time.monotonic(), None
+            for event in turn_stream(session=session, message=message):
+                if event["type"] == "delta" and first is None:
+                    first = time.monotonic() - started
+            done = time.monotonic() - started
+            turn = Turn.objects.get(session=session)
+            assert turn.status == Turn.Status.COMPLETED and turn.assistant_message.strip(), turn.error
+            calls = list(LLMCall.objects.filter(turn=turn).exclude(purpose__in=("extract", "summarize", "query")))
+            figures[f"{slug} {'in_reply' if in_reply else 'two_calls'}"] = {
+                "first_token_s": round(first, 2) if first is not None else None,
+                "done_s": round(done, 2),
+                "model_calls": len(calls),
+                "purposes": [c.purpose for c in sorted(calls, key=lambda c: c.pk)],
+                "route": turn.composition.get("route"),
+            }
+    assert figures["flight-booking in_reply"]["purposes"][0] == "reply"
+    assert "slots" in figures["flight-booking two_calls"]["purposes"]
+    out = ROOT / "bench" / "results" / "real_model_one_chat.json"
+    out.write_text(json.dumps({"date": date.today().isoformat(), "figures": figures}, indent=2) + "\n")
 
 
 def test_a_tool_call_in_a_turn_runs_the_tool_and_moves_the_workflow(

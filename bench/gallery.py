@@ -362,7 +362,7 @@ def _faulted(base: type) -> type:
     from llm.base import LLMClientError
     from llm.continuation import continued_partial
     from llm.demo import word_chunks
-    from llm.provider_base import OpenedStream, RawCompletion
+    from llm.provider_base import OpenedStream, RawCompletion, streams_reply
     from llm.tokens import counter_for
 
     class GalleryModel(base):
@@ -398,6 +398,11 @@ def _faulted(base: type) -> type:
             # Free text where a decision was asked for: its own call's, or inside the reply's (``purpose`` "reply").
             if schema is not None and purpose in ("slots", "route", "reply") and self.fault.free_text:
                 return RawCompletion(text=self.fault.free_text, finish_reason="stop", model=self.model)
+            if schema is not None and purpose == "reply" and streams_reply(schema):
+                # A workflow's decision and reply in one call (issue 54): its prompt is the turn's reply prompt.
+                self.reads.append((messages, tokens))
+                if self.knows_rest:  # the demo's script (a real model answers the one call itself)
+                    return self._decided(messages, schema=schema, temperature=temperature)
             if schema is not None or purpose != "reply":
                 return super()._request(
                     messages,
@@ -450,6 +455,37 @@ def _faulted(base: type) -> type:
             return super()._request(
                 messages, temperature=temperature, max_tokens=max_tokens, tools=tools, schema=None, purpose="reply"
             )
+
+        def _decided(self, messages: list[dict[str, Any]], *, schema: Any, temperature: float | None) -> RawCompletion:
+            """A workflow's decision and its reply in one call (issue 54): the decision the model gives, then the
+            reply this gallery's model gives to the prompt that follows it (a flight search is asked for as
+            ``needs_tool``); the turn's cut-off fault cuts the reply's text, as it cuts a reply of its own."""
+            from agents.tools import tool_specs
+            from llm.demo.registry import reply_prompt_after
+
+            whole = super()._request(
+                messages, temperature=temperature, max_tokens=None, tools=None, schema=schema, purpose="reply"
+            )
+            decided = schema.model_validate_json(whole.text)
+            prompt = reply_prompt_after(schema, messages, decided) or messages
+            system = str(messages[0].get("content") or "") if messages else ""
+            offered = (
+                tool_specs(["search_flights"]) if "Tools you may need to answer: search_flights" in system else None
+            )
+            answer = self._reply(prompt, temperature=temperature, max_tokens=None, tools=offered)
+            fields = decided.model_dump(mode="json")
+            if answer.tool_calls:
+                return RawCompletion(
+                    text=json.dumps({**fields, "needs_tool": True, "reply": ""}), finish_reason="stop", model=self.model
+                )
+            fields["reply"] = answer.text
+            if not self.fault.truncate or not answer.text:
+                return RawCompletion(text=json.dumps(fields), finish_reason="stop", model=self.model)
+            # Cut off by the token limit inside the reply: the object ends in the middle of its text.
+            self.whole_texts.append(answer.text)
+            self.cut_texts.append(cut_in_half(answer.text, self.tokens))
+            cut = json.dumps({**fields, "reply": self.cut_texts[-1]})
+            return RawCompletion(text=cut[: -len('"}')], finish_reason="length", model=self.model)
 
         def _continuation(
             self,

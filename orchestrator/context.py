@@ -86,8 +86,10 @@ class TurnContext:
     # The decision travels inside the reply's own call (one model call for a turn that needs no tool): the tools
     # and the hand-off are offered to it as functions (``orchestrator.steps.route``).
     decision_in_reply: bool = False
-    # The workflow's decision was taken inside the reply's call this turn (``orchestrator.decided``).
+    # The workflow's decision was taken inside the reply's call this turn (``orchestrator.decided``), and what that
+    # call's reply had said when it was cut off by the token limit (the reply step continues it).
     decided: bool = False
+    reply_so_far: str = ""
     composition_extra: dict[str, Any] = field(default_factory=dict)
     done: bool = False
 

@@ -76,7 +76,6 @@ def decide_and_reply(ctx: TurnContext) -> Generator[TurnEvent, None, bool]:
     ctx.composition_extra["route"] = {"path": "in_reply", "decision": "pending"}
     verdict: Verdict | None = None
     shown: list[str] = []
-    truncated = False
     try:
         with span("llm.call", purpose="reply", decision="in_reply"):
             for event in stream:
@@ -93,14 +92,8 @@ def decide_and_reply(ctx: TurnContext) -> Generator[TurnEvent, None, bool]:
             _no_valid_decision(ctx, exc)
             yield _failed_decision_event(ctx, exc)
             return True
-        logger.warning("turn %s: the reply after its decision is not valid: %s", ctx.turn.pk, exc)
-        truncated = True
-    except TruncatedOutputError as exc:
-        if verdict is None:
-            _no_valid_decision(ctx, exc)
-            yield _failed_decision_event(ctx, exc)
-            return True
-        truncated = True
+        # The reply was written whole; something after it did not fit the schema: the reply stands.
+        logger.warning("turn %s: the object after its reply is not valid: %s", ctx.turn.pk, exc)
     except LLMClientError as exc:
         if verdict is not None:
             raise
@@ -109,18 +102,26 @@ def decide_and_reply(ctx: TurnContext) -> Generator[TurnEvent, None, bool]:
         ctx.provider.streamed_decision_failed(str(exc))
         ctx.composition_extra["route"] = {"path": "workflow_call", "fallback": f"in_reply refused ({exc.status})"}
         return False
-    except LLMError:
-        if verdict is not None and shown:
-            truncated = True  # the stream broke after the decision and part of the reply: what was said stands
-        else:
-            raise
+    except LLMError as exc:  # cut off by the token limit, or the stream broke
+        if verdict is None:
+            if not isinstance(exc, TruncatedOutputError):
+                raise  # the model could not answer: the turn fails as any turn does, its message kept
+            _no_valid_decision(ctx, exc)
+            yield _failed_decision_event(ctx, exc)
+            return True
+        if verdict == "reply" and "".join(shown).strip():
+            # The decision stands and its reply was being written: the reply step continues what the user saw,
+            # as it continues a reply of its own (a continuation that fails keeps it, marked cut off).
+            ctx.reply_so_far = "".join(shown)
+            ctx.composition_extra["route"]["decision"] = "applied"
+            return True
     if ctx.done or verdict != "reply":
         return True
     text = "".join(shown).strip()
     if not text:
         return True  # the decision stands but it wrote no reply: the separate reply follows
     ctx.composition_extra["route"]["decision"] = "applied"
-    yield from answered(ctx, built, text, steps=1, continuations=0, truncated=truncated)
+    yield from answered(ctx, built, text, steps=1, continuations=0, truncated=False)
     return True
 
 

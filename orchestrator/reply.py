@@ -200,6 +200,14 @@ def _streamed_step(
     before: it is not whole, and there is nothing safe to continue. A continuation that adds nothing (empty, or
     a repeat of what was said) ends the continuing: the reply is kept as it was and marked as cut off."""
     going = _Continuing(messages=built.messages, sections=dict(built.sections))
+    if step == 1 and ctx.reply_so_far:
+        # The reply began in the call that decided (``orchestrator.decided``) and was cut off there: this step
+        # continues it, as the continuation of a reply of its own (the user saw what it said).
+        going.parts.append(ctx.reply_so_far)
+        going.continuations = 1
+        going.messages = continuation_messages(built.messages, ctx.reply_so_far)
+        grown = ctx.counter.count(ctx.reply_so_far) + ctx.counter.count(CONTINUE_INSTRUCTION) + 8
+        going.sections = {**dict(built.sections), "continuation": grown}
     while True:
         ctx.before_call()
         said = "".join(going.parts)

@@ -216,3 +216,24 @@ def test_a_reply_that_needs_a_tool_says_so_in_the_decision_and_the_tool_runs_bef
     assert ToolInvocation.objects.filter(turn=turn, name="search_flights").count() == 1
     session.refresh_from_db()
     assert session.state == "GATHERING_DESTINATION"  # the decision stands; the tool ran once
+
+
+def test_a_reply_cut_off_after_its_decision_is_continued_once_and_the_decision_is_not_taken_again(
+    alice: Any, booker: Agent, remote_model: Any
+) -> None:
+    whole = decided("GATHERING_DESTINATION", "Lisbon it is. Where would you like to fly to?", origin="Lisbon")
+    cut = whole[: whole.index("Where")]  # the object ends in the middle of the reply's text
+    remote_model.enqueue(
+        stream(cut, finish_reason="length"),
+        stream("Where would you like to fly to?"),
+    )
+    session = session_create(user=alice, agent=booker)
+    events = list(turn_stream(session=session, message="I want to fly from Lisbon"))
+
+    turn = Turn.objects.get(session=session)
+    assert turn.assistant_message == "Lisbon it is. Where would you like to fly to?" and not turn.truncated
+    assert _deltas(events) == turn.assistant_message  # what was shown, then only the rest
+    second = remote_model.chat_requests()[1]
+    assert "response_format" not in second.body and second.messages[-2]["content"] == "Lisbon it is. "
+    assert session.checkpoints.filter(turn=turn, reason=Checkpoint.Reason.TRANSITION).count() == 1
+    assert turn.composition["continuations"] == 1

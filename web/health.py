@@ -60,10 +60,13 @@ def _failed(what: str, exc: BaseException) -> str:
 # One run of a check at a time: a caller that finds it still running (another probe's, or a stuck one) waits on
 # that run instead of sending it again, so checks stuck on one server never fill the pool and fail the others.
 # A thread for each check, so that one stuck on a server that does not answer never keeps another from running (a
-# stopped PostgreSQL must not fail the broker's check). Only the database check opens a database connection: the
-# workers' heartbeats are read by it, in the same round trip's thread.
+# stopped PostgreSQL must not fail the broker's check). Only the database check opens a database connection (one a
+# process, on its own thread): the workers' heartbeats are read by it, in the same round trip.
+# The database check runs on a thread of its own, always the same one: a Django connection belongs to its thread, and
+# the check run on whichever of the pool's threads was free left a connection open on each (4 a web process).
 _POOL_SIZE = 4
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
+_database_thread: concurrent.futures.ThreadPoolExecutor | None = None
 _pool_pid = 0
 _pool_lock = threading.Lock()
 _running: dict[Callable[[], dict[str, Any]], concurrent.futures.Future[dict[str, Any]]] = {}
@@ -75,17 +78,19 @@ def _in_own_thread(check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 
 def _submit(checks: dict[str, Callable[[], dict[str, Any]]]) -> dict[str, concurrent.futures.Future[Any]]:
-    global _pool, _pool_pid
+    global _pool, _database_thread, _pool_pid
     futures: dict[str, concurrent.futures.Future[dict[str, Any]]] = {}
     with _pool_lock:
-        if _pool is None or _pool_pid != os.getpid():  # a forked child has none of its parent's threads
+        if _pool is None or _database_thread is None or _pool_pid != os.getpid():  # a forked child has no threads
             _pool = concurrent.futures.ThreadPoolExecutor(_POOL_SIZE, thread_name_prefix="health")
+            _database_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="health-database")
             _pool_pid = os.getpid()
             _running.clear()
         for name, check in checks.items():
             future = _running.get(check)
             if future is None or future.done():
-                future = _running[check] = _pool.submit(_in_own_thread, check)
+                executor = _database_thread if check is check_database else _pool
+                future = _running[check] = executor.submit(_in_own_thread, check)
             futures[name] = future
     return futures
 

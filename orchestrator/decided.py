@@ -105,7 +105,16 @@ def decide_and_reply(ctx: TurnContext) -> Generator[TurnEvent, None, bool]:
     except LLMError as exc:  # cut off by the token limit, or the stream broke
         if verdict is None:
             if not isinstance(exc, TruncatedOutputError):
-                raise  # the model could not answer: the turn fails as any turn does, its message kept
+                # The stream broke before the decision (a server that cannot serve the schema's grammar drops it):
+                # this turn decides in a call of its own; a model that cannot answer fails that call as any turn.
+                logger.warning(
+                    "turn %s: the decision's stream broke (%s); deciding in a call of its own", ctx.turn.pk, exc
+                )
+                ctx.composition_extra["route"] = {
+                    "path": "workflow_call",
+                    "fallback": f"in_reply broke ({exc.outcome})",
+                }
+                return False
             _no_valid_decision(ctx, exc)
             yield _failed_decision_event(ctx, exc)
             return True

@@ -71,12 +71,11 @@ def decided_reply_schema(decision_schema: type[WorkflowDecision]) -> type[Workfl
             bool,
             Field(default=False, description="True only when your reply needs one of the tools you were told of."),
         ),
+        # No maxLength: the reply's tokens bound it, and a schema-constrained server (llama.cpp) turns a long one
+        # into a grammar it cannot serve (llama-cpp-python's server drops the stream).
         reply=(
             str,
-            Field(
-                max_length=20000,
-                description="Your reply to the user, written after the decision, as the state you chose asks.",
-            ),
+            Field(description="Your reply to the user, written after the decision, as the state you chose asks."),
         ),
     )
 

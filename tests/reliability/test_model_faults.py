@@ -109,8 +109,10 @@ def test_a_reply_cut_off_is_not_used_and_the_next_turn_succeeds(
 
 
 def test_malformed_decisions_change_no_state_and_a_valid_one_does(
-    alice: Any, booking_agent: Agent, remote_model: Any
+    alice: Any, booking_agent: Agent, remote_model: Any, settings: Any
 ) -> None:
+    # The separate decision call and its repair attempt (inside the reply's call: tests/orchestrator/test_one_call_workflow.py).
+    settings.TURN_DECISION_IN_REPLY = False
     session = session_create(user=alice, agent=booking_agent)
     # The decision call answers garbage, then (the repair attempt) JSON of the wrong shape.
     remote_model.enqueue(
@@ -142,8 +144,12 @@ def test_malformed_decisions_change_no_state_and_a_valid_one_does(
     assert session.data == {"origin": "London", "destination": "Paris"}
 
 
-def test_an_illegal_transition_from_the_model_is_refused(alice: Any, booking_agent: Agent, remote_model: Any) -> None:
-    """Valid JSON, wrong move: the workflow, not the model, decides which transitions exist."""
+def test_an_illegal_transition_from_the_model_is_refused(
+    alice: Any, booking_agent: Agent, remote_model: Any, settings: Any
+) -> None:
+    """Valid JSON, wrong move: the workflow, not the model, decides which transitions exist (the separate decision
+    call here; inside the reply's call: tests/orchestrator/test_one_call_workflow.py)."""
+    settings.TURN_DECISION_IN_REPLY = False
     session = session_create(user=alice, agent=booking_agent)
     remote_model.enqueue(
         json_reply(

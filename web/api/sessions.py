@@ -23,7 +23,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core.events import is_event_id
+from core.events import EVENT_ID_PATTERN, is_event_id
 from llm.providers import DEMO_LABEL
 from orchestrator.runtime import turn_follow, turn_run
 from sessions.models import ChatSession, Checkpoint, Turn
@@ -240,10 +240,11 @@ class TurnEventsApi(APIView):
         parameters=[
             OpenApiParameter(
                 name="Last-Event-ID",
-                type=str,
+                # Empty: from the start, as without it.
+                type={"type": "string", "pattern": f"^({EVENT_ID_PATTERN.strip('^$')})?$"},
                 location=OpenApiParameter.HEADER,
                 required=False,
-                description="The id of the last event received; the stream starts after it.",
+                description="The id of the last event received; the stream starts after it (empty: from the start).",
             )
         ],
         responses={(200, "text/event-stream"): OpenApiResponse(OpenApiTypes.STR, description="The turn's events.")},
@@ -254,7 +255,7 @@ class TurnEventsApi(APIView):
         after = str(request.headers.get("Last-Event-ID") or "").strip()
         if after and not is_event_id(after):
             raise ValidationError(
-                {"Last-Event-ID": ["Not an event id of this API (two numbers below 2^64, digits-digits)."]}
+                {"Last-Event-ID": ["Not an event id of this API (two numbers of at most 19 digits: digits-digits)."]}
             )
         return event_response(turn_follow(turn, after=after), asynchronous=is_asgi(request))
 

@@ -10,7 +10,10 @@ For each corpus (``bench/memory_corpora.py``) three retrievers answer every quer
   filter, the default relevance filter).
 
 Recall@k is the share of a query's labelled memories among the first k returned (k = 5, 10, 25), also by
-kind of query where the corpus labels kinds (``by_kind``). A
+kind of query where the corpus labels kinds (``by_kind``). What the defaults put in the prompt: memories and
+tokens a query, the relevant share of them (pooled over the queries: ``relevant_share``, and of their tokens
+``relevant_token_share``), the recall of everything kept (``recall_kept``) and the memories a query that one
+memory answers gets (``one_answer_kept_per_query``). A
 corpus's margin is the defaults' recall less plain dense's at each k; the worst margin is the lowest over
 the corpora (the goal: never below 0, at recall@5 and recall@10). Every setting of the retriever was chosen
 on the tuning split (every 4th query of each corpus, counting from the first); the table shows the held-out

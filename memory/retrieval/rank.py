@@ -150,10 +150,12 @@ def _keep_tier1(
 def _keep_ranked(
     result: RetrievedMemories, *, ranked: list[Ranked], loaded: dict[int, Memory], judge: Judge, counter: Any, used: int
 ) -> int:
-    """Keep the ranked tier-2 candidates, best first, up to MEMORY_MAX_KEPT in all (the calibrated filter: at
-    most CALIBRATED_MAX_KEPT of tier 2) and the budget; each kept one's reason says why it is in."""
+    """Keep the ranked tier-2 candidates, best first, up to MEMORY_MAX_KEPT in all (the calibrated filter and
+    the reranker: at most CALIBRATED_MAX_KEPT of tier 2) and the budget; each kept one's reason says why it is
+    in."""
     most = int(settings.MEMORY_MAX_KEPT)
-    most_fresh = tuning.CALIBRATED_MAX_KEPT if judge.source == "calibrated" else most
+    # The cap holds under the reranker too: its picks rank first, the calibrated filter judges the rest.
+    most_fresh = tuning.CALIBRATED_MAX_KEPT if judge.source in ("calibrated", "rerank") else most
     fresh = 0
     for score, cand, relevance, report, relevant in ranked:
         memory = loaded[cand.memory_id]

@@ -151,3 +151,24 @@ def test_a_question_one_memory_answers_gets_that_memory_first_and_few_beside_it(
     # The report says why each one is in.
     kept = [c for c in response.json()["report"]["candidates"] if c["kept"]]
     assert kept and all(c["reason"] for c in kept)
+
+
+def test_the_reranker_fills_no_more_of_the_prompt_than_the_calibrated_filter(
+    alice: Any, scripted: Any, settings: Any
+) -> None:
+    """Its picks first, then the calibrated filter's judgement of the rest: at most CALIBRATED_MAX_KEPT of tier 2
+    however many look alike (before: up to MEMORY_MAX_KEPT, 25, and the budget)."""
+    from memory.retrieval import memories_for_prompt, tuning
+    from memory.schemas import RankedMemories
+
+    settings.MEMORY_RECENT_ACTIONS = 0
+    for n in range(30):
+        memory_create(user=alice, kind="episodic", text=f"User: sailing on the lake, trip number {n}")
+    scripted.add(RankedMemories(order=[3, 1]))
+
+    found = memories_for_prompt(user=alice, query="sailing on the lake", budget_tokens=4000, touch=False)
+
+    assert found.filter_mode == "rerank"
+    assert len(found.items) == tuning.CALIBRATED_MAX_KEPT
+    past = [c for c in found.candidates if not c.kept and "past the" in c.reason]
+    assert past and all(f"past the {tuning.CALIBRATED_MAX_KEPT} the rerank filter keeps" in c.reason for c in past)

@@ -16,6 +16,8 @@ from rest_framework.test import APIClient
 
 from agents.models import Agent
 from agents.services import default_agents_ensure
+from memory.retrieval import memories_for_prompt, tuning
+from memory.schemas import RankedMemories
 from memory.services import memory_create
 from memory.services.turns import episode_text
 from orchestrator.runtime import turn_run
@@ -142,7 +144,7 @@ def test_a_question_one_memory_answers_gets_that_memory_first_and_few_beside_it(
     client = APIClient()
     client.force_authenticate(alice)
 
-    response = client.get(reverse("api-memory-search"), {"q": question, "budget_tokens": 4000})
+    response = client.get(reverse("api-memory-search"), {"q": question, "budget_tokens": "4000"})
 
     assert response.status_code == 200, response.content
     items = response.json()["items"]
@@ -158,9 +160,6 @@ def test_the_reranker_fills_no_more_of_the_prompt_than_the_calibrated_filter(
 ) -> None:
     """Its picks first, then the calibrated filter's judgement of the rest: at most CALIBRATED_MAX_KEPT of tier 2
     however many look alike (before: up to MEMORY_MAX_KEPT, 25, and the budget)."""
-    from memory.retrieval import memories_for_prompt, tuning
-    from memory.schemas import RankedMemories
-
     settings.MEMORY_RECENT_ACTIONS = 0
     for n in range(30):
         memory_create(user=alice, kind="episodic", text=f"User: sailing on the lake, trip number {n}")

@@ -8,12 +8,14 @@
 - ``transitions``: the state machine's writes (a decision applied or refused, a failed turn counted);
 - ``turn_rows``: the hand-written statements the orchestrator writes a turn with;
 - ``handoff``: a session handed to a person, the staff's replies, handed back;
-- ``lifecycle``: a session created, deleted, reset, resumed from a checkpoint.
+- ``lifecycle``: a session created, deleted, reset, resumed from a checkpoint;
+- ``branches``: a session forked at one of its turns (an edit, a regenerate), a new branch of its chat.
 """
 
 from __future__ import annotations
 
 from sessions.selectors import stuck_turns_find
+from sessions.services.branches import ForkRefused, session_fork
 from sessions.services.checkpoints import (
     checkpoint_before_call,
     checkpoint_insert_sql,
@@ -42,6 +44,7 @@ from sessions.services.versioned import StaleSessionError
 
 __all__ = [
     "CompleteWrite",
+    "ForkRefused",
     "StaleSessionError",
     "TransitionOutcome",
     "checkpoint_before_call",
@@ -51,6 +54,7 @@ __all__ = [
     "checkpoints_prune",
     "session_create",
     "session_delete",
+    "session_fork",
     "session_hand_back",
     "session_hand_off",
     "session_reset",

@@ -214,6 +214,20 @@ def chat_branches(*, session: ChatSession) -> QuerySet[ChatSession]:
     return ChatSession.objects.filter(user_id=session.user_id, chat_root=session.chat_id).order_by("created_at", "pk")
 
 
+def chat_current_branch(*, user_id: Any, chat_root: UUID | None) -> tuple[UUID, datetime] | None:
+    """The branch a chat is on, with when it got there: the one its person did something on last (a message, a
+    fork, a version chosen). None for a chat never forked (``chat_root`` None)."""
+    if chat_root is None:
+        return None
+    row = (
+        ChatSession.objects.filter(user_id=user_id, chat_root=chat_root)
+        .order_by("-updated_at", "pk")
+        .values_list("pk", "updated_at")
+        .first()
+    )
+    return (row[0], row[1]) if row else None
+
+
 def _family(session: ChatSession) -> dict[UUID, tuple[UUID | None, int | None]]:
     """Each branch of the chat: its parent and fork point."""
     rows = chat_branches(session=session).values_list("pk", "parent_id", "fork_seq")

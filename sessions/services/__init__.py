@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 from sessions.selectors import stuck_turns_find
-from sessions.services.branches import ForkRefused, session_fork
+from sessions.services.branches import ForkRefused, branch_switch, session_fork
 from sessions.services.checkpoints import (
     checkpoint_before_call,
     checkpoint_insert_sql,
@@ -47,6 +47,7 @@ __all__ = [
     "ForkRefused",
     "StaleSessionError",
     "TransitionOutcome",
+    "branch_switch",
     "checkpoint_before_call",
     "checkpoint_insert_sql",
     "checkpoint_number_taken",

@@ -103,11 +103,27 @@ def session_fork(*, session: ChatSession, at_turn: int, actor: Any = None) -> Ch
             ChatSession.objects.filter(pk=source.pk).update(chat_root=source.pk)
             session.chat_root = source.pk
         SessionLease.objects.filter(session_id=source.pk).delete()
-        # The chat's open pages (any tab) learn that it has a new branch, and move to it.
-        root = branch.chat_root
-        transaction.on_commit(lambda: run_channel.session_changed(source.pk))
-        transaction.on_commit(lambda: run_channel.session_changed(root) if root != source.pk else None)
+        # The chat's open pages (any tab, on any branch) learn that it moved to a new branch, and follow it.
+        _chat_changed_on_commit(branch)
     return branch
+
+
+def branch_switch(*, session: ChatSession) -> None:
+    """Make ``session`` the branch its chat is on (the person moved to it: a version chosen in the chat): the
+    chat's open pages, on any branch, follow it (``sessions.selectors.chat_current_branch``)."""
+    with transaction.atomic():
+        ChatSession.objects.filter(pk=session.pk).update(updated_at=timezone.now())
+        _chat_changed_on_commit(session)
+
+
+def _chat_changed_on_commit(session: ChatSession) -> None:
+    branches = list(ChatSession.objects.filter(chat_root=session.chat_id).values_list("pk", flat=True))
+
+    def signal() -> None:
+        for pk in branches:
+            run_channel.session_changed(pk)
+
+    transaction.on_commit(signal)
 
 
 def _actor_name(actor: Any) -> str:
@@ -125,7 +141,7 @@ def _branch_create(*, source: ChatSession, at_turn: int, checkpoint: Checkpoint)
     return ChatSession.objects.create(
         user_id=source.user_id,
         agent_id=source.agent_id,
-        title=source.title,
+        title=source.title if at_turn > 1 else "",  # a branch of the first message takes its title from its own
         workflow=source.workflow,
         workflow_version=source.workflow_version,
         state=checkpoint.state,

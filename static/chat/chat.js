@@ -451,6 +451,11 @@
       finish(li, data);
     });
     source.addEventListener("gone", function () { source.close(); });
+    // The chat moved to another branch (an edit, a regenerate or a version chosen, in another tab): follow it.
+    source.addEventListener("branch", function (e) {
+      source.close();
+      location.assign(JSON.parse(e.data).url);
+    });
   }
 
   // An existing chat opens at its newest message, the earlier ones above it.

@@ -73,6 +73,8 @@ def test_fork_at_the_first_turn_starts_the_chat_over_and_leaves_the_original(
     # The branch takes its own first message, numbered 1.
     reply = _post(alice_client, branch["id"], "I need a flight from Rome")
     assert reply.status_code == 201 and reply.json()["turn"]["seq"] == 1
+    # Its title is its own first message's, not the one it replaced.
+    assert ChatSession.objects.get(pk=branch["id"]).title.startswith("I need a flight from Rome")
     listed = alice_client.get(f"/api/sessions/{source}/branches/").json()
     assert [b["id"] for b in listed] == [source, branch["id"]]
     assert alice_client.get(f"/api/sessions/{branch['id']}/branches/").json() == listed

@@ -324,3 +324,50 @@ def turns_off_branch(*, user_id: Any, session_id: UUID | None = None) -> list[in
             on |= Q(session_id=pk) if below is None else Q(session_id=pk, seq__lt=below)
         return list(Turn.objects.filter(off).exclude(on).values_list("pk", flat=True))
     return list(Turn.objects.filter(off).values_list("pk", flat=True)) if left_behind else []
+
+
+@dataclass(frozen=True)
+class TurnBranch:
+    """Where a turn of a branched chat stands: on its chat's branch ``number`` of ``total`` (oldest first), and
+    whether a fork left it behind (a branch was made at it or before it: an edit, a regenerate)."""
+
+    session_id: UUID
+    seq: int
+    number: int
+    total: int
+    left_behind: bool
+
+
+def turn_branches(*, turn_ids: list[int]) -> dict[int, TurnBranch]:
+    """``TurnBranch`` of each of ``turn_ids`` that belongs to a branched chat (the others are not in it)."""
+    turns = list(
+        Turn.objects.filter(pk__in=turn_ids, session__chat_root__isnull=False).values_list(
+            "pk", "session_id", "seq", "session__chat_root"
+        )
+    )
+    if not turns:
+        return {}
+    roots = {root for _pk, _session, _seq, root in turns}
+    branches = list(
+        ChatSession.objects.filter(chat_root__in=roots)
+        .order_by("created_at", "pk")
+        .values_list("pk", "chat_root", "parent_id", "fork_seq")
+    )
+    numbers: dict[UUID, int] = {}
+    totals: dict[UUID | None, int] = {}
+    first_fork: dict[UUID, int] = {}
+    for pk, root, parent, fork_seq in branches:
+        totals[root] = totals.get(root, 0) + 1
+        numbers[pk] = totals[root]
+        if parent is not None and fork_seq is not None:
+            first_fork[parent] = min(fork_seq, first_fork.get(parent, fork_seq))
+    return {
+        pk: TurnBranch(
+            session_id=session_id,
+            seq=seq,
+            number=numbers.get(session_id, 1),
+            total=totals.get(root, 1),
+            left_behind=session_id in first_fork and seq >= first_fork[session_id],
+        )
+        for pk, session_id, seq, root in turns
+    }

@@ -342,14 +342,15 @@ def turn_branches(*, turn_ids: list[int]) -> dict[int, TurnBranch]:
     """``TurnBranch`` of each of ``turn_ids`` that belongs to a branched chat (the others are not in it)."""
     turns = list(
         Turn.objects.filter(pk__in=turn_ids, session__chat_root__isnull=False).values_list(
-            "pk", "session_id", "seq", "session__chat_root"
+            "pk", "session_id", "seq", "session__chat_root", "session__user_id"
         )
     )
     if not turns:
         return {}
-    roots = {root for _pk, _session, _seq, root in turns}
+    roots = {root for _pk, _session, _seq, root, _user in turns}
+    users = {user for _pk, _session, _seq, _root, user in turns}
     branches = list(
-        ChatSession.objects.filter(chat_root__in=roots)
+        ChatSession.objects.filter(chat_root__in=roots, user_id__in=users)
         .order_by("created_at", "pk")
         .values_list("pk", "chat_root", "parent_id", "fork_seq")
     )
@@ -369,5 +370,5 @@ def turn_branches(*, turn_ids: list[int]) -> dict[int, TurnBranch]:
             total=totals.get(root, 1),
             left_behind=session_id in first_fork and seq >= first_fork[session_id],
         )
-        for pk, session_id, seq, root in turns
+        for pk, session_id, seq, root, _user in turns
     }

@@ -8,6 +8,7 @@ from datetime import date, timedelta
 from typing import Any
 
 import pytest
+from django.test import Client
 from rest_framework.test import APIClient
 
 from agents.models import Agent
@@ -114,7 +115,7 @@ def test_fork_at_the_last_turn_keeps_the_state_and_turns_before_it(
 
 @pytest.mark.django_db
 def test_fork_inside_a_booking_keeps_the_slots_and_never_books_again(
-    alice_client: APIClient, booking_agent: Agent
+    alice_client: APIClient, booking_agent: Agent, staff: Any
 ) -> None:
     source = _new_session(alice_client)
     _say(alice_client, source, *BOOKING_TALK, "yes, book it", "thanks!")
@@ -141,6 +142,17 @@ def test_fork_inside_a_booking_keeps_the_slots_and_never_books_again(
     assert confirming.state == "COMPLETED"
     assert Booking.objects.count() == 2 and Booking.objects.filter(session=confirming).count() == 1
     assert Booking.objects.get(session=original).pk == booked.pk
+
+    # The desk (the admin) shows both bookings, each with its branch, and each session where it stands.
+    desk = Client()
+    desk.force_login(staff)
+    bookings = desk.get("/admin/booking_example/booking/").content.decode()
+    second = Booking.objects.get(session=confirming)
+    assert booked.reference in bookings and second.reference in bookings
+    assert "the chat&#x27;s first branch" in bookings or "the chat's first branch" in bookings
+    assert "branched at turn #6" in bookings
+    page = desk.get(f"/admin/chat_sessions/chatsession/{confirming.pk}/change/").content.decode()
+    assert "branch 3 of 4 of its chat" in page and "at turn #6" in page
 
 
 @pytest.mark.django_db

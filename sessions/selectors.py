@@ -209,7 +209,7 @@ class BranchVersions:
 def chat_branches(*, session: ChatSession) -> QuerySet[ChatSession]:
     """The branches of ``session``'s chat (itself included), oldest first: one session when never forked. Uses
     ``session_user_branches`` (user, chat_root)."""
-    if session.chat_root is None and session.parent_id is None and not session.branches.exists():
+    if session.chat_root is None:  # a fork sets it on the session it is made from too
         return ChatSession.objects.filter(pk=session.pk)
     return ChatSession.objects.filter(user_id=session.user_id, chat_root=session.chat_id).order_by("created_at", "pk")
 
@@ -300,30 +300,13 @@ def turns_off_branch(*, user_id: Any, session_id: UUID | None = None) -> list[in
     """Ids of the turns of ``user_id``'s chats whose memories are not recalled on ``session_id``'s branch (or,
     with no session, in general): every turn of the session's own chat that is not on its branch, and every turn
     of any chat that a fork left behind (said at or after the turn a branch was made at: an edited message, a
-    regenerated reply), unless it is on this branch. Empty for a user who never forked a chat. See
+    regenerated reply), unless it is on this branch. Empty for a user who never branched a chat. The rule is the
+    database function ``chat_turns_off_branch`` (migration 0012), which retrieval reads inside its own statements;
     docs/memory.md, "Branches"."""
-    rows = list(
-        ChatSession.objects.filter(user_id=user_id, chat_root__isnull=False).values_list(
-            "pk", "parent_id", "fork_seq", "chat_root"
-        )
-    )
-    if not rows:
-        return []
-    left_behind: dict[UUID, int] = {}
-    for _pk, parent, fork_seq, _root in rows:
-        if parent is not None and fork_seq is not None:
-            left_behind[parent] = min(fork_seq, left_behind.get(parent, fork_seq))
-    off = Q()
-    for parent, first in left_behind.items():
-        off |= Q(session_id=parent, seq__gte=first)
-    session = next((r for r in rows if r[0] == session_id), None) if session_id is not None else None
-    if session is not None:
-        off |= Q(session__chat_root=session[3])
-        on = Q()
-        for pk, below in branch_lineage(session=ChatSession.objects.get(pk=session[0])):
-            on |= Q(session_id=pk) if below is None else Q(session_id=pk, seq__lt=below)
-        return list(Turn.objects.filter(off).exclude(on).values_list("pk", flat=True))
-    return list(Turn.objects.filter(off).values_list("pk", flat=True)) if left_behind else []
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT chat_turns_off_branch(%s, %s)", [user_id, session_id])
+        row = cursor.fetchone()
+    return sorted(int(pk) for pk in (row[0] if row and row[0] else []))
 
 
 @dataclass(frozen=True)
@@ -356,19 +339,18 @@ def turn_branches(*, turn_ids: list[int]) -> dict[int, TurnBranch]:
     )
     numbers: dict[UUID, int] = {}
     totals: dict[UUID | None, int] = {}
-    first_fork: dict[UUID, int] = {}
-    for pk, root, parent, fork_seq in branches:
+    for pk, root, _parent, _fork_seq in branches:
         totals[root] = totals.get(root, 0) + 1
         numbers[pk] = totals[root]
-        if parent is not None and fork_seq is not None:
-            first_fork[parent] = min(fork_seq, first_fork.get(parent, fork_seq))
+    # Left behind: off every branch but those that still have it, by the rule retrieval reads.
+    left_behind = {pk for user in users for pk in turns_off_branch(user_id=user)}
     return {
         pk: TurnBranch(
             session_id=session_id,
             seq=seq,
             number=numbers.get(session_id, 1),
             total=totals.get(root, 1),
-            left_behind=session_id in first_fork and seq >= first_fork[session_id],
+            left_behind=pk in left_behind,
         )
         for pk, session_id, seq, root, _user in turns
     }

@@ -41,7 +41,7 @@ from memory.retrieval.rank import rank
 from memory.retrieval.redundancy import store_shape
 from memory.retrieval.relevance import Judge, judge_for, relevance_scores
 from memory.retrieval.result import HybridCandidate, RetrievedMemories
-from memory.retrieval.sql import RecentWindow, branch_window
+from memory.retrieval.sql import RecentWindow
 from memory.retrieval.vector import is_small_history
 from memory.retrieval.words import word_candidates
 from memory.services import memories_touch
@@ -78,8 +78,6 @@ def memories_for_prompt(
     skips embedding the query (when the caller has it already).
     """
     started_total = time.perf_counter()
-    # The branch rule: memories said on turns that are not on this session's branch are not recalled here.
-    window = branch_window(user_id=user.pk, window=window)
     now = now or timezone.now()
     result = RetrievedMemories(budget_tokens=budget_tokens, query=query)
     timings = result.timings_ms

@@ -13,7 +13,6 @@ from typing import Any
 from django.db import connection
 
 from memory.models import Memory
-from sessions.selectors import turns_off_branch
 
 CURRENT_SQL = (
     "NOT archived AND valid_from <= %(now)s AND (valid_to IS NULL OR valid_to > %(now)s) "
@@ -21,9 +20,11 @@ CURRENT_SQL = (
 )
 # Not an episode of a turn the prompt still shows (params wsession, wfloor: see RecentWindow). COALESCE:
 # a memory with no session or turn compares as NULL, and is kept.
-# Not said on a turn off the branch the prompt is for (params offbranch: see RecentWindow.off_branch; the
-# branch rule of docs/memory.md, "Branches").
-ON_BRANCH_SQL = "NOT COALESCE(source_turn_id = ANY(%(offbranch)s::bigint[]), false)"
+# Not said on a turn off the branch the prompt is for (the branch rule, docs/memory.md "Branches"): the database
+# function of sessions' migration 0012, read once per statement (an InitPlan); params user, wsession.
+ON_BRANCH_SQL = (
+    "NOT COALESCE(source_turn_id = ANY((SELECT chat_turns_off_branch(%(user)s, %(wsession)s::uuid))::bigint[]), false)"
+)
 NOT_IN_WINDOW_SQL = (
     "NOT COALESCE(kind = 'episodic' AND source_session_id = %(wsession)s AND source_turn_id IN "
     "(SELECT w.id FROM chat_sessions_turn w WHERE w.session_id = %(wsession)s AND w.seq > %(wfloor)s), false)"
@@ -34,30 +35,14 @@ NOT_IN_WINDOW_SQL = (
 @dataclass(frozen=True)
 class RecentWindow:
     """The turns of a chat session that its prompt shows (those numbered above ``after_seq``): their episodes
-    are not sent to the model a second time as memories. ``off_branch``: the turns whose memories are not
-    recalled for this session (``branch_window``)."""
+    are not sent to the model a second time as memories."""
 
     session_id: Any
     after_seq: int
-    off_branch: tuple[int, ...] = ()
-
-
-def branch_window(*, user_id: Any, window: RecentWindow | None) -> RecentWindow:
-    """``window`` with the turns whose memories its session does not recall (said on another branch of its chat,
-    or left behind by a fork; ``sessions.selectors.turns_off_branch``). With no session: those left behind."""
-    session_id = window.session_id if window is not None else None
-    off = tuple(turns_off_branch(user_id=user_id, session_id=session_id))
-    if window is None:
-        return RecentWindow(session_id=None, after_seq=0, off_branch=off)
-    return RecentWindow(session_id=window.session_id, after_seq=window.after_seq, off_branch=off)
 
 
 def window_params(window: RecentWindow | None) -> dict[str, Any]:
-    return {
-        "wsession": window.session_id if window else None,
-        "wfloor": window.after_seq if window else 0,
-        "offbranch": list(window.off_branch) if window else [],
-    }
+    return {"wsession": window.session_id if window else None, "wfloor": window.after_seq if window else 0}
 
 
 # Every column but the vectors (not needed past the search; parsing 384 floats a row is not free).

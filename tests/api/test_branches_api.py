@@ -220,3 +220,32 @@ def test_an_idempotency_key_replays_on_a_branch_that_shares_the_turn(
     assert again.status_code == 200 and again.json()["replayed"] is True
     assert again.json()["reply"] == first.json()["reply"]
     assert Turn.objects.filter(session_id=branch).count() == 1
+
+
+@pytest.mark.django_db
+def test_a_turn_cut_off_on_a_branch_is_resumed_on_that_branch_once(
+    alice_client: APIClient, booking_agent: Agent
+) -> None:
+    from orchestrator.runtime import turn_begin
+
+    source = _new_session(alice_client)
+    _say(alice_client, source, *BOOKING_TALK[:3])
+    branch_id = _fork(alice_client, source, 3).json()["id"]
+    branch = ChatSession.objects.get(pk=branch_id)
+    # The branch's message saved with its checkpoint, then its process dies before any reply.
+    crashed = turn_begin(session=branch, message="to Lisbon")
+    assert crashed.turn is not None and crashed.lock is not None and crashed.turn.seq == 3
+    crashed.lock.release()
+
+    # The next message finishes the cut-off turn first, from the branch's own checkpoint, then its own.
+    body = _post(alice_client, branch_id, BOOKING_TALK[3])
+    assert body.status_code == 201 and body.json()["turn"]["seq"] == 4
+    orphan = Turn.objects.get(pk=crashed.turn.pk)
+    assert orphan.status == Turn.Status.COMPLETED and orphan.assistant_message
+    branch.refresh_from_db()
+    assert branch.data["destination"] == "Lisbon" and branch.data["depart_date"] == DEPART.isoformat()
+    assert list(Turn.objects.filter(session=branch).order_by("seq").values_list("seq", flat=True)) == [1, 2, 3, 4]
+    # The original never saw any of it.
+    original = ChatSession.objects.get(pk=source)
+    assert original.data["destination"] == "Vienna" and "depart_date" not in original.data
+    assert Turn.objects.filter(session=original).count() == 3

@@ -363,7 +363,7 @@ def test_big_histories_get_an_hnsw_index_of_their_own(alice: Any, bob: Any, sett
     assert result.created == [alice.pk] and user_indexes_present() == {alice.pk: user_index_name(alice.pk)}
     vector = get_embedder().embed_query("note on c")
     params = {"user": alice.pk, "vector": vector_literal(vector), "now": timezone.now(), "limit": 3}
-    params |= {"wsession": None, "wfloor": 0, "offbranch": []}  # no chat window to leave out, no branch
+    params |= {"wsession": None, "wfloor": 0}  # no chat window to leave out
     with connection.cursor() as cursor:
         # A tiny table: without these the planner would sort a scan of it; the ORDER BY must come from an index.
         cursor.execute("ANALYZE memory_memory")

@@ -1,0 +1,58 @@
+"""The branch rule of recall (``turns_off_branch``, the database function retrieval reads) and the versions of a
+turn, over a chat branched twice and a branch of a branch; another chat of the same person; another person."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agents.models import Agent
+from orchestrator.runtime import turn_run
+from sessions.models import ChatSession, Turn
+from sessions.selectors import branch_lineage, branch_versions, turns_off_branch
+from sessions.services import session_create, session_fork
+
+
+def _chat(user: Any, agent: Agent, *messages: str, session: ChatSession | None = None) -> ChatSession:
+    session = session or session_create(user=user, agent=agent)
+    for message in messages:
+        turn_run(session=session, message=message)
+    return session
+
+
+def _ids(session: ChatSession, *seqs: int) -> set[int]:
+    return set(Turn.objects.filter(session=session, seq__in=seqs).values_list("pk", flat=True))
+
+
+@pytest.mark.django_db
+def test_the_branch_rule_over_branches_of_branches(alice: Any, bob: Any, chat_agent: Agent) -> None:
+    root = _chat(alice, chat_agent, "a1", "a2", "a3")
+    elsewhere = _chat(alice, chat_agent, "e1")
+    bobs = _chat(bob, chat_agent, "b1")
+    assert turns_off_branch(user_id=alice.pk, session_id=root.pk) == []  # never branched: nothing off
+
+    b = _chat(alice, chat_agent, "b3", session=session_fork(session=root, at_turn=3))  # a1 a2 | b3
+    c = _chat(alice, chat_agent, "c2", "c3", session=session_fork(session=b, at_turn=2))  # a1 | c2 c3
+    assert branch_lineage(session=c) == [(c.pk, None), (b.pk, 2), (root.pk, 2)]
+
+    # On c: a1 (its history), its own turns; not a2, a3 (root's, edited away), nor b's own b3 (a sibling's).
+    off_c = set(turns_off_branch(user_id=alice.pk, session_id=c.pk))
+    assert _ids(root, 2, 3) | _ids(b, 3) <= off_c
+    assert not (_ids(root, 1) | _ids(c, 1, 2, 3)) & off_c
+    # On the root: all of its own, none of the branches' own turns.
+    off_root = set(turns_off_branch(user_id=alice.pk, session_id=root.pk))
+    assert not _ids(root, 1, 2, 3) & off_root and _ids(b, 3) | _ids(c, 2, 3) <= off_root
+    # Elsewhere, and with no session: only what a fork left behind (root's a3, edited on b; b's b3 and its copy of
+    # a2, edited on c, and so root's a2 itself), never what is current (a1, c's turns).
+    for session_id in (elsewhere.pk, None):
+        off = set(turns_off_branch(user_id=alice.pk, session_id=session_id))
+        assert off == _ids(root, 2, 3) | _ids(b, 2, 3)
+    assert turns_off_branch(user_id=bob.pk, session_id=bobs.pk) == []  # another person: none of hers
+    assert turns_off_branch(user_id=bob.pk, session_id=c.pk) == []  # her session's id gives him nothing
+
+    # Versions: turn 2 has two (root's a2, c's c2); turn 3 on b has two (a3, b3); c's turn 3 has one.
+    on_c = branch_versions(session=c)
+    assert (on_c[2].index, on_c[2].total, on_c[2].sessions) == (2, 2, (root.pk, c.pk)) and 3 not in on_c
+    on_b = branch_versions(session=b)
+    assert (on_b[3].index, on_b[3].total) == (2, 2) and (on_b[2].index, on_b[2].total) == (1, 2)

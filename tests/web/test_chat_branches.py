@@ -57,6 +57,10 @@ def test_edit_forks_at_the_turn_and_the_versions_link_both_branches(alice: Any, 
     # The home page lists the chat once: as the branch it is on.
     home = client.get("/").content.decode()
     assert f"/chats/{branch.pk}/" in home and f"/chats/{source.pk}/" not in home
+    # A branch made and left empty (its message refused) hides nothing.
+    empty = ChatSession.objects.get(pk=_fork(client, branch, branch.turns.get(seq=1)).json()["session_id"])
+    home = client.get("/").content.decode()
+    assert f"/chats/{branch.pk}/" in home and f"/chats/{empty.pk}/" not in home
 
 
 @pytest.mark.django_db

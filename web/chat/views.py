@@ -149,8 +149,11 @@ def home(request: HttpRequest) -> HttpResponse:
     last), and a form to start a new chat with an agent."""
     owner: Any = request.user  # signed in (login_required)
     # A chat nothing was sent in is not listed (starting one and leaving left "Untitled chat"s piling up).
-    # A branched chat is listed once, as the branch it is on (its page moves between the others).
-    later_branch = ChatSession.objects.filter(chat_root=OuterRef("chat_root"), updated_at__gt=OuterRef("updated_at"))
+    # A branched chat is listed once, as the branch it is on (its page moves between the others); a branch nothing
+    # was sent on yet (a fork whose message was refused) does not hide the others.
+    later_branch = ChatSession.objects.filter(
+        chat_root=OuterRef("chat_root"), updated_at__gt=OuterRef("updated_at")
+    ).filter(Exists(Turn.objects.filter(session=OuterRef("pk"))))
     sessions = (
         ChatSession.objects.filter(user=owner)
         .filter(Exists(Turn.objects.filter(session=OuterRef("pk"))))

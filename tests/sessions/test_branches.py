@@ -56,3 +56,19 @@ def test_the_branch_rule_over_branches_of_branches(alice: Any, bob: Any, chat_ag
     assert (on_c[2].index, on_c[2].total, on_c[2].sessions) == (2, 2, (root.pk, c.pk)) and 3 not in on_c
     on_b = branch_versions(session=b)
     assert (on_b[3].index, on_b[3].total) == (2, 2) and (on_b[2].index, on_b[2].total) == (1, 2)
+
+
+@pytest.mark.django_db
+def test_a_branch_keeps_the_summary_only_when_it_ends_before_the_fork(alice: Any, chat_agent: Agent) -> None:
+    root = _chat(alice, chat_agent, "one", "two", "three", "four")
+    ChatSession.objects.filter(pk=root.pk).update(
+        summary="They said one and two.", summary_through_seq=2, summary_requested_seq=3
+    )
+    root.refresh_from_db()
+    later = session_fork(session=root, at_turn=3)
+    assert (later.summary, later.summary_through_seq, later.summary_requested_seq) == ("They said one and two.", 2, 2)
+    # A fork at a turn the summary already folded in: the summary would tell of turns the branch does not have.
+    earlier = session_fork(session=root, at_turn=2)
+    assert (earlier.summary, earlier.summary_through_seq, earlier.summary_requested_seq) == ("", 0, 0)
+    root.refresh_from_db()
+    assert (root.summary, root.summary_through_seq) == ("They said one and two.", 2)  # the original as it was

@@ -72,3 +72,62 @@ def test_a_branch_keeps_the_summary_only_when_it_ends_before_the_fork(alice: Any
     assert (earlier.summary, earlier.summary_through_seq, earlier.summary_requested_seq) == ("", 0, 0)
     root.refresh_from_db()
     assert (root.summary, root.summary_through_seq) == ("They said one and two.", 2)  # the original as it was
+
+
+@pytest.mark.django_db(transaction=True)
+def test_forks_racing_messages_are_refused_or_whole_and_never_corrupt_either_branch(
+    alice: Any, chat_agent: Agent
+) -> None:
+    import threading
+    import time
+
+    from django.db import connection
+
+    from sessions.locks import SessionBusyError
+
+    root = _chat(alice, chat_agent, "first")
+    outcomes: list[str] = []
+    errors: list[BaseException] = []
+
+    def talk() -> None:
+        try:
+            for i in range(4):
+                turn_run(session=ChatSession.objects.get(pk=root.pk), message=f"message {i}")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    def fork() -> None:
+        try:
+            # While the messages are answered, and twice after (those go through).
+            rounds = 0
+            while talker.is_alive() or rounds < 2:
+                rounds += 0 if talker.is_alive() else 1
+                time.sleep(0.005)
+                session = ChatSession.objects.get(pk=root.pk)
+                last = Turn.objects.filter(session=session).order_by("-seq").values_list("seq", flat=True).first()
+                try:
+                    session_fork(session=session, at_turn=int(last or 1))
+                    outcomes.append("forked")
+                except SessionBusyError:
+                    outcomes.append("busy")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    talker = threading.Thread(target=talk)
+    threads = [talker, threading.Thread(target=fork)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    assert outcomes.count("forked") >= 2 and set(outcomes) <= {"forked", "busy"}
+    source = list(Turn.objects.filter(session=root).order_by("seq").values_list("seq", "user_message", "status"))
+    assert [seq for seq, _, _ in source] == list(range(1, 6)) and {s for _, _, s in source} == {"completed"}
+    for branch in ChatSession.objects.filter(parent=root):
+        copied = list(Turn.objects.filter(session=branch).order_by("seq").values_list("seq", "user_message", "status"))
+        assert copied == source[: branch.fork_seq - 1]  # exactly the turns before its fork point, whole
+        assert branch.forked_from is not None and branch.state == branch.forked_from.state

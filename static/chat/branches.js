@@ -37,11 +37,14 @@
   async function branchAndSend(turnId, message) {
     if (send.disabled) return;
     errorBox.hidden = true;
+    // Until this page has moved, the chat's own "branch" event (the fork signals every page) is this tab's to act on.
+    form.dataset.forking = "1";
     try {
       const branch = await post(forkUrl, { turn_id: Number(turnId) });
       sessionStorage.setItem(PENDING + branch.session_id, message);
       location.assign(branch.url);
     } catch (err) {
+      form.dataset.forking = "";
       showError(err.message);
     }
   }

@@ -15,6 +15,7 @@ from memory.retrieval.sql import (
     CURRENT_SQL,
     LIGHT_COLUMNS,
     NOT_IN_WINDOW_SQL,
+    ON_BRANCH_SQL,
     RecentWindow,
     light_memories,
     window_params,
@@ -32,11 +33,12 @@ _TIER1_REASONS = ("profile fact", "pinned", "recent action", PROCEDURE)
 _TIER1_SQL = f"""
 (SELECT {LIGHT_COLUMNS}, 0 AS lookup_branch, row_number() OVER (ORDER BY fact_key, valid_from DESC) AS lookup_rank
    FROM memory_memory WHERE user_id = %(user)s AND {CURRENT_SQL}
-    AND kind = 'semantic' AND valid_to IS NULL AND fact_key <> ''
+    AND kind = 'semantic' AND valid_to IS NULL AND fact_key <> '' AND {ON_BRANCH_SQL}
    ORDER BY fact_key, valid_from DESC LIMIT %(profile)s)  -- index memory_user_profile
 UNION ALL
 (SELECT {LIGHT_COLUMNS}, 1, row_number() OVER (ORDER BY importance DESC, id)
    FROM memory_memory WHERE user_id = %(user)s AND {CURRENT_SQL} AND pinned AND kind <> 'procedural'
+    AND {ON_BRANCH_SQL}
    ORDER BY importance DESC, id LIMIT %(pinned)s)  -- index memory_user_pinned
 UNION ALL
 (SELECT {LIGHT_COLUMNS}, 2, row_number() OVER (ORDER BY created_at DESC, id DESC)

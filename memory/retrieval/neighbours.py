@@ -18,6 +18,8 @@ _NEIGHBOUR_SQL = """(SELECT {a}.id FROM memory_memory {a}
                    AND {a}.occurred_at {within} c.occurred_at {sign} %(gap)s AND {a}.id <> c.id
                    AND NOT COALESCE({a}.source_turn_id IN (SELECT w.id FROM chat_sessions_turn w
                                     WHERE w.session_id = %(wsession)s AND w.seq > %(wfloor)s), false)
+                   AND NOT COALESCE({a}.source_turn_id = ANY((SELECT chat_turns_off_branch(%(user)s,
+                                    %(wsession)s::uuid))::bigint[]), false)
                  ORDER BY {a}.occurred_at {order} LIMIT 1)"""
 _NEIGHBOURS_AND_ROWS_SQL = f"""
         WITH src AS MATERIALIZED (

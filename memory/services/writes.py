@@ -230,6 +230,7 @@ def memories_restore(*, user: Any, records: Sequence[dict[str, Any]]) -> tuple[l
                     pinned=record.get("pinned", False),
                     archived=record.get("archived", False),
                     source_session=record.get("source_session"),
+                    source_turn=record.get("source_turn"),
                     embedding=vector,
                     embedding_model=model_name,
                     content_hash=record["content_hash"],

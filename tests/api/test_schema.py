@@ -22,6 +22,8 @@ EXPECTED_PATHS = {
     "/api/agents/{id}/": {"get"},
     "/api/sessions/": {"get", "post"},
     "/api/sessions/{session_id}/": {"get", "delete"},
+    "/api/sessions/{session_id}/fork/": {"post"},
+    "/api/sessions/{session_id}/branches/": {"get"},
     "/api/sessions/{session_id}/state/": {"get"},
     "/api/sessions/{session_id}/checkpoints/": {"get"},
     "/api/sessions/{session_id}/messages/": {"get", "post"},

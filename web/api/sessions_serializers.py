@@ -95,6 +95,18 @@ def _not_found(errors: Any) -> bool:
 class SessionOutputSerializer(serializers.ModelSerializer[ChatSession]):
     agent: serializers.SlugRelatedField[Agent] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     agent_name = serializers.CharField(source="agent.name", read_only=True)
+    chat_id = serializers.UUIDField(
+        read_only=True, help_text="The chat this session is a branch of (its own id when never branched)."
+    )
+    parent_session = serializers.UUIDField(
+        source="parent_id", read_only=True, allow_null=True, help_text="The branch this one was forked from."
+    )
+    fork_turn = serializers.IntegerField(
+        source="fork_seq",
+        read_only=True,
+        allow_null=True,
+        help_text="The parent's turn this branch replaces: the turns before it were copied.",
+    )
 
     class Meta:
         model = ChatSession
@@ -108,10 +120,21 @@ class SessionOutputSerializer(serializers.ModelSerializer[ChatSession]):
             "data",
             "status",
             "retry_count",
+            "chat_id",
+            "parent_session",
+            "fork_turn",
             "created_at",
             "updated_at",
         ]
         read_only_fields = fields
+
+
+class SessionForkInputSerializer(serializers.Serializer[Any]):
+    turn = serializers.IntegerField(
+        min_value=1,
+        max_value=2**31 - 1,
+        help_text="The turn (its seq) the new branch replaces: it starts from the checkpoint taken before it.",
+    )
 
 
 class SessionStateSerializer(serializers.ModelSerializer[ChatSession]):

@@ -10,7 +10,10 @@ For each corpus (``bench/memory_corpora.py``) three retrievers answer every quer
   filter, the default relevance filter).
 
 Recall@k is the share of a query's labelled memories among the first k returned (k = 5, 10, 25), also by
-kind of query where the corpus labels kinds (``by_kind``). A
+kind of query where the corpus labels kinds (``by_kind``). What the defaults put in the prompt: memories and
+tokens a query, the relevant share of them (pooled over the queries: ``relevant_share``, and of their tokens
+``relevant_token_share``), the recall of everything kept (``recall_kept``) and the memories a query that one
+memory answers gets (``one_answer_kept_per_query``). A
 corpus's margin is the defaults' recall less plain dense's at each k; the worst margin is the lowest over
 the corpora (the goal: never below 0, at recall@5 and recall@10). Every setting of the retriever was chosen
 on the tuning split (every 4th query of each corpus, counting from the first); the table shows the held-out
@@ -171,7 +174,19 @@ def _evaluate(corpus: Corpus, ingested: Any, *, split: str, limit: int | None, q
         s: {r: {f"recall@{k}": [] for k in KS} for r in retrievers()} for s in ("tuning", "held_out")
     }
     stats: dict[str, dict[str, list[float]]] = {
-        s: {"tokens": [], "kept": [], "ms": [], "empty": [], "judge_ms": [], "judged": []} for s in per
+        s: {
+            "tokens": [],
+            "kept": [],
+            "ms": [],
+            "empty": [],
+            "judge_ms": [],
+            "judged": [],
+            "relevant_kept": [],
+            "relevant_tokens": [],
+            "recall_kept": [],
+            "one_answer_kept": [],
+        }
+        for s in per
     }
     # Where the corpus labels its queries' kinds: each retriever's recall by kind, per split.
     by_kind: dict[str, dict[str, dict[str, dict[str, list[float]]]]] = {s: {} for s in per}
@@ -180,6 +195,7 @@ def _evaluate(corpus: Corpus, ingested: Any, *, split: str, limit: int | None, q
         matrix, dense_labels = dense[q.user]
         order = np.argsort(-(matrix @ qvectors[n]), kind="stable")
         rankings = {"dense": [dense_labels[j] for j in order if dense_labels[j] not in q.hidden]}
+        kept_found: Any = None
         runs = [("ranking", 0.0), ("defaults", None)] + ([("reranked", None)] if JUDGED else [])
         for name, threshold in runs:
             started = time.perf_counter()
@@ -195,6 +211,8 @@ def _evaluate(corpus: Corpus, ingested: Any, *, split: str, limit: int | None, q
             )
             elapsed = (time.perf_counter() - started) * 1000
             rankings[name] = [labels[it.memory.id] for it in found.items if labels.get(it.memory.id) not in q.hidden]
+            if name == "defaults":
+                kept_found = found
             if name == "reranked":
                 stats[s]["judge_ms"].append(elapsed)
                 stats[s]["judged"].append(float(found.filter_mode == "rerank"))
@@ -203,6 +221,7 @@ def _evaluate(corpus: Corpus, ingested: Any, *, split: str, limit: int | None, q
                 stats[s]["tokens"].append(found.total_tokens)
                 stats[s]["kept"].append(len(found.items))
                 stats[s]["empty"].append(float(not found.items))
+                _precision(stats[s], found, labels, q)
         kind = by_kind[s].setdefault(q.kind, {r: {f"recall@{k}": [] for k in KS} for r in rankings}) if q.kind else None
         for name, ranked in rankings.items():
             for k in KS:
@@ -214,6 +233,7 @@ def _evaluate(corpus: Corpus, ingested: Any, *, split: str, limit: int | None, q
             with DUMP.open("a") as out_file:
                 top = {name: ranked[: max(KS)] for name, ranked in rankings.items()}
                 row = {"corpus": corpus.name, "query": i, "split": s, "relevant": sorted(q.relevant), "top": top}
+                row["candidates"] = _dump_candidates(kept_found, labels)
                 out_file.write(json.dumps(row) + "\n")
     out: dict[str, Any] = {"about": corpus.about, "memories": len(labels), "queries": len(chosen)}
     for s, by_retriever in per.items():
@@ -226,6 +246,7 @@ def _evaluate(corpus: Corpus, ingested: Any, *, split: str, limit: int | None, q
         block["tokens_per_query"] = round(statistics.fmean(stats[s]["tokens"]), 1)
         block["kept_per_query"] = round(statistics.fmean(stats[s]["kept"]), 2)
         block["queries_with_no_memory"] = int(sum(stats[s]["empty"]))
+        block.update(_precision_block(stats[s]))
         ms = stats[s]["ms"]
         block["latency_ms"] = {
             "p50": round(statistics.median(ms), 2),
@@ -258,6 +279,10 @@ def _evaluate(corpus: Corpus, ingested: Any, *, split: str, limit: int | None, q
         "by_kind",
         "tokens_per_query",
         "kept_per_query",
+        "relevant_share",
+        "relevant_token_share",
+        "recall_kept",
+        "one_answer_kept_per_query",
         "latency_ms",
         "reranked_latency_ms",
         "reranked_share",
@@ -265,6 +290,44 @@ def _evaluate(corpus: Corpus, ingested: Any, *, split: str, limit: int | None, q
         if key in main_split:
             out[key] = main_split[key]
     return out
+
+
+def _relevant(label: str | None, q: Any) -> bool:
+    return label is not None and bool(label_hits(label) & q.relevant)
+
+
+def _precision(stats: dict[str, list[float]], found: Any, labels: dict[int, str], q: Any) -> None:
+    """What the defaults put in the prompt for one query: how much of it is relevant, and how much of the
+    relevant it holds (recall over everything kept, not only the first k)."""
+    items = [it for it in found.items if labels.get(it.memory.id) not in q.hidden]
+    relevant = [it for it in items if _relevant(labels.get(it.memory.id), q)]
+    stats["relevant_kept"].append(len(relevant))
+    stats["relevant_tokens"].append(sum(it.tokens for it in relevant))
+    stats["recall_kept"].append(recall_at([labels.get(it.memory.id, "") for it in items], q.relevant, len(items)))
+    if len(q.relevant) == 1:  # a query whose answer is one memory: how many memories it gets
+        stats["one_answer_kept"].append(len(found.items))
+
+
+def _precision_block(stats: dict[str, list[float]]) -> dict[str, Any]:
+    """The prompt's memory per query and the share of it that is relevant (pooled over the queries)."""
+    kept, tokens = sum(stats["kept"]), sum(stats["tokens"])
+    block: dict[str, Any] = {
+        "relevant_share": round(sum(stats["relevant_kept"]) / kept, 4) if kept else 0.0,
+        "relevant_token_share": round(sum(stats["relevant_tokens"]) / tokens, 4) if tokens else 0.0,
+        "recall_kept": round(statistics.fmean(stats["recall_kept"]), 4),
+    }
+    if stats["one_answer_kept"]:
+        block["one_answer_kept_per_query"] = round(statistics.fmean(stats["one_answer_kept"]), 2)
+    return block
+
+
+def _dump_candidates(found: Any, labels: dict[int, str]) -> list[list[Any]]:
+    """Every candidate of the defaults' report (label, relevance, fused, cosine, word share, kept), to try cuts
+    offline."""
+    return [
+        [labels.get(c.id, ""), c.relevance, round(c.fused_score, 5), c.cosine, c.word_share, c.kept, c.tier]
+        for c in found.candidates
+    ]
 
 
 def margins(figures: dict[str, Any]) -> dict[str, float]:
@@ -303,8 +366,9 @@ def _apply_overrides(pairs: list[str]) -> dict[str, Any]:
 
 def table(report: dict[str, Any]) -> str:
     head = (
-        "| corpus | retriever | R@5 | R@10 | R@25 | vs dense @5 / @10 / @25 | tokens/query | kept/query | p50 / p95 ms |\n"
-        "|---|---|---|---|---|---|---|---|---|"
+        "| corpus | retriever | R@5 | R@10 | R@25 | vs dense @5 / @10 / @25 | tokens/query | kept/query "
+        "| relevant share (tokens) | R@kept | p50 / p95 ms |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for name, c in report["corpora"].items():
@@ -315,14 +379,15 @@ def table(report: dict[str, Any]) -> str:
             extra = (
                 " / ".join(f"{c['margin'][f'recall@{k}']:+.3f}" for k in KS) + " | "
                 f"{c['tokens_per_query']:.0f} | {c['kept_per_query']:.1f} | "
+                f"{c['relevant_share']:.3f} ({c['relevant_token_share']:.3f}) | {c['recall_kept']:.3f} | "
                 f"{c['latency_ms']['p50']:.1f} / {c['latency_ms']['p95']:.1f}"
                 if r == "defaults"
                 else (
-                    f" | | | {c['reranked_latency_ms']['p50']:.0f} / {c['reranked_latency_ms']['p95']:.0f}"
+                    f" | | | | | {c['reranked_latency_ms']['p50']:.0f} / {c['reranked_latency_ms']['p95']:.0f}"
                     f" ({c['reranked_share']:.0%} reranked)"
                 )
                 if r == "reranked"
-                else " | | | "
+                else " | | | | | "
             )
             lines.append(
                 f"| {name} | {r} | {rec['recall@5']:.3f} | {rec['recall@10']:.3f} | {rec['recall@25']:.3f} | {extra} |"
@@ -334,7 +399,7 @@ def table(report: dict[str, Any]) -> str:
                 + " | ".join(
                     f"{figures['dense'][f'recall@{k}']:.3f} / {figures['defaults'][f'recall@{k}']:.3f}" for k in KS
                 )
-                + " | | | | |"
+                + " | | | | | | |"
             )
     worst = report.get("worst_margin") or worst_margins(report["corpora"])
     if worst:

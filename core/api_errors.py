@@ -129,6 +129,8 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         codes = exc.get_codes()
         code = codes if isinstance(codes, str) else exc.default_code
         message = _message_of(exc.detail)
+        if isinstance(exc.detail, dict):  # a refusal that names fields (an agent not found: 404)
+            details["fields"] = exc.detail
     wait = getattr(exc, "wait", None) if isinstance(exc, exceptions.Throttled) else None
     if wait is not None:
         details["retry_after_seconds"] = int(wait)

@@ -73,13 +73,15 @@ _async_clients: dict[tuple[str, int], aioredis.Redis] = {}
 _clients_lock = threading.Lock()
 
 
-_EVENT_ID = re.compile(r"(\d{1,20})-(\d{1,20})")
+# Two numbers below 2^64 (a Redis stream id), in ASCII digits: at most 19 each keeps every one below it (a channel's
+# ids are a time in milliseconds, 13 digits, and a count) and is what the API's schema says (``EVENT_ID_PATTERN``).
+EVENT_ID_PATTERN = "^[0-9]{1,19}-[0-9]{1,19}$"
+_EVENT_ID = re.compile(EVENT_ID_PATTERN)
 
 
 def is_event_id(text: str) -> bool:
     """Whether ``text`` is an id the run channel could have given (a Redis stream id: two numbers below 2^64)."""
-    match = _EVENT_ID.fullmatch(text)
-    return match is not None and all(int(part) < 2**64 for part in match.groups())
+    return _EVENT_ID.fullmatch(text) is not None
 
 
 def _client(url: str | None = None) -> redis.Redis:
@@ -278,7 +280,13 @@ _publisher = _Publisher()
 
 
 def exists(run: str | int) -> bool:
-    return bool(_client().exists(stream_key(run)))
+    """Whether the channel still keeps ``run``'s events; False when it cannot be reached (logged): its readers
+    then take a finished run's end from the database, as once its events have expired."""
+    try:
+        return bool(_client().exists(stream_key(run)))
+    except redis.RedisError:
+        logger.warning("could not ask the run channel whether run %s is kept; read as not kept", run)
+        return False
 
 
 def forget(*, runs: Iterable[str | int], sessions: Iterable[Any]) -> int:

@@ -77,6 +77,11 @@ class SessionRecord(_Record):
     summary: str = ""
     summary_through_seq: int = Field(default=0, ge=0, le=INT_MAX)
     created_at: datetime | None = None
+    # A branch of a chat (``sessions.services.session_fork``): the session it was made from, at which of its
+    # turns, and the id the chat's branches share.
+    parent: uuid.UUID | None = None
+    fork_turn: int | None = Field(default=None, ge=1, le=INT_MAX)
+    chat_root: uuid.UUID | None = None
 
 
 class TurnRecord(_Record):
@@ -104,6 +109,8 @@ class MemoryRecord(_Record):
     archived: bool = False
     agent: str | None = None
     source_session: uuid.UUID | None = None
+    # The turn (its seq in ``source_session``) it was said on: what the branch rule of recall reads.
+    source_turn: int | None = Field(default=None, ge=1, le=INT_MAX)
     occurred_at: datetime | None = None
     valid_from: datetime | None = None
     valid_to: datetime | None = None
@@ -137,6 +144,9 @@ def person_export(*, user: Any) -> Iterator[str]:
                 "summary": session.summary,
                 "summary_through_seq": session.summary_through_seq,
                 "created_at": session.created_at.isoformat(),
+                "parent": str(session.parent_id) if session.parent_id else None,
+                "fork_turn": session.fork_seq,
+                "chat_root": str(session.chat_root) if session.chat_root else None,
             }
         )
         finished = session.turns.filter(status__in=(Turn.Status.COMPLETED, Turn.Status.FAILED)).order_by("seq")
@@ -155,7 +165,7 @@ def person_export(*, user: Any) -> Iterator[str]:
                     "completed_at": turn.completed_at.isoformat() if turn.completed_at else None,
                 }
             )
-    memories = Memory.objects.filter(user=user).select_related("agent").order_by("valid_from", "pk")
+    memories = Memory.objects.filter(user=user).select_related("agent", "source_turn").order_by("valid_from", "pk")
     for memory in memories.iterator(chunk_size=500):
         yield _line(
             {
@@ -170,6 +180,7 @@ def person_export(*, user: Any) -> Iterator[str]:
                 "archived": memory.archived,
                 "agent": memory.agent.slug if memory.agent else None,
                 "source_session": str(memory.source_session_id) if memory.source_session_id else None,
+                "source_turn": memory.source_turn.seq if memory.source_turn else None,
                 "occurred_at": memory.occurred_at.isoformat(),
                 "valid_from": memory.valid_from.isoformat(),
                 "valid_to": memory.valid_to.isoformat() if memory.valid_to else None,
@@ -316,7 +327,7 @@ def person_import(*, user: Any, parsed: Parsed) -> ImportReport:
     sessions: dict[uuid.UUID, ChatSession | None] = {}
     with transaction.atomic():
         for number, record in parsed.sessions:
-            sessions[record.id] = _session_import(user, number, record, agents, report)
+            sessions[record.id] = _session_import(user, number, record, agents, report, sessions)
         for number, turn in parsed.turns:
             _turn_import(number, turn, sessions, report)
     # The memories in a transaction of their own, embedded just before it: sessions and turns are committed
@@ -326,7 +337,12 @@ def person_import(*, user: Any, parsed: Parsed) -> ImportReport:
 
 
 def _session_import(
-    user: Any, number: int, record: SessionRecord, agents: dict[str, Agent], report: ImportReport
+    user: Any,
+    number: int,
+    record: SessionRecord,
+    agents: dict[str, Agent],
+    report: ImportReport,
+    sessions: dict[uuid.UUID, ChatSession | None],
 ) -> ChatSession | None:
     """The session ``record`` names for ``user``: the one already there, or a new one; None when its agent is
     not here (its turns are left out too)."""
@@ -345,8 +361,19 @@ def _session_import(
         report.skipped.append({"line": number, "reason": f"no agent {record.agent!r} here: session and turns left out"})
         return None
     state, data, status = _safe_state(record)
+    # A branch keeps its place in its chat: its parent as imported (the file lists sessions oldest first), and the
+    # chat's id moved as this session's id moved (another person's ids are never shared).
+    parent = sessions.get(record.parent) if record.parent else None
+    chat_root = record.chat_root
+    if chat_root is not None and chat_root in sessions and sessions[chat_root] is not None:
+        chat_root = sessions[chat_root].pk  # type: ignore[union-attr]
+    elif chat_root is not None and new_id != record.id:
+        chat_root = uuid.uuid5(chat_root, f"user:{user.pk}")
     session = ChatSession.objects.create(
         id=new_id,
+        parent=parent,
+        fork_seq=record.fork_turn if parent is not None else None,
+        chat_root=chat_root,
         user=user,
         agent=agent,
         title=record.title,
@@ -400,14 +427,19 @@ def _memories_import(
     report: ImportReport,
 ) -> None:
     """Restore the file's memories (embedded, in a transaction of their own), tied to the imported sessions."""
-    records = [
-        {
-            **memory.model_dump(exclude={"type", "agent", "source_session"}),
-            "agent": agents.get(memory.agent) if memory.agent else None,
-            "source_session": sessions.get(memory.source_session) if memory.source_session else None,
-        }
-        for _, memory in parsed.memories
-    ]
+    imported = [s.pk for s in sessions.values() if s is not None]
+    turns = {(t.session_id, t.seq): t for t in Turn.objects.filter(session_id__in=imported)} if imported else {}
+    records = []
+    for _, memory in parsed.memories:
+        source = sessions.get(memory.source_session) if memory.source_session else None
+        records.append(
+            {
+                **memory.model_dump(exclude={"type", "agent", "source_session", "source_turn"}),
+                "agent": agents.get(memory.agent) if memory.agent else None,
+                "source_session": source,
+                "source_turn": turns.get((source.pk, memory.source_turn)) if source and memory.source_turn else None,
+            }
+        )
     created, skipped = memories_restore(user=user, records=records)
     report.created["memories"] = len(created)
     for index in skipped:

@@ -50,6 +50,20 @@ class ChatSession(models.Model):
     summary_requested_seq = models.PositiveIntegerField(
         default=0, help_text="Highest seq a summary task was enqueued for."
     )
+    # Branches (``sessions.services.branches``): a session forked from ``parent`` at its turn ``fork_seq`` starts
+    # from the checkpoint taken before that turn (``forked_from``) with copies of the turns before it. Every
+    # branch of one chat, its first session included once it has been forked, carries the chat's ``chat_root``
+    # (the first session's id; NULL: a chat never forked), so that they list together.
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="branches", db_index=False
+    )
+    fork_seq = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The parent's turn this branch replaces (the turns before it are copied)."
+    )
+    chat_root = models.UUIDField(null=True, blank=True)
+    forked_from = models.ForeignKey(
+        "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks", db_index=False
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -60,10 +74,26 @@ class ChatSession(models.Model):
             models.Index(fields=["user", "-updated_at"], name="session_user_recent"),
             # Sessions needing a human (the dashboard, the admin's filter). A plain btree: no LIKE index.
             models.Index(fields=["status"], name="session_status"),
+            # The branches of a chat, and a user's chats that have branches (memory's branch rule):
+            # WHERE user_id = ? AND chat_root IS NOT NULL; WHERE chat_root = ?. Only forked chats are in it.
+            models.Index(
+                fields=["user", "chat_root"], condition=models.Q(chat_root__isnull=False), name="session_user_branches"
+            ),
+            # A delete of a session or a pruned checkpoint sets its branches' links to NULL: WHERE parent_id IN (...),
+            # WHERE forked_from_id IN (...). Only branches are in them.
+            models.Index(fields=["parent"], condition=models.Q(parent__isnull=False), name="session_parent"),
+            models.Index(
+                fields=["forked_from"], condition=models.Q(forked_from__isnull=False), name="session_forked_from"
+            ),
         ]
 
     def __str__(self) -> str:
         return self.title or f"Session {str(self.id)[:8]}"
+
+    @property
+    def chat_id(self) -> uuid.UUID:
+        """The chat this session is a branch of: the id its branches share (its own when never forked)."""
+        return self.chat_root or self.id
 
 
 class Turn(models.Model):
@@ -172,6 +202,7 @@ class Checkpoint(models.Model):
         RESUME = "resume", "Resumed from a checkpoint"
         RECOVERED = "recovered", "Recovered after a crash"
         HANDOFF = "handoff", "Handed to a human"
+        FORK = "fork", "Forked from another branch"
 
     # No index of its own: checkpoint_seq_unique (session, seq) leads with it.
     session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="checkpoints", db_index=False)

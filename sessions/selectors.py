@@ -3,12 +3,13 @@ candidates, retention; the summaries still to be written."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 from django.db import connection
-from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, F, Max, OuterRef, Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -23,6 +24,7 @@ PRUNE_KEEP_REASONS: tuple[str, ...] = (
     Checkpoint.Reason.RESUME,
     Checkpoint.Reason.FAILED,
     Checkpoint.Reason.HANDOFF,
+    Checkpoint.Reason.FORK,
 )
 
 
@@ -109,14 +111,28 @@ def sessions_over_checkpoint_limit(*, keep_last: int) -> QuerySet[Any]:
 
 
 def prune_candidates(*, session_id: Any, keep_last: int) -> QuerySet[Checkpoint]:
-    """Checkpoints of one session the retention policy would delete: older than its newest ``keep_last``
-    and not a state change (see ``PRUNE_KEEP_REASONS``). Uses the (session, seq) unique index."""
+    """Checkpoints of one session the retention policy would delete: older than its newest ``keep_last``, not a
+    state change (see ``PRUNE_KEEP_REASONS``), and not one a branch needs: the first checkpoint of each turn (the
+    state a fork at that turn, an edit or a regenerate, starts from) and any a live branch was forked from.
+    Uses the (session, seq) unique index."""
     newest = list(
         Checkpoint.objects.filter(session_id=session_id).order_by("-seq").values_list("seq", flat=True)[:keep_last]
     )
     if len(newest) < keep_last:
         return Checkpoint.objects.none()
-    return Checkpoint.objects.filter(session_id=session_id, seq__lt=newest[-1]).exclude(reason__in=PRUNE_KEEP_REASONS)
+    turn_starts = (
+        Checkpoint.objects.filter(session_id=session_id, reason=Checkpoint.Reason.BEFORE_CALL, turn__isnull=False)
+        .order_by("turn_id", "seq")
+        .distinct("turn_id")
+        .values("pk")
+    )
+    forked_from = ChatSession.objects.filter(parent_id=session_id, forked_from__isnull=False).values("forked_from_id")
+    return (
+        Checkpoint.objects.filter(session_id=session_id, seq__lt=newest[-1])
+        .exclude(reason__in=PRUNE_KEEP_REASONS)
+        .exclude(pk__in=turn_starts)
+        .exclude(pk__in=forked_from)
+    )
 
 
 def summaries_waiting() -> QuerySet[ChatSession]:
@@ -176,3 +192,165 @@ def session_for_turn(*, session: ChatSession) -> tuple[int, bool]:
 def unfinished_turns(*, session: ChatSession) -> list[Turn]:
     """The session's turns still marked running or pending, oldest first."""
     return list(session.turns.filter(status__in=TURN_UNFINISHED).order_by("seq"))
+
+
+# --- branches --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BranchVersions:
+    """Where one turn of a branch stands among the versions of that turn in its chat: ``index`` (1-based) of
+    ``total``, and the session each version is on, in the order they were made."""
+
+    seq: int
+    index: int
+    total: int
+    sessions: tuple[UUID, ...]
+
+
+def chat_branches(*, session: ChatSession) -> QuerySet[ChatSession]:
+    """The branches of ``session``'s chat (itself included), oldest first: one session when never forked. Uses
+    ``session_user_branches`` (user, chat_root)."""
+    if session.chat_root is None:  # a fork sets it on the session it is made from too
+        return ChatSession.objects.filter(pk=session.pk)
+    return ChatSession.objects.filter(user_id=session.user_id, chat_root=session.chat_id).order_by("created_at", "pk")
+
+
+def chat_current_branch(*, user_id: Any, chat_root: UUID | None) -> tuple[UUID, datetime] | None:
+    """The branch a chat is on, with when it got there: the one its person did something on last (a message, a
+    fork, a version chosen). None for a chat never forked (``chat_root`` None)."""
+    if chat_root is None:
+        return None
+    row = (
+        ChatSession.objects.filter(user_id=user_id, chat_root=chat_root)
+        .order_by("-updated_at", "pk")
+        .values_list("pk", "updated_at")
+        .first()
+    )
+    return (row[0], row[1]) if row else None
+
+
+def _family(session: ChatSession) -> dict[UUID, tuple[UUID | None, int | None]]:
+    """Each branch of the chat: its parent and fork point."""
+    rows = chat_branches(session=session).values_list("pk", "parent_id", "fork_seq")
+    return {pk: (parent, fork_seq) for pk, parent, fork_seq in rows}
+
+
+def branch_lineage(*, session: ChatSession) -> list[tuple[UUID, int | None]]:
+    """The sessions whose turns ``session``'s branch is made of, with the turn number they end before (None: all
+    of them): itself, its parent below its fork point, the parent's parent below the lower of both, ..."""
+    family = _family(session)
+    lineage: list[tuple[UUID, int | None]] = []
+    seen: set[UUID] = set()
+    current: UUID | None = session.pk
+    below: int | None = None
+    while current is not None and current not in seen:
+        seen.add(current)
+        lineage.append((current, below))
+        parent, fork_seq = family.get(current, (None, None))
+        if parent is None or fork_seq is None:
+            break
+        below = fork_seq if below is None else min(below, fork_seq)
+        current = parent
+    return lineage
+
+
+def turn_origin(family: dict[UUID, tuple[UUID | None, int | None]], session_id: UUID, seq: int) -> UUID:
+    """The session where turn ``seq`` of ``session_id``'s branch was said (the others hold copies of it)."""
+    current = session_id
+    seen = {current}
+    while True:
+        parent, fork_seq = family.get(current, (None, None))
+        if parent is None or fork_seq is None or seq >= fork_seq or parent not in family or parent in seen:
+            return current
+        current = parent
+        seen.add(current)
+
+
+def branch_versions(*, session: ChatSession) -> dict[int, BranchVersions]:
+    """For each turn of ``session`` that has more than one version in its chat (an edited message, a
+    regenerated reply), which version it is and where the others are; empty for a chat never forked.
+
+    The versions of turn n are the branches where a turn n was said (not copied) after the same turns before
+    it, oldest first."""
+    family = _family(session)
+    if len(family) < 2:
+        return {}
+    last = dict(
+        Turn.objects.filter(session_id__in=list(family))
+        .values("session_id")
+        .annotate(m=Max("seq"))
+        .values_list("session_id", "m")
+    )
+    versions: dict[int, BranchVersions] = {}
+    for seq in range(1, int(last.get(session.pk) or 0) + 1):
+        before = turn_origin(family, session.pk, seq - 1) if seq > 1 else None
+        said = [
+            pk
+            for pk in family  # oldest first
+            if (last.get(pk) or 0) >= seq
+            and turn_origin(family, pk, seq) == pk
+            and (before is None or turn_origin(family, pk, seq - 1) == before)
+        ]
+        mine = turn_origin(family, session.pk, seq)
+        if len(said) > 1 and mine in said:
+            versions[seq] = BranchVersions(seq=seq, index=said.index(mine) + 1, total=len(said), sessions=tuple(said))
+    return versions
+
+
+def turns_off_branch(*, user_id: Any, session_id: UUID | None = None) -> list[int]:
+    """Ids of the turns of ``user_id``'s chats whose memories are not recalled on ``session_id``'s branch (or,
+    with no session, in general): every turn of the session's own chat that is not on its branch, and every turn
+    of any chat that a fork left behind (said at or after the turn a branch was made at: an edited message, a
+    regenerated reply), unless it is on this branch. Empty for a user who never branched a chat. The rule is the
+    database function ``chat_turns_off_branch`` (migration 0012), which retrieval reads inside its own statements;
+    docs/memory.md, "Branches"."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT chat_turns_off_branch(%s, %s)", [user_id, session_id])
+        row = cursor.fetchone()
+    return sorted(int(pk) for pk in (row[0] if row and row[0] else []))
+
+
+@dataclass(frozen=True)
+class TurnBranch:
+    """Where a turn of a branched chat stands: on its chat's branch ``number`` of ``total`` (oldest first), and
+    whether a fork left it behind (a branch was made at it or before it: an edit, a regenerate)."""
+
+    session_id: UUID
+    seq: int
+    number: int
+    total: int
+    left_behind: bool
+
+
+def turn_branches(*, turn_ids: list[int]) -> dict[int, TurnBranch]:
+    """``TurnBranch`` of each of ``turn_ids`` that belongs to a branched chat (the others are not in it)."""
+    turns = list(
+        Turn.objects.filter(pk__in=turn_ids, session__chat_root__isnull=False).values_list(
+            "pk", "session_id", "seq", "session__chat_root", "session__user_id"
+        )
+    )
+    if not turns:
+        return {}
+    roots = {root for _pk, _session, _seq, root, _user in turns}
+    users = {user for _pk, _session, _seq, _root, user in turns}
+    branches = list(
+        ChatSession.objects.filter(chat_root__in=roots, user_id__in=users)
+        .order_by("created_at", "pk")
+        .values_list("pk", "chat_root", "parent_id", "fork_seq")
+    )
+    numbers: dict[UUID, int] = {}
+    totals: dict[UUID | None, int] = {}
+    for pk, root, _parent, _fork_seq in branches:
+        totals[root] = totals.get(root, 0) + 1
+        numbers[pk] = totals[root]
+    # Left behind: off every branch but those that still have it, by the rule retrieval reads.
+    left_behind = {pk for user in users for pk in turns_off_branch(user_id=user)}
+    return {
+        pk: TurnBranch(
+            session_id=session_id,
+            seq=seq,
+            number=numbers.get(session_id, 1),
+            total=totals.get(root, 1),
+            left_behind=pk in left_behind,
+        )
+        for pk, session_id, seq, root, _user in turns
+    }

@@ -41,7 +41,7 @@ from orchestrator.runtime import MessageRejected, turn_run, validate_message
 from sessions.locks import SessionBusyError
 from sessions.models import ChatSession
 from sessions.selectors import own_session, session_turns
-from sessions.services import session_create
+from sessions.services import ForkRefused, session_create, session_fork
 
 # The user a stdio server acts for (set by ``manage.py mcp --user``); HTTP requests carry their token instead.
 STDIO_USER: contextvars.ContextVar[Any] = contextvars.ContextVar("mcp_stdio_user", default=None)
@@ -162,6 +162,22 @@ def _send(user: Any, message: str, *, session_id: str, agent: str, key: str | No
     }
 
 
+def _fork(user: Any, session_id: str, turn: int) -> dict[str, Any]:
+    """A branch of one of ``user``'s sessions at ``turn`` (the REST door's ``fork``, the same service)."""
+    session = _own_session(user, session_id)
+    try:
+        branch = session_fork(session=session, at_turn=turn, actor=user)
+    except (ForkRefused, SessionBusyError) as exc:
+        raise ToolError(exc.message_for_people()) from exc
+    return {
+        "session_id": str(branch.pk),
+        "chat_id": str(branch.chat_id),
+        "parent": str(session.pk),
+        "fork_turn": turn,
+        **_session_state(branch),
+    }
+
+
 def _transcript(user: Any, session_id: str) -> str:
     session = _own_session(user, session_id, missing=ResourceNotFoundError)
     turns = session_turns(session=session).values("seq", "user_message", "assistant_message", "status")
@@ -247,6 +263,17 @@ def _add_session_tools(server: MCPServer) -> None:
     async def session_state(session_id: str, ctx: Context) -> dict[str, Any]:
         user = await _user(ctx)
         return await db(lambda: _session_state(_own_session(user, session_id)))
+
+    @server.tool(
+        description="Branch one of my sessions at a turn (its number, from 1): a new session that starts from the "
+        "state before that turn, with the turns before it; nothing is run again. Send it a message (an edited one, "
+        "or the same one to get another reply) with send_message and the new session_id."
+    )
+    async def fork_session(
+        session_id: str, turn: Annotated[int, Field(ge=1, le=2**31 - 1)], ctx: Context
+    ) -> dict[str, Any]:
+        user = await _user(ctx)
+        return await db(lambda: _fork(user, session_id, turn))
 
     @server.resource("session://{session_id}/transcript", mime_type="application/json")
     async def transcript(session_id: str, ctx: Context) -> str:

@@ -51,9 +51,11 @@ SPECTACULAR_SETTINGS = {
         "SessionStatusEnum": "sessions.models.ChatSession.Status",
         "TurnStatusEnum": "sessions.models.Turn.Status",
     },
-    # drf-spectacular's enum hook, then the error answers of every operation (core/api_schema.py).
+    # drf-spectacular's enum hook, the error answers of every operation (core/api_schema.py), then the event
+    # streams' events and the rules that span fields (web/api/schema.py).
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "core.api_schema.document_errors",
+        "web.api.schema.describe_streams_and_requests",
     ],
 }

@@ -21,7 +21,12 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     # httpx logs every request at INFO: the health monitor's GET /ready to the embedding service (4-8 a second while
     # a page is open) and each model call were 80 % of make run's log. Calls are recorded (LLMCall) and traced.
-    "loggers": {"httpx": {"level": env_choice("HTTPX_LOG_LEVEL", "WARNING", ("DEBUG", "INFO", "WARNING", "ERROR"))}},
+    # Celery's beat logs a line at INFO for every task it sends ("Scheduler: Sending due task ...": the heartbeat,
+    # the sweeps, several a minute): its warnings and errors stay.
+    "loggers": {
+        "httpx": {"level": env_choice("HTTPX_LOG_LEVEL", "WARNING", ("DEBUG", "INFO", "WARNING", "ERROR"))},
+        "celery.beat": {"level": env_choice("BEAT_LOG_LEVEL", "WARNING", ("DEBUG", "INFO", "WARNING", "ERROR"))},
+    },
     "root": {
         "handlers": ["console"],
         "level": env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL", "FATAL")),

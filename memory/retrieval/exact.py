@@ -15,6 +15,7 @@ from memory.retrieval.sql import (
     CURRENT_SQL,
     LIGHT_COLUMNS,
     NOT_IN_WINDOW_SQL,
+    ON_BRANCH_SQL,
     RecentWindow,
     light_memories,
     window_params,
@@ -32,16 +33,19 @@ _TIER1_REASONS = ("profile fact", "pinned", "recent action", PROCEDURE)
 _TIER1_SQL = f"""
 (SELECT {LIGHT_COLUMNS}, 0 AS lookup_branch, row_number() OVER (ORDER BY fact_key, valid_from DESC) AS lookup_rank
    FROM memory_memory WHERE user_id = %(user)s AND {CURRENT_SQL}
-    AND kind = 'semantic' AND valid_to IS NULL AND fact_key <> ''
+    AND kind = 'semantic' AND valid_to IS NULL AND fact_key <> '' AND {ON_BRANCH_SQL}
    ORDER BY fact_key, valid_from DESC LIMIT %(profile)s)  -- index memory_user_profile
 UNION ALL
 (SELECT {LIGHT_COLUMNS}, 1, row_number() OVER (ORDER BY importance DESC, id)
    FROM memory_memory WHERE user_id = %(user)s AND {CURRENT_SQL} AND pinned AND kind <> 'procedural'
+    AND {ON_BRANCH_SQL}
    ORDER BY importance DESC, id LIMIT %(pinned)s)  -- index memory_user_pinned
 UNION ALL
 (SELECT {LIGHT_COLUMNS}, 2, row_number() OVER (ORDER BY created_at DESC, id DESC)
    FROM memory_memory WHERE user_id = %(user)s AND {CURRENT_SQL} AND kind = 'episodic'
     AND source_turn_id IS NOT NULL AND {NOT_IN_WINDOW_SQL}
+    AND (%(scoped)s = '' OR EXISTS (SELECT 1 FROM chat_sessions_chatsession s
+                                    WHERE s.id = source_session_id AND s.workflow = %(scoped)s))
    ORDER BY created_at DESC, id DESC LIMIT %(recent)s)  -- index memory_user_recent_actions
 UNION ALL
 (SELECT {LIGHT_COLUMNS}, 3, row_number() OVER (ORDER BY pinned DESC, importance DESC, id)
@@ -57,7 +61,8 @@ def exact_lookups(
     """Tier 1's lookups of one user and the candidate procedures (trigger not checked yet), by reason.
 
     Recent actions are the episodes of the user's latest turns with an agent (those the prompt does not
-    show already): what they were doing last time. Episodes written through the API or an import are
+    show already): what they were doing last time, in this workflow where it has a scope (a booking turn's
+    recent actions are its bookings', not the small talk of a free chat: ``relevance.scope_weights``). Episodes written through the API or an import are
     records, not recent actions; they compete on relevance like any other memory."""
     params = {
         **window_params(window),
@@ -65,6 +70,7 @@ def exact_lookups(
         "now": now,
         "agent": agent.pk if agent else None,
         "workflow": workflow,
+        "scoped": "" if workflow in tuning.SCOPE_OPEN_WORKFLOWS else workflow,
         "profile": tuning.PROFILE_LIMIT,
         "pinned": tuning.PINNED_LIMIT,
         "recent": int(settings.MEMORY_RECENT_ACTIONS),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -38,6 +38,7 @@ class HybridSearch:
     redundancy: float | None = None  # how much the user's memories look alike (redundancy.py; "cc" only)
     corrections: float | None = None  # the share of the word arm and the hubness correction fusion applied
     hub_weight: float | None = None  # what each candidate's crowding took off its cosine ("cc" only)
+    workflows: dict[int, str] = field(default_factory=dict)  # each episode's chat session's workflow (scope)
 
 
 def hybrid_candidates(
@@ -98,7 +99,8 @@ def hybrid_candidates(
     by_id = _join_arms(arm, words, limit)
     word_weight = fuse(list(by_id.values()), corrections=1.0 if corrections is None else corrections)
     started = time.perf_counter()
-    rows = neighbours_and_rows(user_id=user.pk, by_id=by_id, window=window)
+    workflows: dict[int, str] = {}
+    rows = neighbours_and_rows(user_id=user.pk, by_id=by_id, window=window, workflows=workflows)
     timings["neighbours_and_rows"] = (time.perf_counter() - started) * 1000
     # Only rows of this user that still exist (a candidate deleted meanwhile simply drops out).
     fused = sorted((c for c in by_id.values() if c.memory_id in rows), key=lambda c: (-c.fused, -c.similarity))
@@ -110,6 +112,7 @@ def hybrid_candidates(
         redundancy=None if store is None else store.redundancy,
         corrections=corrections,
         hub_weight=None if corrections is None else tuning.HUB_WEIGHT * hub_share(corrections),
+        workflows=workflows,
     )
 
 

@@ -18,6 +18,8 @@ _NEIGHBOUR_SQL = """(SELECT {a}.id FROM memory_memory {a}
                    AND {a}.occurred_at {within} c.occurred_at {sign} %(gap)s AND {a}.id <> c.id
                    AND NOT COALESCE({a}.source_turn_id IN (SELECT w.id FROM chat_sessions_turn w
                                     WHERE w.session_id = %(wsession)s AND w.seq > %(wfloor)s), false)
+                   AND NOT COALESCE({a}.source_turn_id = ANY((SELECT chat_turns_off_branch(%(user)s,
+                                    %(wsession)s::uuid))::bigint[]), false)
                  ORDER BY {a}.occurred_at {order} LIMIT 1)"""
 _NEIGHBOURS_AND_ROWS_SQL = f"""
         WITH src AS MATERIALIZED (
@@ -30,17 +32,23 @@ _NEIGHBOURS_AND_ROWS_SQL = f"""
         ), wanted AS (
             SELECT unnest(%(ids)s::bigint[]) AS id UNION SELECT before_id FROM src UNION SELECT after_id FROM src
         )
-        SELECT {", ".join(f"m.{f.column}" for f in LIGHT_FIELDS)}, src.before_id, src.after_id
+        SELECT {", ".join(f"m.{f.column}" for f in LIGHT_FIELDS)}, src.before_id, src.after_id, s.workflow
         FROM memory_memory m LEFT JOIN src ON src.id = m.id
+          LEFT JOIN chat_sessions_chatsession s ON s.id = m.source_session_id AND m.kind = 'episodic'
         WHERE m.user_id = %(user)s AND m.id IN (SELECT id FROM wanted)
 """
 
 
 def neighbours_and_rows(
-    *, user_id: int, by_id: dict[int, HybridCandidate], window: RecentWindow | None = None
+    *,
+    user_id: int,
+    by_id: dict[int, HybridCandidate],
+    window: RecentWindow | None = None,
+    workflows: dict[int, str] | None = None,
 ) -> dict[int, Memory]:
     """Load the rows of every candidate (vectors left out), and give the episodes just before and after a
-    strong candidate part of its score: one round trip.
+    strong candidate part of its score: one round trip. ``workflows`` is filled with the workflow of each
+    episode's chat session (an agent's scope: ``relevance.scope_weights``).
 
     A conversation's answer often sits in the turn next to the one that matches the words ("Yes, in
     Paris!" after "Where did you go?"): neighbours of the best candidates become candidates themselves.
@@ -59,9 +67,11 @@ def neighbours_and_rows(
     }
     rows: dict[int, Memory] = {}
     links: dict[int, tuple[Any, ...]] = {}
-    for memory, (before_id, after_id) in light_memories(_NEIGHBOURS_AND_ROWS_SQL, params):
+    for memory, (before_id, after_id, workflow) in light_memories(_NEIGHBOURS_AND_ROWS_SQL, params):
         rows[memory.id] = memory
         links[memory.id] = (before_id, after_id)
+        if workflow is not None and workflows is not None:
+            workflows[memory.id] = workflow
     for parent in top:
         if parent.memory_id not in rows:
             continue

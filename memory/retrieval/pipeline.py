@@ -39,7 +39,7 @@ from memory.retrieval.hybrid import hybrid_candidates
 from memory.retrieval.query import query_vector_soon, query_vector_wait
 from memory.retrieval.rank import rank
 from memory.retrieval.redundancy import store_shape
-from memory.retrieval.relevance import Judge, judge_for, relevance_scores
+from memory.retrieval.relevance import Judge, judge_for, relevance_scores, scope_weights
 from memory.retrieval.result import HybridCandidate, RetrievedMemories
 from memory.retrieval.sql import RecentWindow
 from memory.retrieval.vector import is_small_history
@@ -95,18 +95,22 @@ def memories_for_prompt(
 
     fused: list[HybridCandidate] = []
     loaded: dict[int, Memory] = {}
+    workflows: dict[int, str] = {}
     if pending is not None:
-        fused, loaded = _hybrid_tier(result, pending, user=user, query=query, now=now, window=window)
+        fused, loaded, workflows = _hybrid_tier(result, pending, user=user, query=query, now=now, window=window)
 
     started = time.perf_counter()
     seen = {memory.id for memory, _ in tier1}
+    fresh = [c for c in fused if c.memory_id not in seen]
     judge = _relevance_tier(
         result,
-        fresh=[c for c in fused if c.memory_id not in seen],
+        fresh=fresh,
         loaded=loaded,
         agent=agent,
         use_model_filter=use_model_filter,
         relevance_threshold=relevance_threshold,
+        outside=scope_weights(workflow=workflow, fresh=fresh, workflows=workflows),
+        corrections=result.corrections,
     )
     timings["filter"] = (time.perf_counter() - started) * 1000
 
@@ -145,7 +149,7 @@ def _hybrid_tier(
     query: str,
     now: datetime,
     window: RecentWindow | None,
-) -> tuple[list[HybridCandidate], dict[int, Memory]]:
+) -> tuple[list[HybridCandidate], dict[int, Memory], dict[int, str]]:
     """Tier 2: the history's size, the store's shape (``redundancy``) and the word arm while the query is
     embedded, then the vector arm, fusion and the candidates' rows. Its time in the timings leaves out the wait for the vector."""
     timings = result.timings_ms
@@ -171,7 +175,7 @@ def _hybrid_tier(
     result.redundancy, result.corrections, result.hub_weight = search.redundancy, search.corrections, search.hub_weight
     timings.update(search.timings)
     timings["tier2"] = tier2_ms + (time.perf_counter() - started) * 1000  # without the wait for the vector
-    return search.candidates, search.rows
+    return search.candidates, search.rows, search.workflows
 
 
 def _relevance_tier(
@@ -182,8 +186,11 @@ def _relevance_tier(
     agent: Agent | None,
     use_model_filter: bool,
     relevance_threshold: float | None,
+    outside: dict[int, str],
+    corrections: float | None,
 ) -> Judge:
-    """Tier 3: the filter mode (and the model's scores) for the candidates tier 1 did not find."""
+    """Tier 3: the filter mode (and the model's scores) for the candidates tier 1 did not find; ``outside``:
+    those out of the turn's scope (``scope_weights``)."""
     scores, mode = relevance_scores(
         agent=agent,
         query=result.query,
@@ -193,7 +200,9 @@ def _relevance_tier(
         relevance_threshold=relevance_threshold,
     )
     result.filter_mode = mode
-    return judge_for(mode=mode, scores=scores, threshold=relevance_threshold, fresh=fresh)
+    return judge_for(
+        mode=mode, scores=scores, threshold=relevance_threshold, fresh=fresh, outside=outside, corrections=corrections
+    )
 
 
 def memory_search(*, user: Any, query: str, limit: int = 20, now: datetime | None = None) -> list[Memory]:

@@ -13,7 +13,8 @@ from memory.retrieval import tuning
 from memory.retrieval.relevance import Judge, judged
 from memory.retrieval.result import CandidateReport, HybridCandidate, RetrievedMemories, RetrievedMemory
 
-Ranked = tuple[float, HybridCandidate, float, CandidateReport]  # (rank score, candidate, relevance, report)
+# (rank score, candidate, relevance, report, whether it passed the filter: not only its floor)
+Ranked = tuple[float, HybridCandidate, float, CandidateReport, bool]
 
 
 def prompt_text(memory: Memory) -> str:
@@ -76,9 +77,10 @@ def _ranked(
     judge: Judge,
     now: datetime,
 ) -> list[Ranked]:
-    """The tier-2 candidates past the relevance cut-off, best rank score first (each reported in ``reports``).
-    The calibrated filter also passes the first CALIBRATED_KEEP_AT_LEAST of them by fused score (those tier 1
-    did not take) whatever their relevance; they rank after every relevant one."""
+    """The tier-2 candidates past the relevance cut-off (and, calibrated, within the store's meaning gap), best
+    rank score first (each reported in ``reports``). The calibrated filter also passes the first
+    CALIBRATED_KEEP_AT_LEAST of them by fused score (those tier 1 did not take, in the turn's scope) whatever
+    their relevance; they rank after every relevant one."""
     ranked: list[Ranked] = []
     floor = tuning.CALIBRATED_KEEP_AT_LEAST if judge.source == "calibrated" else 0
     place = 0  # the candidate's place among the fresh ones, by fused score
@@ -87,18 +89,28 @@ def _ranked(
             # Each memory is reported once: tier 1's entry, with what tier 2 found too.
             tier1_reports[cand.memory_id].scored_by(cand)
             continue
-        place += 1
+        outside = judge.outside.get(cand.memory_id)
+        place += outside is None  # the floor passes only candidates in the turn's scope
         memory = loaded[cand.memory_id]
         report = CandidateReport(id=memory.id, kind=memory.kind, preview=memory.text[: tuning.PREVIEW_CHARS], tier=2)
         report.scored_by(cand)
         relevance, base_score = judged(judge, cand)
         report.relevance = relevance
         reports.append(report)
-        if relevance < judge.cut_off and place > floor:
+        far = judge.far_in_meaning(cand)
+        passed = relevance >= judge.cut_off and far is None
+        if not passed and (place > floor or outside is not None):
             report.reason = f"below the {judge.source} relevance cut-off {judge.cut_off:.2f}"
+            if far is not None and relevance >= judge.cut_off:
+                report.reason = (
+                    f"far in meaning: its cosine is {far:.2f} below the best match's "
+                    f"(more than the {judge.meaning_gap:.2f} this store allows)"
+                )
+            if outside is not None:
+                report.reason += f" (a {outside} chat, outside this workflow: weighed ×{judge.scope(memory.id):g})"
             continue
-        ranked.append((rank_score(base_score, memory, now), cand, relevance, report))
-    ranked.sort(key=lambda r: (r[2] < judge.cut_off, -r[0]))
+        ranked.append((rank_score(base_score, memory, now), cand, relevance, report, passed))
+    ranked.sort(key=lambda r: (not r[4], -r[0]))
     return ranked
 
 
@@ -138,13 +150,21 @@ def _keep_tier1(
 def _keep_ranked(
     result: RetrievedMemories, *, ranked: list[Ranked], loaded: dict[int, Memory], judge: Judge, counter: Any, used: int
 ) -> int:
-    """Keep the ranked tier-2 candidates, best first, up to MEMORY_MAX_KEPT in all and the budget."""
+    """Keep the ranked tier-2 candidates, best first, up to MEMORY_MAX_KEPT in all (the calibrated filter and
+    the reranker: at most CALIBRATED_MAX_KEPT of tier 2) and the budget; each kept one's reason says why it is
+    in."""
     most = int(settings.MEMORY_MAX_KEPT)
-    for score, cand, relevance, report in ranked:
+    # The cap holds under the reranker too: its picks rank first, the calibrated filter judges the rest.
+    most_fresh = tuning.CALIBRATED_MAX_KEPT if judge.source in ("calibrated", "rerank") else most
+    fresh = 0
+    for score, cand, relevance, report, relevant in ranked:
         memory = loaded[cand.memory_id]
-        passed = "relevant" if relevance >= judge.cut_off else f"among the first {tuning.CALIBRATED_KEEP_AT_LEAST}"
+        passed = "relevant" if relevant else f"among the first {tuning.CALIBRATED_KEEP_AT_LEAST}"
         if len(result.items) >= most:
             report.reason = f"{passed} ({relevance:.2f}) but past the {most} memories a prompt takes"
+            continue
+        if fresh >= most_fresh:
+            report.reason = f"{passed} ({relevance:.2f}) but past the {most_fresh} the {judge.source} filter keeps"
             continue
         text = prompt_text(memory)
         tokens = counter.count(text)
@@ -152,12 +172,31 @@ def _keep_ranked(
             report.reason = f"{passed} ({relevance:.2f}) but over the memory budget"
             continue
         used += tokens
+        fresh += 1
         report.kept = True
-        report.reason = f"relevant ({judge.source} {relevance:.2f}), rank score {score:.3f}"
-        if relevance < judge.cut_off:  # passed by the calibrated filter's floor
-            report.reason = (
-                f"among the first {tuning.CALIBRATED_KEEP_AT_LEAST} candidates ({judge.source} {relevance:.2f}), "
-                f"rank score {score:.3f}"
-            )
+        report.reason = kept_reason(report, judge=judge, relevance=relevance, relevant=relevant, score=score)
         result.items.append(RetrievedMemory(memory=memory, text=text, score=score, tier=2, tokens=tokens))
     return used
+
+
+def kept_reason(report: CandidateReport, *, judge: Judge, relevance: float, relevant: bool, score: float) -> str:
+    """Why a tier-2 memory is in the prompt, in the inspector's words: what it matched the query on (meaning,
+    words), how it stands against the best match, and whether it came in on the filter's floor."""
+    matched = []
+    if report.cosine is not None:
+        matched.append(f"meaning {report.cosine:.2f}")
+    if report.word_share:
+        matched.append(f"words {report.word_share:.2f}")
+    if report.cosine is None and not report.word_share:
+        matched.append("next to a strong match in its chat")
+    how = ", ".join(matched)
+    if judge.source == "calibrated":
+        standing = "the best match" if relevance >= 0.999 else f"{relevance:.2f} of the best match's score"
+    else:
+        standing = f"{judge.source} {relevance:.2f}"
+    if relevant:
+        return f"relevant: {standing} ({how}), rank score {score:.3f}"
+    return (
+        f"among the first {tuning.CALIBRATED_KEEP_AT_LEAST} candidates though below the cut: {standing} ({how}), "
+        f"rank score {score:.3f}"
+    )

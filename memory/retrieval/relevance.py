@@ -122,6 +122,18 @@ def _reranked(
     return {memory_id: 1.0 - 0.5 * place / len(order) for place, memory_id in enumerate(order)}, "rerank"
 
 
+def scope_weights(*, workflow: str, fresh: list[HybridCandidate], workflows: dict[int, str]) -> dict[int, str]:
+    """The candidates outside the scope of a turn of ``workflow``: the episodes of chat sessions of another
+    workflow (a booking turn and the small talk of the user's free chats), by id, with that workflow.
+
+    Facts, procedures and episodes of no session (an import, the API) are in every scope; a turn with no
+    workflow, or an open one (SCOPE_OPEN_WORKFLOWS: free chat, where anything the user said may matter),
+    has no scope."""
+    if workflow in tuning.SCOPE_OPEN_WORKFLOWS:
+        return {}
+    return {c.memory_id: workflows[c.memory_id] for c in fresh if workflows.get(c.memory_id, workflow) != workflow}
+
+
 @dataclass(frozen=True)
 class Judge:
     """How a tier-2 candidate is judged: its relevance (kept from ``cut_off``) and the base of its rank score."""
@@ -132,13 +144,50 @@ class Judge:
     best_fused: float  # the best fused score among the candidates tier 1 did not find (1.0 when none)
     cut_off: float
     source: str  # "model", "rerank", "calibrated" or "threshold": named in the report's reasons
+    outside: dict[int, str] = field(default_factory=dict)  # out of the turn's scope: id -> its session's workflow
+    best_cosine: float | None = None  # the best cosine among the candidates tier 1 did not find
+    meaning_gap: float | None = None  # calibrated: how far below best_cosine a relevant candidate may be
+
+    def scope(self, memory_id: int) -> float:
+        """What the candidate's relevance is weighed by: SCOPE_OUTSIDE_WEIGHT outside the turn's scope."""
+        return tuning.SCOPE_OUTSIDE_WEIGHT if memory_id in self.outside else 1.0
+
+    def far_in_meaning(self, cand: HybridCandidate) -> float | None:
+        """How far the candidate's cosine lies below the best candidate's, where that is more than the meaning
+        gap (None: within it, no gap in this store, or a candidate with no cosine of its own)."""
+        cosine = cand.scored[0] if cand.scored is not None else None
+        if self.meaning_gap is None or self.best_cosine is None or cosine is None:
+            return None
+        below = self.best_cosine - cosine
+        return below if below > self.meaning_gap else None
 
 
-def judge_for(*, mode: str, scores: dict[int, float], threshold: float | None, fresh: list[HybridCandidate]) -> Judge:
+def meaning_gap(corrections: float | None) -> float | None:
+    """The calibrated filter's meaning gap in a store with this share of the corrections (``redundancy``):
+    MEANING_GAP in a store of independent facts, where the cosine already points at the memory, wider as the
+    store grows redundant, none in a store that gets the corrections whole (its lookalikes crowd the best
+    cosine: there the fused score, not the cosine, tells them apart) or where fusion does not measure it."""
+    if corrections is None or corrections >= 1.0 or tuning.MEANING_GAP <= 0:
+        return None
+    return tuning.MEANING_GAP / (1.0 - corrections)
+
+
+def judge_for(
+    *,
+    mode: str,
+    scores: dict[int, float],
+    threshold: float | None,
+    fresh: list[HybridCandidate],
+    outside: dict[int, str] | None = None,
+    corrections: float | None = None,
+) -> Judge:
     """The cut-off of this mode: 0.5 (or the threshold) on the model's scores; RELATIVE_KEEP on the
-    calibrated relevance; the operator's threshold on the stronger of cosine and word share. Under "rerank"
-    the fallback's cut-off, halved: a memory the reranker left out scores half its fallback relevance."""
+    calibrated relevance, with the store's meaning gap (``meaning_gap`` of its ``corrections``); the
+    operator's threshold on the stronger of cosine and word share. Under "rerank" the fallback's cut-off,
+    halved: a memory the reranker left out scores half its fallback relevance."""
     best_fused = max((c.fused for c in fresh), default=1.0) or 1.0
+    cosines = [c.scored[0] for c in fresh if c.scored is not None and c.scored[0] is not None]
+    best_cosine = max(cosines, default=None)
     if mode == "model":
         cut_off, source = (0.5 if threshold is None else threshold), "model"
     elif mode == "rerank":
@@ -147,11 +196,18 @@ def judge_for(*, mode: str, scores: dict[int, float], threshold: float | None, f
         cut_off, source = tuning.RELATIVE_KEEP, "calibrated"
     else:
         cut_off, source = threshold, "threshold"
-    return Judge(mode, scores, threshold, best_fused, cut_off, source)
+    gap = meaning_gap(corrections) if source == "calibrated" else None
+    return Judge(mode, scores, threshold, best_fused, cut_off, source, outside or {}, best_cosine, gap)
 
 
 def judged(judge: Judge, cand: HybridCandidate) -> tuple[float, float]:
-    """The candidate's relevance and the base of its rank score."""
+    """The candidate's relevance and the base of its rank score, weighed by the turn's scope."""
+    relevance, base = _judged(judge, cand)
+    weight = judge.scope(cand.memory_id)
+    return weight * relevance, weight * base
+
+
+def _judged(judge: Judge, cand: HybridCandidate) -> tuple[float, float]:
     if judge.mode == "model":
         relevance = judge.scores.get(cand.memory_id, 0.0)
         return relevance, relevance

@@ -20,9 +20,15 @@ CURRENT_SQL = (
 )
 # Not an episode of a turn the prompt still shows (params wsession, wfloor: see RecentWindow). COALESCE:
 # a memory with no session or turn compares as NULL, and is kept.
+# Not said on a turn off the branch the prompt is for (the branch rule, docs/memory.md "Branches"): the database
+# function of sessions' migration 0012, read once per statement (an InitPlan); params user, wsession.
+ON_BRANCH_SQL = (
+    "NOT COALESCE(source_turn_id = ANY((SELECT chat_turns_off_branch(%(user)s, %(wsession)s::uuid))::bigint[]), false)"
+)
 NOT_IN_WINDOW_SQL = (
     "NOT COALESCE(kind = 'episodic' AND source_session_id = %(wsession)s AND source_turn_id IN "
     "(SELECT w.id FROM chat_sessions_turn w WHERE w.session_id = %(wsession)s AND w.seq > %(wfloor)s), false)"
+    f" AND {ON_BRANCH_SQL}"
 )
 
 

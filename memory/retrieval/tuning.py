@@ -64,11 +64,30 @@ WEIGHT_RELEVANCE, WEIGHT_IMPORTANCE, WEIGHT_RECENCY = 0.8, 0.1, 0.1
 # scale already (cosine and word share each between this query's worst and best): one absolute cut-off over
 # cosine and word share (0.5) starved whole queries on data it was not tuned on.
 RELATIVE_KEEP = 0.3
-# ... but the first CALIBRATED_KEEP_AT_LEAST candidates by fused score (of those tier 1 did not take) pass it
-# whatever their share, in every store, ranked after every relevant one: where one memory stands far above the
-# rest (a store of independent facts, meaning alone), a relative cut-off dropped memories still in the first
-# ten by meaning.
-CALIBRATED_KEEP_AT_LEAST = 10
+# ... but the first CALIBRATED_KEEP_AT_LEAST candidates by fused score (of those tier 1 did not take, in the
+# turn's scope) pass it whatever their share or meaning gap, in every store, ranked after every relevant one:
+# where one memory stands far above the rest (a store of independent facts, meaning alone), the cuts dropped
+# memories still among the first few by meaning. (10 until issue 56: ten memories a query whatever it asked.)
+CALIBRATED_KEEP_AT_LEAST = 3
+# The budget is a ceiling, not a target (issue 56): the calibrated filter puts at most CALIBRATED_MAX_KEPT
+# memories of tier 2 into a prompt (it kept up to MEMORY_MAX_KEPT, 25, and the budget took them all: 23
+# memories a query where a question rests on one to three). In a store of independent facts a candidate whose
+# cosine lies more than MEANING_GAP below the best candidate's is not relevant (the cosine already points at
+# the memory there); the gap widens with the store's corrections (MEANING_GAP / (1 - corrections)) and is
+# none in a redundant store, where lookalikes crowd the best cosine. Chosen on the tuning split for recall and
+# precision together (bench/README.md).
+CALIBRATED_MAX_KEPT = 10
+MEANING_GAP = 0.25
+# An agent's scope (relevance.scope_weights): in a turn of a task workflow (a booking), the episodes of the
+# user's chat sessions of another workflow (free chat's small talk) are out of scope: their relevance and rank
+# score are weighed by SCOPE_OUTSIDE_WEIGHT, and the calibrated filter's first-few floor does not pass them.
+# Under RELATIVE_KEEP: without a model nothing tells small talk from an answer but the query's own scale, where
+# the best of a poor lot is 1.0 of itself, so the calibrated filter keeps no episode of another workflow; the
+# listwise reranker's picks (1.0 down to 0.5) still pass its cut (half of RELATIVE_KEEP) weighed, and rank
+# after those in scope. Facts, procedures and episodes of no session are in every scope; a turn of an open
+# workflow (or none: the API's search) has no scope.
+SCOPE_OUTSIDE_WEIGHT = 0.25
+SCOPE_OPEN_WORKFLOWS = ("", "free_chat")
 # The listwise reranker (relevance._reranked; MEMORY_MODEL_JUDGE "rerank"): the best RERANK_CANDIDATES fused
 # candidates go to the cheap model in one call; its pace is an average with RERANK_PACE_WEIGHT on the newest
 # call, and a call expected past its budget is still tried once every RERANK_RETRY_SECONDS.

@@ -48,6 +48,7 @@ from memory.services.turns import (
 )
 from memory.services.writes import (
     EDITABLE_FIELDS,
+    MemoryConflict,
     memories_restore,
     memory_create,
     memory_forget,
@@ -61,6 +62,7 @@ __all__ = [
     "EXTRACTION_SYSTEM_PROMPT",
     "FACT_IMPORTANCE",
     "MEMORY_WRITES_LOOKBACK",
+    "MemoryConflict",
     "MEMORY_WRITES_LOST_AFTER",
     "MEMORY_WRITES_REQUEUE_AGAIN_AFTER",
     "NEAR_DUPLICATE_SIMILARITY",

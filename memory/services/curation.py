@@ -80,11 +80,21 @@ def merge_plan(memories: Sequence[Memory]) -> tuple[Memory, list[Memory], str]:
     parts: list[str] = []
     for memory in ordered:
         text = " ".join(memory.text.split())
-        key = text.lower().rstrip(".!? ")
+        key = text.lower().rstrip(_SENTENCE_ENDS + _CLOSERS + " ")
         if text and key not in seen:
             seen.add(key)
-            parts.append(text if text[-1] in ".!?" else text + ".")
+            parts.append(_as_sentence(text))
     return ordered[0], ordered[1:], "\n".join(parts)
+
+
+_SENTENCE_ENDS = ".!?…"
+_CLOSERS = "\"')]}»”’"
+
+
+def _as_sentence(text: str) -> str:
+    """``text`` ending as a sentence: a full stop added only where none ends it, closing brackets and quotes aside
+    ("…or tell me what to change.)" stays as it is; it became "…what to change.).")."""
+    return text if text.rstrip(_CLOSERS)[-1:] in tuple(_SENTENCE_ENDS) else text + "."
 
 
 def memories_merge(*, memories: Sequence[Memory], text: str | None = None) -> Memory:

@@ -14,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from core.db import refresh_from
+from core.errors import Refusal
 from memory.models import MEMORY_EDITABLE_FIELDS, Memory
 from memory.selectors import own_memories
 from memory.services.duplicates import content_hash_for, current_duplicate, duplicate_message, lock_user_memories
@@ -118,6 +119,14 @@ def _memory_only(get_or_create: Callable[P, tuple[Memory, bool]]) -> Callable[P,
 memory_create = _memory_only(memory_get_or_create)
 
 
+class MemoryConflict(Refusal, ValueError):
+    """An edit the memories as they are now refuse: onto another memory's text, or of a fact replaced meanwhile
+    (the API's 409; a ValueError for the doors that show any refusal as one)."""
+
+    code = "memory_conflict"
+    status = 409
+
+
 def memory_update(*, memory: Memory, **fields: Any) -> Memory:
     """Change a memory's editable fields; a new text gets a new content hash and a new embedding.
 
@@ -145,12 +154,12 @@ def memory_update(*, memory: Memory, **fields: Any) -> Memory:
         if text_changed and embedded is None:
             embedded = embed_text(text)  # the caller's copy was stale: its text is the stored one's old text
         if text_changed and stored.valid_to is not None and memory.valid_to is None and "valid_to" not in fields:
-            raise ValueError("This fact was replaced by a newer one meanwhile; edit that one.")
+            raise MemoryConflict("This fact was replaced by a newer one meanwhile; edit that one.")
         kind = fields.get("kind", stored.kind)
         if fields.get("valid_to", stored.valid_to) is None and {"text", "kind", "valid_to"} & set(fields):
             duplicate = current_duplicate(user=stored.user_id, kind=kind, text=text, exclude_id=stored.pk)
             if duplicate is not None:
-                raise ValueError(duplicate_message(duplicate))
+                raise MemoryConflict(duplicate_message(duplicate))
         changed = set(fields) - ({"text"} if not text_changed else set())
         for name, value in fields.items():
             if name != "text":
@@ -221,6 +230,7 @@ def memories_restore(*, user: Any, records: Sequence[dict[str, Any]]) -> tuple[l
                     pinned=record.get("pinned", False),
                     archived=record.get("archived", False),
                     source_session=record.get("source_session"),
+                    source_turn=record.get("source_turn"),
                     embedding=vector,
                     embedding_model=model_name,
                     content_hash=record["content_hash"],

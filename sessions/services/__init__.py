@@ -8,12 +8,14 @@
 - ``transitions``: the state machine's writes (a decision applied or refused, a failed turn counted);
 - ``turn_rows``: the hand-written statements the orchestrator writes a turn with;
 - ``handoff``: a session handed to a person, the staff's replies, handed back;
-- ``lifecycle``: a session created, deleted, reset, resumed from a checkpoint.
+- ``lifecycle``: a session created, deleted, reset, resumed from a checkpoint;
+- ``branches``: a session forked at one of its turns (an edit, a regenerate), a new branch of its chat.
 """
 
 from __future__ import annotations
 
 from sessions.selectors import stuck_turns_find
+from sessions.services.branches import ForkRefused, branch_switch, session_fork
 from sessions.services.checkpoints import (
     checkpoint_before_call,
     checkpoint_insert_sql,
@@ -43,8 +45,10 @@ from sessions.services.versioned import StaleSessionError
 
 __all__ = [
     "CompleteWrite",
+    "ForkRefused",
     "StaleSessionError",
     "TransitionOutcome",
+    "branch_switch",
     "checkpoint_before_call",
     "checkpoint_insert_sql",
     "checkpoint_number_taken",
@@ -53,6 +57,7 @@ __all__ = [
     "session_create",
     "session_create_with_history",
     "session_delete",
+    "session_fork",
     "session_hand_back",
     "session_hand_off",
     "session_reset",

@@ -453,6 +453,12 @@
       finish(li, data);
     });
     source.addEventListener("gone", function () { source.close(); });
+    // The chat moved to another branch (an edit, a regenerate or a version chosen, in another tab): follow it.
+    source.addEventListener("branch", function (e) {
+      if (form.dataset.forking === "1") return; // this tab's own edit or regenerate: it moves there itself
+      source.close();
+      location.assign(JSON.parse(e.data).url);
+    });
   }
 
   // An existing chat opens at its newest message, the earlier ones above it.

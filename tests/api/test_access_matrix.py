@@ -61,6 +61,8 @@ CASES: list[tuple[str, str, dict[str, Any] | None, dict[str, int]]] = [
     ("get", "/api/sessions/{session}/messages/", None, OWNER_ONLY),
     ("post", "/api/sessions/{session}/messages/", {"message": "hello"}, {ANON: 401, ALICE: 201, BOB: 404, STAFF: 404}),
     ("post", "/api/sessions/{session}/messages/stream/", {"message": "hello"}, OWNER_ONLY),
+    ("post", "/api/sessions/{session}/fork/", {"turn": 1}, {ANON: 401, ALICE: 201, BOB: 404, STAFF: 404}),
+    ("get", "/api/sessions/{session}/branches/", None, OWNER_ONLY),
     ("get", "/api/turns/{turn}/composition/", None, {ANON: 401, ALICE: 200, BOB: 404, STAFF: 200}),
     ("get", "/api/memories/", None, ANY_USER),
     (

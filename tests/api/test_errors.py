@@ -273,7 +273,7 @@ def test_an_agent_id_of_thousands_of_digits_is_invalid_not_a_500(alice_client: A
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("path", ["/api/agents/", "/api/sessions/", "/api/memories/"])
-@pytest.mark.parametrize("value", ["null", "", "abc", "0", "-1", "1.5", "9" * 5000])
+@pytest.mark.parametrize("value", ["null", "", "abc", "0", "-1", "1.5", "00", "\u0661"])
 def test_a_page_size_that_is_not_a_whole_number_from_1_is_a_400(alice_client: APIClient, path: str, value: str) -> None:
     error = assert_error(alice_client.get(path, {"page_size": value}), 400, "invalid")
     assert "page_size" in error["details"]["fields"]

@@ -135,7 +135,7 @@ def test_the_same_text_again_after_archiving_restores_the_memory(alice_client: A
 @pytest.mark.django_db
 @pytest.mark.parametrize("archived", [False, True])
 @pytest.mark.parametrize("change", ["text", "kind"])
-def test_an_edit_onto_another_memorys_text_is_a_400(alice_client: APIClient, archived: bool, change: str) -> None:
+def test_an_edit_onto_another_memorys_text_is_a_409(alice_client: APIClient, archived: bool, change: str) -> None:
     """One row per current text and kind (the database's rule, archived rows included): the edit that would
     break it is refused, saying which memory has the text, and changes nothing."""
     tea = alice_client.post("/api/memories/", {"kind": "semantic", "text": "Likes tea."}, format="json").json()
@@ -145,9 +145,11 @@ def test_an_edit_onto_another_memorys_text_is_a_400(alice_client: APIClient, arc
     other = alice_client.post("/api/memories/", {"kind": other_kind, "text": other_text}, format="json").json()
 
     edit = {"kind": "semantic"} if change == "kind" else {"text": "Likes tea."}
-    error = assert_error(alice_client.patch(f"/api/memories/{other['id']}/", edit, format="json"), 400, "invalid")
+    error = assert_error(
+        alice_client.patch(f"/api/memories/{other['id']}/", edit, format="json"), 409, "memory_conflict"
+    )
 
-    assert f"#{tea['id']}" in str(error["details"]) and ("archived" in str(error["details"])) == archived
+    assert f"#{tea['id']}" in error["message"] and ("archived" in error["message"]) == archived
     stored = Memory.objects.get(pk=other["id"])
     assert (stored.kind, stored.text) == (other_kind, other_text)
 

@@ -22,6 +22,8 @@ EXPECTED_PATHS = {
     "/api/agents/{id}/": {"get"},
     "/api/sessions/": {"get", "post"},
     "/api/sessions/{session_id}/": {"get", "delete"},
+    "/api/sessions/{session_id}/fork/": {"post"},
+    "/api/sessions/{session_id}/branches/": {"get"},
     "/api/sessions/{session_id}/state/": {"get"},
     "/api/sessions/{session_id}/checkpoints/": {"get"},
     "/api/sessions/{session_id}/messages/": {"get", "post"},
@@ -106,3 +108,35 @@ def test_the_schema_says_what_the_server_takes(alice_client: APIClient) -> None:
                     assert parameter["schema"] == {"type": "integer", "minimum": 1}
                     assert "at most 200" in parameter["description"]
     assert lists >= 5
+
+
+@pytest.mark.django_db
+def test_the_schema_gives_bounds_media_types_and_events(alice_client: APIClient) -> None:
+    """What schemathesis found the schema did not say (issue 55): the page's bounds, the import's one media type,
+    an event stream's events, a session's required body and its 404."""
+    schema = alice_client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    pages = [
+        parameter
+        for operations in schema["paths"].values()
+        for operation in operations.values()
+        for parameter in operation.get("parameters", [])
+        if parameter["name"] == "page"
+    ]
+    assert len(pages) >= 5 and all(p["schema"] == {"type": "integer", "minimum": 1} for p in pages)
+    # The import takes JSON Lines, not a JSON object (it advertised one and refused it).
+    assert set(schema["paths"]["/api/me/import/"]["post"]["requestBody"]["content"]) == {"application/x-ndjson"}
+    streams = [
+        schema["paths"]["/api/sessions/{session_id}/messages/stream/"]["post"],
+        schema["paths"]["/api/turns/{turn_id}/events/"]["get"],
+    ]
+    for operation in streams:
+        content = operation["responses"]["200"]["content"]["text/event-stream"]
+        assert content["schema"] == {"$ref": "#/components/schemas/TurnEvent"}
+    event = schema["components"]["schemas"]["TurnEvent"]
+    assert event["required"] == ["event", "data"] and "done" in event["properties"]["event"]["enum"]
+    create = schema["paths"]["/api/sessions/"]["post"]
+    assert create["requestBody"]["required"] is True and "404" in create["responses"]
+    assert schema["components"]["schemas"]["SessionInputRequest"]["anyOf"] == [
+        {"required": ["agent"]},
+        {"required": ["agent_id"]},
+    ]

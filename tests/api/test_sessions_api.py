@@ -59,8 +59,14 @@ def test_create_needs_an_active_agent(alice_client: APIClient, retired_agent: Ag
         "agent"
         in assert_error(alice_client.post("/api/sessions/", {}, format="json"), 400, "invalid")["details"]["fields"]
     )
-    assert_error(alice_client.post("/api/sessions/", {"agent": "retired"}, format="json"), 400, "invalid")
-    assert_error(alice_client.post("/api/sessions/", {"agent_id": retired_agent.pk}, format="json"), 400, "invalid")
+    # An agent that is not (or no longer) active is not found: a 404 that names the field (it was a 400, which the
+    # schema could not tell from a malformed body).
+    by_slug = assert_error(alice_client.post("/api/sessions/", {"agent": "retired"}, format="json"), 404, "not_found")
+    assert by_slug["details"]["fields"] == {"agent": ["No active agent has the slug retired."]}
+    by_id = assert_error(
+        alice_client.post("/api/sessions/", {"agent_id": retired_agent.pk}, format="json"), 404, "not_found"
+    )
+    assert by_id["details"]["fields"] == {"agent_id": [f"No active agent has the id {retired_agent.pk}."]}
 
 
 @pytest.mark.django_db

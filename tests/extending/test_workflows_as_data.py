@@ -350,3 +350,29 @@ def test_a_declared_workflow_runs_on_the_demo_model_and_hands_off_when_asked(
         say(client, session["id"], "I want to talk to a human please")
     assert ChatSession.objects.get(pk=session["id"]).status == ChatSession.Status.NEEDS_HUMAN
     assert [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []
+
+
+@pytest.mark.django_db
+def test_the_admin_shows_a_declaration_as_indented_json_and_saves_it_as_before(staff_client: Client) -> None:
+    """One key a line, indented, on the add form, on the change form and back after an error (it was one long
+    line); what is typed is read and checked as before."""
+    add = reverse("admin:agents_workflowdefinition_add")
+
+    def box(page: Any) -> str:
+        text = html.unescape(page.content.decode())
+        return text.split('name="spec"', 1)[1].split(">", 1)[1].split("</textarea>", 1)[0]
+
+    shown = box(staff_client.get(add))
+    assert shown.strip() == json.dumps(EXAMPLE_DECLARATION, ensure_ascii=False, indent=2)
+    assert '\n  "initial_state": "ASKING_PHONE",\n' in shown
+    refused = _admin_post(staff_client, add, name="callback", spec=declaration(initial_state="NOWHERE"))
+    assert '\n  "initial_state": "NOWHERE",\n' in box(refused)
+    assert _admin_post(staff_client, add, name="callback", spec="{not json").status_code == 200
+    assert box(_admin_post(staff_client, add, name="callback", spec="{not json")).strip() == "{not json"
+    # Pretty or on one line, the same declaration saves.
+    pretty = json.dumps(declaration(title="Call me"), indent=2)
+    assert _admin_post(staff_client, add, name="callback", spec=pretty).status_code == 302
+    definition = WorkflowDefinition.objects.get(name="callback")
+    assert definition.spec["title"] == "Call me"
+    change = reverse("admin:agents_workflowdefinition_change", args=[definition.pk])
+    assert '\n  "title": "Call me",\n' in box(staff_client.get(change))

@@ -546,3 +546,24 @@ def test_merging_near_duplicates_works_and_keeps_one_in_force(alice: Any) -> Non
     assert kept.text == "The user likes tea." or kept.text == "The user likes tea"
     current = Memory.objects.filter(user=alice, archived=False, valid_to__isnull=True)
     assert list(current.values_list("pk", flat=True)) == [kept.pk]
+
+
+@pytest.mark.django_db
+def test_a_merge_proposes_each_text_once_as_it_ends(alice: Any) -> None:
+    """A text that ends a sentence inside brackets or quotes gets no second full stop (the desk proposed
+    "…or tell me what to change.)."); one without an end gets one; the same sentence twice is proposed once."""
+    from memory.services import merge_plan
+
+    asked = memory_create(
+        user=alice,
+        kind="episodic",
+        text="Assistant: Shall I book it? (Say yes, or tell me what to change.)",
+        importance=1,
+    )
+    quoted = memory_create(user=alice, kind="episodic", text='User said "book it!"', importance=0.8)
+    bare = memory_create(user=alice, kind="episodic", text="User: to Paris", importance=0.6)
+    again = memory_create(user=alice, kind="episodic", text="User: to Paris.", importance=0.4)
+    _keeper, _others, combined = merge_plan([asked, quoted, bare, again])
+    assert combined == (
+        'Assistant: Shall I book it? (Say yes, or tell me what to change.)\nUser said "book it!"\nUser: to Paris.'
+    )

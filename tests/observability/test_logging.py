@@ -108,3 +108,12 @@ def test_settings_make_json_the_default_format() -> None:
     assert settings.LOGGING["handlers"]["console"]["formatter"] == "json"
     handler = logging.getLogger().handlers[0]
     assert isinstance(handler.formatter, JsonFormatter)
+
+
+def test_beat_and_the_http_client_log_warnings_not_a_line_per_task_or_request() -> None:
+    """The default logging: Celery beat's "Sending due task" (several a minute) and httpx's line per request are
+    INFO and left out; their warnings are kept, and the app's own INFO lines too."""
+    assert not logging.getLogger("celery.beat").isEnabledFor(logging.INFO)
+    assert logging.getLogger("celery.beat").isEnabledFor(logging.WARNING)
+    assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+    assert logging.getLogger("orchestrator.runtime").isEnabledFor(logging.INFO)

@@ -10,9 +10,10 @@ from django.core.management import CommandError, call_command
 
 from agents.models import Agent
 from conftest import WorkerHandle, wait_for
+from orchestrator.runtime import turn_run
 from sessions.models import ChatSession, Checkpoint
 from sessions.selectors import PRUNE_KEEP_REASONS
-from sessions.services import checkpoints_prune, session_create
+from sessions.services import checkpoint_before_call, checkpoints_prune, session_create, session_fork
 from tests.world import make_agent
 
 
@@ -159,3 +160,28 @@ def test_a_transition_while_another_writer_numbers_a_checkpoint_is_written_whole
     log = list(Checkpoint.objects.filter(session=session).order_by("seq").values_list("seq", "reason"))
     assert [seq for seq, _ in log] == list(range(1, len(log) + 1))
     assert log[-2:] == [(log[-2][0], Checkpoint.Reason.RESET), (outcome.checkpoint.seq, Checkpoint.Reason.TRANSITION)]
+
+
+@pytest.mark.django_db
+def test_prune_keeps_what_a_branch_needs_every_turns_first_checkpoint_and_forked_from_ones(alice: Any) -> None:
+    agent = make_agent(name="P", slug="pruner-branches", system_prompt="p", workflow="flight_booking")
+    session = session_create(user=alice, agent=agent)
+    for message in ("I need a flight", "From Madrid", "to Vienna"):
+        turn_run(session=session, message=message)
+    branch = session_fork(session=session, at_turn=3)
+    # Later model calls of each turn (tools, continuations) take checkpoints of their own: those may go.
+    turns = list(session.turns.order_by("seq"))
+    for turn in turns * 4:
+        checkpoint_before_call(session=session, turn=turn)
+    starts = {turn.pk: turn.checkpoints.order_by("seq").first().pk for turn in turns}
+
+    assert checkpoints_prune(keep_last=2) > 0
+    kept = set(Checkpoint.objects.filter(session=session).values_list("pk", flat=True))
+    assert set(starts.values()) <= kept
+    branch.refresh_from_db()
+    assert branch.forked_from_id in kept
+    # Every turn can still be branched at, on the original and on the branch made from it.
+    for seq, state in ((1, "IDLE"), (2, "GATHERING_ORIGIN"), (3, "GATHERING_DESTINATION")):
+        assert Checkpoint.objects.get(pk=starts[turns[seq - 1].pk]).state == state
+        assert session_fork(session=session, at_turn=seq).state == state
+    assert session_fork(session=branch, at_turn=2).state == "GATHERING_ORIGIN"

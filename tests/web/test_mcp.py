@@ -281,3 +281,32 @@ def test_text_that_cannot_be_stored_is_a_tool_error_naming_the_argument(alice: A
         text = _text(result)
         assert result.is_error and f"{name}: contains" in text and "lone surrogate" in text, text
     assert Memory.objects.filter(user=alice).count() == 1
+
+
+def test_fork_session_branches_my_session_and_not_someone_elses(alice: Any, bob: Any) -> None:
+    from orchestrator.runtime import turn_run
+    from sessions.services import session_create
+
+    agent = make_agent("chat")
+    mine = session_create(user=alice, agent=agent)
+    for message in ("Hello", "Tell me a joke"):
+        turn_run(session=mine, message=message)
+    theirs = session_create(user=bob, agent=agent)
+    turn_run(session=theirs, message="Bob's secret")
+
+    async def calls(client: Client) -> dict[str, Any]:
+        return {
+            "mine": await client.call_tool("fork_session", {"session_id": str(mine.pk), "turn": 2}),
+            "theirs": await client.call_tool("fork_session", {"session_id": str(theirs.pk), "turn": 1}),
+            "no_turn": await client.call_tool("fork_session", {"session_id": str(mine.pk), "turn": 9}),
+        }
+
+    seen = _in_process(alice, calls)
+    assert not seen["mine"].is_error, _text(seen["mine"])
+    branch = ChatSession.objects.get(parent=mine)
+    assert str(branch.pk) in _text(seen["mine"]) and branch.fork_seq == 2
+    assert list(branch.turns.values_list("user_message", flat=True)) == ["Hello"]
+    assert seen["theirs"].is_error and "no session" in _text(seen["theirs"])
+    assert seen["no_turn"].is_error and "no turn 9" in _text(seen["no_turn"])
+    assert not ChatSession.objects.filter(parent=theirs).exists()
+    assert ChatSession.objects.filter(user=alice).count() == 2

@@ -26,6 +26,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from memory.models import Memory
 from memory.retrieval import memories_for_prompt
 from memory.services import memories_merge, memories_set_archived, memories_set_pinned, memory_update, merge_plan
+from sessions.selectors import turn_branches
 
 DESK_PAGE = 50
 DONE = {"pin": "pinned", "unpin": "unpinned", "archive": "archived", "restore": "restored"}
@@ -94,6 +95,12 @@ def desk_user(model_admin: Any, request: HttpRequest, user_id: int) -> HttpRespo
         .order_by("-valid_to")
     ):
         history[old.fact_key].append(old)
+    # Which branch of its chat each memory was said on, when its chat was branched (an edit, a regenerate).
+    said_on = [m.source_turn_id for m in rows if m.source_turn_id]
+    said_on += [old.source_turn_id for olds in history.values() for old in olds if old.source_turn_id]
+    branches = turn_branches(turn_ids=said_on)
+    for memory in [*rows, *(old for olds in history.values() for old in olds)]:
+        memory.branch = branches.get(memory.source_turn_id) if memory.source_turn_id else None
     context = {
         **model_admin.admin_site.each_context(request),
         "title": f"Memories of {user.get_username()}",

@@ -9,6 +9,7 @@ from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
+    OpenApiExample,
     OpenApiParameter,
     OpenApiResponse,
     extend_schema,
@@ -129,7 +130,15 @@ def export_download(user: Any) -> StreamingHttpResponse:
     tags=["me"],
     summary="Import an export (ours, or Mem0's with ?source=mem0); idempotent; nothing is written if a line is bad",
     parameters=[OpenApiParameter("source", str, enum=["agents", "mem0"], required=False)],
-    request={"application/x-ndjson": OpenApiTypes.STR, "application/json": OpenApiTypes.OBJECT},
+    request={"application/x-ndjson": OpenApiTypes.STR},
+    examples=[
+        OpenApiExample(
+            "An export with nothing in it",
+            value='{"format": "agents-runtime-export", "version": 1}\n',
+            media_type="application/x-ndjson",
+            request_only=True,
+        )
+    ],
     responses=inline_serializer(
         "ImportReport",
         {"created": serializers.DictField(child=serializers.IntegerField()), "skipped": serializers.ListField()},

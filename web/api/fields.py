@@ -35,9 +35,32 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class StrictBooleanField(serializers.BooleanField):
+    """``true`` or ``false``, as JSON writes them: DRF's own field also takes ``0``, ``1``, ``"yes"``, ``"on"``...
+    where the schema says boolean."""
+
+    default_error_messages = {"invalid": "Must be true or false (a JSON boolean)."}
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
+
+
+class StrictFloatField(serializers.FloatField):
+    """A JSON number: DRF's own field also takes ``false`` (as 0.0) and ``"0.5"``, where the schema says number."""
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class QueryBooleanField(serializers.BooleanField):
     """A boolean as a query string writes one by the schema: ``true`` or ``false`` (DRF's own field also took
     ``""``, ``0``, ``1``, ``on``, ``yes``...)."""
+
+    default_error_messages = {"invalid": "Must be true or false."}
 
     def get_value(self, dictionary: Any) -> Any:
         # DRF reads ``?use_model_filter=`` (sent, empty) as not sent at all; it is a value, and not a boolean.

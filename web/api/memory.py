@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
@@ -15,9 +15,10 @@ from rest_framework.views import APIView
 from memory.models import Memory
 from memory.retrieval import memories_for_prompt
 from memory.selectors import memories_in_force, own_memories
-from memory.services import memory_forget, memory_get_or_create, memory_update
+from memory.services import MemoryConflict, memory_forget, memory_get_or_create, memory_update
 from web.api.memory_serializers import (
     MemoryCreateSerializer,
+    MemoryListInputSerializer,
     MemoryOutputSerializer,
     MemorySearchInputSerializer,
     MemorySearchOutputSerializer,
@@ -25,37 +26,25 @@ from web.api.memory_serializers import (
 )
 
 
-def _wants_archived(request: Request) -> bool:
-    return request.query_params.get("archived") in ("1", "true", "yes")
-
-
 class MemoryListApi(generics.GenericAPIView[Memory]):
     serializer_class = MemoryOutputSerializer
 
     def get_queryset(self) -> QuerySet[Memory]:
         user = self.request.user
+        # A plain dict, not the QueryDict: DRF reads ``?kind=`` (sent, empty) from a QueryDict as not sent.
+        params = MemoryListInputSerializer(data=dict(self.request.query_params.items()))
+        params.is_valid(raise_exception=True)
         # The memories in force, as MCP and the retriever see them; ?archived=true: all of one's memories.
-        listed = own_memories(user) if _wants_archived(self.request) else memories_in_force(user=user)
+        listed = own_memories(user) if params.validated_data["archived"] else memories_in_force(user=user)
         memories = listed.order_by("-created_at", "-pk")
-        kind = self.request.query_params.get("kind")
-        if kind:
-            if kind not in Memory.Kind.values:
-                raise ValidationError({"kind": [f"One of {', '.join(Memory.Kind.values)}."]})
-            memories = memories.filter(kind=kind)
+        if "kind" in params.validated_data:
+            memories = memories.filter(kind=params.validated_data["kind"])
         return memories
 
     @extend_schema(
         tags=["memories"],
         summary="List my memories in force, newest first",
-        parameters=[
-            OpenApiParameter("kind", str, enum=list(Memory.Kind.values), required=False),
-            OpenApiParameter(
-                "archived",
-                bool,
-                required=False,
-                description="All my memories: archived, superseded, expired and not yet valid ones included.",
-            ),
-        ],
+        parameters=[MemoryListInputSerializer],
         responses=MemoryOutputSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
@@ -94,7 +83,13 @@ class MemoryDetailApi(APIView):
         tags=["memories"],
         summary="Change a memory (a new text is re-embedded)",
         request=MemoryUpdateSerializer,
-        responses=MemoryOutputSerializer,
+        responses={
+            200: MemoryOutputSerializer,
+            409: OpenApiResponse(
+                description="Another memory of this kind has this text (`memory_conflict`, naming it), or the fact "
+                "was replaced by a newer one meanwhile."
+            ),
+        },
     )
     def patch(self, request: Request, memory_id: int) -> Response:
         memory = self._memory(request, memory_id)
@@ -102,6 +97,8 @@ class MemoryDetailApi(APIView):
         serializer.is_valid(raise_exception=True)
         try:
             memory = memory_update(memory=memory, **serializer.validated_data)
+        except MemoryConflict:
+            raise  # 409, with what it conflicts with
         except ValueError as exc:
             raise ValidationError({"non_field_errors": [str(exc)]}) from exc
         return Response(MemoryOutputSerializer(memory).data)

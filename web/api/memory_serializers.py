@@ -7,7 +7,13 @@ from typing import Any
 from rest_framework import serializers
 
 from memory.models import MEMORY_CONTENT_FIELDS, Memory
-from web.api.fields import QueryBooleanField, StorableDateTimeField, StrictCharField
+from web.api.fields import (
+    QueryBooleanField,
+    StorableDateTimeField,
+    StrictBooleanField,
+    StrictCharField,
+    StrictFloatField,
+)
 
 
 class MemoryOutputSerializer(serializers.ModelSerializer[Memory]):
@@ -38,8 +44,8 @@ class MemoryOutputSerializer(serializers.ModelSerializer[Memory]):
 class MemoryCreateSerializer(serializers.Serializer[Any]):
     kind = serializers.ChoiceField(choices=Memory.Kind.choices)
     text = StrictCharField(max_length=4000)
-    importance = serializers.FloatField(min_value=0.0, max_value=1.0, required=False, default=0.5)
-    pinned = serializers.BooleanField(required=False, default=False)
+    importance = StrictFloatField(min_value=0.0, max_value=1.0, required=False, default=0.5)
+    pinned = StrictBooleanField(required=False, default=False)
     fact_key = StrictCharField(max_length=80, required=False, allow_blank=True, default="")
     trigger = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
     workflow = StrictCharField(max_length=80, required=False, allow_blank=True, default="")
@@ -55,14 +61,23 @@ class MemoryUpdateSerializer(serializers.Serializer[Any]):
 
     kind = serializers.ChoiceField(choices=Memory.Kind.choices, required=False)
     text = StrictCharField(max_length=4000, required=False)
-    importance = serializers.FloatField(min_value=0.0, max_value=1.0, required=False)
-    pinned = serializers.BooleanField(required=False)
-    archived = serializers.BooleanField(required=False)
+    importance = StrictFloatField(min_value=0.0, max_value=1.0, required=False)
+    pinned = StrictBooleanField(required=False)
+    archived = StrictBooleanField(required=False)
     fact_key = StrictCharField(max_length=80, required=False, allow_blank=True)
     trigger = StrictCharField(max_length=200, required=False, allow_blank=True)
     workflow = StrictCharField(max_length=80, required=False, allow_blank=True)
     expires_at = StorableDateTimeField(required=False, allow_null=True)
     occurred_at = StorableDateTimeField(required=False, help_text="When what it tells happened.")
+
+
+class MemoryListInputSerializer(serializers.Serializer[Any]):
+    kind = serializers.ChoiceField(choices=Memory.Kind.choices, required=False, help_text="Only memories of this kind.")
+    archived = QueryBooleanField(
+        required=False,
+        default=False,
+        help_text="true: all my memories, archived, superseded, expired and not yet valid ones included.",
+    )
 
 
 class MemorySearchInputSerializer(serializers.Serializer[Any]):

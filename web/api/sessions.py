@@ -23,16 +23,17 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core.events import is_event_id
+from core.events import EVENT_ID_PATTERN, is_event_id
 from llm.providers import DEMO_LABEL
 from orchestrator.runtime import turn_follow, turn_run
 from sessions.models import ChatSession, Checkpoint, Turn
-from sessions.selectors import own_sessions, session_turns
-from sessions.services import session_create, session_delete
+from sessions.selectors import chat_branches, own_sessions, session_turns
+from sessions.services import session_create, session_delete, session_fork
 from web.api.sessions_serializers import (
     CheckpointOutputSerializer,
     MessageInputSerializer,
     MessageOutputSerializer,
+    SessionForkInputSerializer,
     SessionInputSerializer,
     SessionOutputSerializer,
     SessionStateSerializer,
@@ -107,6 +108,44 @@ class SessionDetailApi(APIView):
     def delete(self, request: Request, session_id: UUID) -> Response:
         session_delete(session=_own_session(request, session_id))  # 409 session_busy while a turn runs
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class SessionForkApi(APIView):
+    @extend_schema(
+        tags=["sessions"],
+        summary="Branch one of my sessions at a turn",
+        description=(
+            "A new session (a branch of the same chat) that replaces turn `turn`: it starts from the checkpoint "
+            "taken before that turn (workflow state, slots, and the summary when it ends before it) with copies of "
+            "the turns before it; nothing is run again (a tool that acted, a booking, is not called). Send the "
+            "branch its message (an edited one, or the same one to regenerate the reply) as to any session. The "
+            "original stays as it was."
+        ),
+        request=SessionForkInputSerializer,
+        responses={
+            201: SessionOutputSerializer,
+            404: OpenApiResponse(description="No such session of mine, or no such turn in it."),
+            409: OpenApiResponse(description="A turn is running on this session (or it is closed)."),
+        },
+    )
+    def post(self, request: Request, session_id: UUID) -> Response:
+        session = _own_session(request, session_id)
+        serializer = SessionForkInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        branch = session_fork(session=session, at_turn=serializer.validated_data["turn"], actor=request.user)
+        return Response(SessionOutputSerializer(branch).data, status=status.HTTP_201_CREATED)
+
+
+class SessionBranchListApi(APIView):
+    @extend_schema(
+        tags=["sessions"],
+        summary="The branches of one of my sessions' chat, oldest first (itself included)",
+        responses=SessionOutputSerializer(many=True),
+    )
+    def get(self, request: Request, session_id: UUID) -> Response:
+        session = _own_session(request, session_id)
+        branches = chat_branches(session=session).select_related("agent")
+        return Response(SessionOutputSerializer(branches, many=True).data)
 
 
 class SessionStateApi(APIView):
@@ -240,10 +279,11 @@ class TurnEventsApi(APIView):
         parameters=[
             OpenApiParameter(
                 name="Last-Event-ID",
-                type=str,
+                # Empty: from the start, as without it.
+                type={"type": "string", "pattern": f"^({EVENT_ID_PATTERN.strip('^$')})?$"},
                 location=OpenApiParameter.HEADER,
                 required=False,
-                description="The id of the last event received; the stream starts after it.",
+                description="The id of the last event received; the stream starts after it (empty: from the start).",
             )
         ],
         responses={(200, "text/event-stream"): OpenApiResponse(OpenApiTypes.STR, description="The turn's events.")},
@@ -254,7 +294,7 @@ class TurnEventsApi(APIView):
         after = str(request.headers.get("Last-Event-ID") or "").strip()
         if after and not is_event_id(after):
             raise ValidationError(
-                {"Last-Event-ID": ["Not an event id of this API (two numbers below 2^64, digits-digits)."]}
+                {"Last-Event-ID": ["Not an event id of this API (two numbers of at most 19 digits: digits-digits)."]}
             )
         return event_response(turn_follow(turn, after=after), asynchronous=is_asgi(request))
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.validators import ProhibitNullCharactersValidator
 from drf_spectacular.utils import extend_schema_field
-from rest_framework import serializers
+from rest_framework import exceptions, serializers
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
 from agents.models import Agent
@@ -16,8 +16,14 @@ from sessions.models import ChatSession, Checkpoint, Turn
 from web.api.fields import StrictCharField
 
 
+class NoSuchAgent(exceptions.NotFound):
+    """The agent named is not one of the active agents: a 404 naming the field, as for any object not found."""
+
+
 class AgentSlugField(serializers.SlugRelatedField[Agent]):
     """An agent by slug. PostgreSQL cannot compare text with NUL bytes, so such input is refused up front."""
+
+    default_error_messages = {"does_not_exist": "No active agent has the slug {value}."}
 
     def to_internal_value(self, data: Any) -> Agent:
         if isinstance(data, str) and "\x00" in data:
@@ -25,9 +31,22 @@ class AgentSlugField(serializers.SlugRelatedField[Agent]):
         return super().to_internal_value(data)
 
 
+AGENT_ID_MAX = 2**63 - 1
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "integer", "minimum": 0, "maximum": AGENT_ID_MAX},
+            {"type": "string", "pattern": "^[0-9]{1,18}$", "description": "The id's digits."},
+        ]
+    }
+)
 class AgentIdField(serializers.PrimaryKeyRelatedField[Agent]):
     """An agent by id: a whole number, or its digits as a string. DRF's field takes 1.9 for agent 1, and
     1e400 (JSON's infinity) for a database error (500)."""
+
+    default_error_messages = {"does_not_exist": "No active agent has the id {pk_value}."}
 
     def to_internal_value(self, data: Any) -> Agent:
         whole = isinstance(data, int) and not isinstance(data, bool)
@@ -36,8 +55,8 @@ class AgentIdField(serializers.PrimaryKeyRelatedField[Agent]):
         if not whole and not digits:
             self.fail("incorrect_type", data_type=type(data).__name__)
         pk: Any = int(data)
-        if pk > 2**63 - 1:  # past bigint: no such row
-            self.fail("does_not_exist", pk_value=data)
+        if pk > AGENT_ID_MAX:  # past bigint: not an id
+            raise serializers.ValidationError(f"An agent id is at most {AGENT_ID_MAX}.")
         return super().to_internal_value(pk)
 
 
@@ -51,6 +70,17 @@ class SessionInputSerializer(serializers.Serializer[Any]):
     agent_id = AgentIdField(queryset=Agent.objects.filter(is_active=True), required=False)
     title = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
 
+    def is_valid(self, *, raise_exception: bool = False) -> bool:
+        """An agent that is not (or no longer) active is a 404 naming the field; any other refusal a 400."""
+        valid = super().is_valid()
+        if not valid and raise_exception:
+            errors = self.errors
+            missing = {name: [str(e) for e in found] for name, found in errors.items() if _not_found(found)}
+            if missing and len(missing) == len(errors):
+                raise NoSuchAgent(missing)
+            raise serializers.ValidationError(errors)
+        return valid
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         agent = attrs.get("agent") or attrs.get("agent_id")
         if agent is None:
@@ -58,9 +88,25 @@ class SessionInputSerializer(serializers.Serializer[Any]):
         return {"agent": agent, "title": attrs.get("title", "")}
 
 
+def _not_found(errors: Any) -> bool:
+    return isinstance(errors, list) and all(getattr(e, "code", None) == "does_not_exist" for e in errors)
+
+
 class SessionOutputSerializer(serializers.ModelSerializer[ChatSession]):
     agent: serializers.SlugRelatedField[Agent] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     agent_name = serializers.CharField(source="agent.name", read_only=True)
+    chat_id = serializers.UUIDField(
+        read_only=True, help_text="The chat this session is a branch of (its own id when never branched)."
+    )
+    parent_session = serializers.UUIDField(
+        source="parent_id", read_only=True, allow_null=True, help_text="The branch this one was forked from."
+    )
+    fork_turn = serializers.IntegerField(
+        source="fork_seq",
+        read_only=True,
+        allow_null=True,
+        help_text="The parent's turn this branch replaces: the turns before it were copied.",
+    )
 
     class Meta:
         model = ChatSession
@@ -74,10 +120,21 @@ class SessionOutputSerializer(serializers.ModelSerializer[ChatSession]):
             "data",
             "status",
             "retry_count",
+            "chat_id",
+            "parent_session",
+            "fork_turn",
             "created_at",
             "updated_at",
         ]
         read_only_fields = fields
+
+
+class SessionForkInputSerializer(serializers.Serializer[Any]):
+    turn = serializers.IntegerField(
+        min_value=1,
+        max_value=2**31 - 1,
+        help_text="The turn (its seq) the new branch replaces: it starts from the checkpoint taken before it.",
+    )
 
 
 class SessionStateSerializer(serializers.ModelSerializer[ChatSession]):

@@ -8,8 +8,10 @@ from web.api.agents import AgentDetailApi, AgentListApi, DeleteMeApi, EraseMeApi
 from web.api.core import api_not_found, metrics, whoami
 from web.api.memory import MemoryDetailApi, MemoryListApi, MemorySearchApi
 from web.api.sessions import (
+    SessionBranchListApi,
     SessionCheckpointListApi,
     SessionDetailApi,
+    SessionForkApi,
     SessionListApi,
     SessionMessageApi,
     SessionMessageStreamApi,
@@ -29,6 +31,8 @@ urlpatterns = [
     path("agents/<int:pk>/", AgentDetailApi.as_view(), name="api-agent"),
     path("sessions/", SessionListApi.as_view(), name="api-sessions"),
     path("sessions/<uuid:session_id>/", SessionDetailApi.as_view(), name="api-session"),
+    path("sessions/<uuid:session_id>/fork/", SessionForkApi.as_view(), name="api-session-fork"),
+    path("sessions/<uuid:session_id>/branches/", SessionBranchListApi.as_view(), name="api-session-branches"),
     path("sessions/<uuid:session_id>/state/", SessionStateApi.as_view(), name="api-session-state"),
     path("sessions/<uuid:session_id>/checkpoints/", SessionCheckpointListApi.as_view(), name="api-session-checkpoints"),
     path("sessions/<uuid:session_id>/messages/", SessionMessageApi.as_view(), name="api-session-messages"),

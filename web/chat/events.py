@@ -18,6 +18,7 @@ from asgiref.sync import sync_to_async
 from django.core.cache import cache
 from django.http import HttpRequest, HttpResponseBase, StreamingHttpResponse
 from django.shortcuts import get_object_or_404
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
@@ -25,7 +26,7 @@ from agents.workflows import state_label
 from core import events as run_channel
 from core.incoming import clamped_datetime
 from sessions.models import ChatSession, Turn
-from sessions.selectors import own_sessions
+from sessions.selectors import chat_current_branch, own_sessions
 from web.chat.rendering import markdown_to_safe_html
 from web.chat.signed_in import signed_in_or_401
 from web.chat.streaming import is_asgi
@@ -73,13 +74,19 @@ def _news(session_id: UUID, since: datetime) -> list[dict[str, Any]]:
     ones another request answered, or a recovery)."""
     row = (
         ChatSession.objects.filter(pk=session_id)
-        .values("status", "state", "updated_at", "workflow", "workflow_version")
+        .values("status", "state", "updated_at", "workflow", "workflow_version", "user_id", "chat_root")
         .first()
     )
     if row is None:
         return [{"event": "gone"}]
-    since = since - EVENTS_LOOKBACK
     events: list[dict[str, Any]] = []
+    # The chat moved to another branch since the page was drawn (an edit, a regenerate, a version chosen, in
+    # another tab): the page follows it there, as it follows new turns. A page opened on an older branch on
+    # purpose stays (the move was before it).
+    current = chat_current_branch(user_id=row["user_id"], chat_root=row["chat_root"])
+    if current is not None and current[0] != session_id and current[1] > since:
+        events.append({"event": "branch", "session_id": str(current[0]), "url": reverse("chat", args=[current[0]])})
+    since = since - EVENTS_LOOKBACK
     recent = Turn.objects.filter(session_id=session_id)
     if (
         row["updated_at"] <= since

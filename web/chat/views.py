@@ -33,6 +33,7 @@ from sessions.locks import SessionBusyError
 from sessions.models import ChatSession, Turn
 from sessions.selectors import own_sessions
 from sessions.services import session_create, session_delete
+from web.chat.branches import versions_of_turns
 from web.chat.signed_in import signed_in_or_401
 from web.chat.streaming import idempotency_key_from, is_asgi, turn_event_response
 from web.selectors import memory_panel_lists
@@ -148,9 +149,15 @@ def home(request: HttpRequest) -> HttpResponse:
     last), and a form to start a new chat with an agent."""
     owner: Any = request.user  # signed in (login_required)
     # A chat nothing was sent in is not listed (starting one and leaving left "Untitled chat"s piling up).
+    # A branched chat is listed once, as the branch it is on (its page moves between the others); a branch nothing
+    # was sent on yet (a fork whose message was refused) does not hide the others.
+    later_branch = ChatSession.objects.filter(
+        chat_root=OuterRef("chat_root"), updated_at__gt=OuterRef("updated_at")
+    ).filter(Exists(Turn.objects.filter(session=OuterRef("pk"))))
     sessions = (
         ChatSession.objects.filter(user=owner)
         .filter(Exists(Turn.objects.filter(session=OuterRef("pk"))))
+        .exclude(Exists(later_branch))
         .select_related("agent")
         .order_by("-updated_at", "pk")
     )
@@ -249,12 +256,16 @@ def chat(request: HttpRequest, session_id: UUID) -> HttpResponse:
         turns = turns.filter(seq__lt=int(before))
     page = list(turns[: CHAT_PAGE_TURNS + 1])
     shown = page[:CHAT_PAGE_TURNS][::-1]
+    unavailable = session_unavailable(session)
+    versions_of_turns(session, shown)
     context = {
         "turns": shown,
+        # Edit a message, regenerate a reply: on one's own chat that takes messages, at its latest page.
+        "may_branch": not (reading_as_staff or older or unavailable or session.status == ChatSession.Status.CLOSED),
         "earlier_before": shown[0].seq if len(page) > CHAT_PAGE_TURNS else None,
         "reading_earlier": older,
         "model": _model_label(session.agent),
-        "unavailable": session_unavailable(session),
+        "unavailable": unavailable,
         "reading_as_staff": reading_as_staff,
         "events_since": drawn.isoformat(),
         **_panels_context(request, session),

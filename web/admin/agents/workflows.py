@@ -4,6 +4,7 @@ new version (listed inline); a save over someone else's newer version is refused
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django import forms
@@ -64,6 +65,16 @@ class WorkflowVersionInline(admin.TabularInline):
         return False
 
 
+class DeclarationField(forms.JSONField):
+    """A declaration shown as indented JSON, one key a line (Django's field shows it as one long line); read,
+    checked and saved as before."""
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, forms.fields.InvalidJSONInput):
+            return value  # what staff typed, as they typed it, with the error
+        return json.dumps(value, ensure_ascii=False, indent=2, cls=self.encoder)
+
+
 class WorkflowDefinitionForm(forms.ModelForm):
     """The definition, with the version it was loaded at: a save over someone else's newer one is refused."""
 
@@ -72,8 +83,9 @@ class WorkflowDefinitionForm(forms.ModelForm):
     class Meta:
         model = WorkflowDefinition
         fields = ["name", "is_active", "spec"]
+        field_classes = {"spec": DeclarationField}
         # Room for a declaration, in a fixed-width font (the default textarea is 10 rows of prose).
-        widgets = {"spec": forms.Textarea(attrs={"rows": 24, "cols": 100, "style": "font-family: monospace"})}
+        widgets = {"spec": forms.Textarea(attrs={"rows": 40, "cols": 100, "style": "font-family: monospace"})}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

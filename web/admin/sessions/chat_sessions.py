@@ -19,7 +19,7 @@ from orchestrator.runtime import handoff_request, handoff_resume
 from sessions.locks import SessionBusyError, session_is_locked
 from sessions.models import ChatSession
 from sessions.services import StaleSessionError, session_delete, session_reset, session_resume_last_good
-from web.admin.sessions.display import pretty_json, related_list_links
+from web.admin.sessions.display import branch_summary, pretty_json, related_list_links
 from web.admin.sessions.inlines import CheckpointInline, TurnInline
 from web.admin.sessions.pages import session_page_urls
 
@@ -58,6 +58,7 @@ class ChatSessionAdmin(admin.ModelAdmin):
         "version",
         "summary",
         "summary_through_seq",
+        "branches",
         "llm_calls_link",
         "related_links",
         "handoff_reply_form",
@@ -69,6 +70,10 @@ class ChatSessionAdmin(admin.ModelAdmin):
     @admin.display(description="collected data")
     def data_pretty(self, obj: ChatSession) -> str:
         return pretty_json(obj.data)
+
+    @admin.display(description="branches")
+    def branches(self, obj: ChatSession) -> str:
+        return branch_summary(obj)
 
     @admin.display(description="model calls")
     def llm_calls_link(self, obj: ChatSession) -> str:
@@ -87,6 +92,7 @@ class ChatSessionAdmin(admin.ModelAdmin):
                 ("checkpoints", "admin:chat_sessions_checkpoint_changelist", "session__id__exact"),
                 ("memories from this session", "admin:memory_memory_changelist", "source_session__id__exact"),
                 ("tool calls", "admin:agents_toolinvocation_changelist", "session__id__exact"),
+                ("bookings", "admin:booking_example_booking_changelist", "session__id__exact"),
             ),
         )
 

@@ -75,9 +75,23 @@
     return b;
   }
 
-  // Edit under each message, Regenerate under each reply, once its turn has finished.
+  // How far the end of ``li`` is below the top of the composer (which stays stuck to the window's bottom).
+  function belowComposer(li) {
+    return li ? li.getBoundingClientRect().bottom - (form.getBoundingClientRect().top - 8) : 0;
+  }
+
+  // Edit under each message, Regenerate under each reply, once its turn has finished. The newest message, in view
+  // above the composer before its buttons came (the chat opens there; a reply just finished), stays in view.
   function decorate() {
     if (!forkUrl) return;
+    const newest = turns.lastElementChild;
+    const inView = belowComposer(newest) <= 1;
+    addButtons();
+    const over = belowComposer(newest);
+    if (inView && over > 0) window.scrollBy(0, over);
+  }
+
+  function addButtons() {
     turns.querySelectorAll("li.msg.assistant[data-turn]").forEach(function (reply) {
       if (!finished(reply) || reply.querySelector(".regenerate")) return;
       const mine = userOf(reply);

@@ -292,7 +292,7 @@ def test_a_reply_still_cut_off_says_so_and_continue_asks_for_the_rest(
     assert "And that is the end." in last.inner_text()
     assert last.locator(".cut-note").count() == 0
     assert page.locator("button.continue-reply").count() == 0  # offered for the cut reply only, used once
-    assert page.locator("li.msg.user").last.inner_text() == "Please continue where you stopped."
+    assert page.locator("li.msg.user .bubble").last.inner_text() == "Please continue where you stopped."
     # The request for the rest reached the model with the cut reply in the conversation.
     last_request = fake_openai.chat_requests()[-1].messages
     assert any("Part 0 of the essay." in str(m.get("content")) for m in last_request if m["role"] == "assistant")

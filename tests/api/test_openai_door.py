@@ -47,6 +47,13 @@ def assert_openai_error(
     return error
 
 
+# A client-side tool as a chat UI sends it.
+TOOL = {
+    "type": "function",
+    "function": {"name": "get_current_time", "parameters": {"type": "object", "properties": {}}},
+}
+
+
 def _user(text: str) -> dict[str, str]:
     return {"role": "user", "content": text}
 
@@ -214,6 +221,12 @@ def test_models_lists_the_active_agents(alice: Any, chat_agent: Agent, retired_a
             None,
         ),
         ({"model": "chatty", "messages": [_user("hi")], "n": 2}, 400, "unsupported_value", "n"),
+        (
+            {"model": "chatty", "messages": [_user("hi")], "tools": [TOOL], "tool_choice": "required"},
+            400,
+            "unsupported_parameter",
+            "tool_choice",
+        ),
         ({"model": "chatty", "messages": [_user("hi")], "stream": "yes"}, 400, "invalid_type", "stream"),
         ({"model": "chatty", "messages": "hi"}, 400, "invalid_type", "messages"),
         ({"model": 12, "messages": [_user("hi")]}, 400, "invalid_type", "model"),
@@ -225,6 +238,15 @@ def test_bad_requests_are_openai_shaped_4xx_and_save_nothing(
 ) -> None:
     assert_openai_error(bearer(alice).post(URL, body, format="json"), status, code, param)
     assert not Turn.objects.exists() and not ChatSession.objects.exists()
+
+
+def test_client_side_tools_are_left_out_and_the_agent_answers(alice: Any, chat_agent: Agent) -> None:
+    """Chat UIs (Open WebUI) offer their own tools with every message: the agent answers with its own."""
+    response = _ask(bearer(alice), [_user("Hello there")], tools=[TOOL], tool_choice="auto")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["choices"][0]["message"]["content"] and body["choices"][0]["finish_reason"] == "stop"
+    assert Turn.objects.get().user_message == "Hello there"
 
 
 def test_a_10_mb_body_and_a_stranger_are_refused_in_openai_shape(alice: Any, chat_agent: Agent) -> None:

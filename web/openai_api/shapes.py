@@ -4,8 +4,8 @@ services take (``CompletionRequest``), and the bodies, stream chunks and errors 
 What a request may hold: ``model`` (an agent's slug), ``messages`` (``system`` and ``developer`` messages are
 left out: the agent has its own instructions; then the person's and the agent's messages in turn, the person's
 last), ``stream``, ``stream_options.include_usage``, ``metadata.session_id``. Sampling parameters (``temperature``,
-``max_tokens``, ...) are accepted and left to the agent's own settings; ``n`` above 1 and client-side tools or
-``tool`` messages are refused: the agent runs its own tools.
+``max_tokens``, ...) are accepted and left to the agent's own settings; client-side ``tools`` are left out (the
+agent runs its own), a ``tool_choice`` that requires one, ``n`` above 1 and ``tool`` messages are refused.
 """
 
 from __future__ import annotations
@@ -74,11 +74,14 @@ def completion_request(data: Any, *, headers: Mapping[str, str]) -> CompletionRe
     n = data.get("n")
     if n not in (None, 1):
         raise OpenAIError("Only one choice is answered (n must be 1).", code="unsupported_value", param="n")
-    if data.get("tools") or data.get("functions"):
+    # Client-side tools are left out (the agent runs its own): chat UIs such as Open WebUI offer theirs with every
+    # message. Only a request that requires the model to call one of them is refused.
+    choice = data.get("tool_choice")
+    if (data.get("tools") or data.get("functions")) and (choice == "required" or isinstance(choice, dict)):
         raise OpenAIError(
-            "Client-side tools are not supported: the agent runs its own tools.",
+            "A client-side tool cannot be required: the agent runs its own tools.",
             code="unsupported_parameter",
-            param="tools",
+            param="tool_choice",
         )
     return CompletionRequest(
         agent=agent,

@@ -157,13 +157,18 @@ _TOOLS_REFUSAL = re.compile(
 )
 
 
-def refuses_tools(key: EndpointKey) -> bool:
+def _refused_recently(refusals: dict[EndpointKey, float], key: EndpointKey) -> bool:
+    """Was ``key`` seen refusing within ``NO_TOOLS_SECONDS``? (An older refusal is forgotten.)"""
     with _lock:
-        since = _no_tools.get(key)
+        since = refusals.get(key)
         if since is not None and time.monotonic() - since > NO_TOOLS_SECONDS:
-            del _no_tools[key]
+            del refusals[key]
             return False
         return since is not None
+
+
+def refuses_tools(key: EndpointKey) -> bool:
+    return _refused_recently(_no_tools, key)
 
 
 def remember_refuses_tools(key: EndpointKey) -> None:
@@ -178,19 +183,13 @@ def is_tools_refusal(status: int | None, message: str) -> bool:
 
 
 # --- streamed structured output -----------------------------------------------------------------------------
-# Endpoints whose streamed structured reply (a workflow's decision inside its reply's call) failed in a way that a
-# second try would repeat: a client error on the request, or a stream that never made one valid object. Their
-# workflow turns decide in a call of their own, then reply (two calls), for ``NO_TOOLS_SECONDS``.
+# Endpoints that refused a streamed structured request (a workflow's decision inside its reply's call) with a client
+# error: their workflow turns decide in a call of their own, then reply (two calls), for ``NO_TOOLS_SECONDS``.
 _no_streamed_decisions: dict[EndpointKey, float] = {}
 
 
 def refuses_streamed_decisions(key: EndpointKey) -> bool:
-    with _lock:
-        since = _no_streamed_decisions.get(key)
-        if since is not None and time.monotonic() - since > NO_TOOLS_SECONDS:
-            del _no_streamed_decisions[key]
-            return False
-        return since is not None
+    return _refused_recently(_no_streamed_decisions, key)
 
 
 def remember_refuses_streamed_decisions(key: EndpointKey, why: str) -> None:
